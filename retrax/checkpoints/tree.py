@@ -1,0 +1,233 @@
+"""Flattening weight/state trees the way Trax orders checkpoint leaves.
+
+A Trax weights (or state) tree is nested tuples/lists/dicts whose leaves are
+arrays. Trax stores it flat: the depth-first, left-to-right leaves, dict values
+in insertion order. Empty entries `()` contribute nothing, and the cache
+markers (`GET_WEIGHTS_FROM_CACHE`, `GET_STATE_FROM_CACHE`) that stand for a
+shared layer's second use are skipped. `None` leaves are kept, as in Trax.
+
+    >>> flatten_weights_and_state(((), (w1, w2), GET_WEIGHTS_FROM_CACHE), ())
+    ([w1, w2], [])
+
+To unflatten, walk a tree of the same structure (usually a signature whose
+leaves are `ShapeDtype`s) and consume the flat leaves in order.
+"""
+
+import collections
+
+import numpy as np
+
+from retrax.checkpoints.errors import TreeStructureError
+
+EMPTY_WEIGHTS = ()
+EMPTY_STATE = ()
+GET_WEIGHTS_FROM_CACHE = {'__marker_for_cached_weights_': ()}
+GET_STATE_FROM_CACHE = {'__marker_for_cached_state_': ()}
+
+_MARKER_KEYS = ('__marker_for_cached_weights_', '__marker_for_cached_state_')
+
+
+def is_cache_marker(x):
+  """True for `GET_WEIGHTS_FROM_CACHE` / `GET_STATE_FROM_CACHE` (or equal dicts)."""
+  if not isinstance(x, dict) or len(x) != 1:
+    return False
+  key = next(iter(x))
+  value = x[key]
+  return key in _MARKER_KEYS and isinstance(value, tuple) and not value
+
+
+def _is_copied_through(x):
+  """Subtrees that unflattening copies from the template: `()` and markers."""
+  return (isinstance(x, tuple) and not x) or is_cache_marker(x)
+
+
+def tree_leaves(tree):
+  """Depth-first, left-to-right leaves of nested tuples/lists/dicts.
+
+  Dict values are taken in insertion order (as Trax does, unlike JAX, which
+  sorts keys). `()` and cache markers contribute no leaves; `None` is a leaf.
+  """
+  out = []
+
+  def walk(x):
+    if isinstance(x, (list, tuple)):
+      for y in x:
+        walk(y)
+    elif isinstance(x, dict):
+      for y in x.values():
+        walk(y)
+    else:
+      out.append(x)
+
+  walk(tree)
+  return out
+
+
+def flatten_weights_and_state(weights, state):
+  """Returns `(flat_weights, flat_state)`: lists of leaves in Trax's order."""
+  return tree_leaves(weights), tree_leaves(state)
+
+
+def format_path(path):
+  """Formats a tuple of indices/keys as `[5][0]['w']`; the root as `<root>`."""
+  if not path:
+    return '<root>'
+  return ''.join(f'[{p!r}]' for p in path)
+
+
+def _is_namedtuple(x):
+  return isinstance(x, tuple) and hasattr(type(x), '_fields')
+
+
+def _shape_of(x):
+  shape = getattr(x, 'shape', None)
+  if shape is None:
+    return None
+  try:
+    return tuple(shape)
+  except TypeError:
+    return None
+
+
+def _dtype_of(x):
+  dtype = getattr(x, 'dtype', None)
+  if dtype is None:
+    return None
+  try:
+    return np.dtype(dtype)
+  except TypeError:
+    return None
+
+
+def _bfloat16():
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  return np.dtype(ml_dtypes.bfloat16)
+
+
+def unflatten_like(flat_list, tree, *, what='tree', check_shapes=True):
+  """Builds a tree shaped like `tree`, taking its leaves from `flat_list` in order.
+
+  `()` entries and cache markers in `tree` are copied as they are and consume
+  nothing. When both the template leaf and the flat leaf have a `shape`, the
+  shapes must agree. A `uint16` leaf placed where the template says `bfloat16`
+  is bit-cast back (Trax stores bfloat16 that way).
+
+  Args:
+    flat_list: sequence of leaves (arrays, usually), in Trax's flat order.
+    tree: template: nested tuples/lists/dicts whose leaves are `ShapeDtype`s,
+      arrays or anything else (leaves are replaced, not inspected beyond
+      `shape`/`dtype`).
+    what: name used in error messages, e.g. `'weights'`.
+    check_shapes: compare leaf shapes where both sides have one.
+
+  Returns:
+    The new tree. Tuples, lists, dicts and namedtuples keep their types.
+
+  Raises:
+    TreeStructureError: too few or too many leaves, or a shape mismatch; the
+      message names the tree path (e.g. `weights[5][0][1]`) and both shapes.
+  """
+  flat_list = list(flat_list)
+  n_needed = _count_leaves(tree)
+  if len(flat_list) < n_needed:
+    # Find the path of the first leaf that has no value, for the message.
+    missing_path, missing_leaf = _nth_leaf_path(tree, len(flat_list))
+    raise TreeStructureError(
+        f'{what}: the checkpoint has {len(flat_list)} leaves but the tree needs '
+        f'{n_needed}; the first missing one is {what}{format_path(missing_path)}'
+        f' (expected shape {_shape_of(missing_leaf)}).')
+  if len(flat_list) > n_needed:
+    extra = flat_list[n_needed]
+    raise TreeStructureError(
+        f'{what}: the checkpoint has {len(flat_list)} leaves but the tree needs '
+        f'only {n_needed}; the first unused one is leaf #{n_needed} with shape '
+        f'{_shape_of(extra)}. Is this checkpoint from a different model?')
+  position = [0]
+
+  def build(t, path):
+    if _is_copied_through(t):
+      return t
+    if isinstance(t, (list, tuple)):
+      items = [build(c, path + (i,)) for i, c in enumerate(t)]
+      if _is_namedtuple(t):
+        return type(t)(*items)
+      return items if isinstance(t, list) else tuple(items)
+    if isinstance(t, dict):
+      new = collections.OrderedDict() if isinstance(
+          t, collections.OrderedDict) else {}
+      for k, c in t.items():
+        new[k] = build(c, path + (k,))
+      return new
+    leaf = flat_list[position[0]]
+    index = position[0]
+    position[0] += 1
+    return _check_leaf(leaf, t, index, what + format_path(path), check_shapes)
+
+  return build(tree, ())
+
+
+def _check_leaf(leaf, template, index, where, check_shapes):
+  want_shape, got_shape = _shape_of(template), _shape_of(leaf)
+  if check_shapes and want_shape is not None and got_shape is not None:
+    if want_shape != got_shape:
+      raise TreeStructureError(
+          f'{where} expects shape {want_shape} but checkpoint leaf #{index} has '
+          f'shape {got_shape}.')
+  want_dtype, got_dtype = _dtype_of(template), _dtype_of(leaf)
+  if (want_dtype is not None and got_dtype == np.uint16 and
+      want_dtype.name == 'bfloat16'):
+    leaf = np.asarray(leaf).view(_bfloat16())
+  return leaf
+
+
+def _count_leaves(tree):
+  if _is_copied_through(tree):
+    return 0
+  if isinstance(tree, (list, tuple)):
+    return sum(_count_leaves(c) for c in tree)
+  if isinstance(tree, dict):
+    return sum(_count_leaves(c) for c in tree.values())
+  return 1
+
+
+def _nth_leaf_path(tree, n):
+  """Path and template of the n-th (0-based) leaf that `unflatten_like` fills."""
+  counter = [0]
+
+  def walk(t, path):
+    if _is_copied_through(t):
+      return None
+    if isinstance(t, (list, tuple)):
+      children = enumerate(t)
+    elif isinstance(t, dict):
+      children = t.items()
+    else:
+      if counter[0] == n:
+        return path, t
+      counter[0] += 1
+      return None
+    for k, c in children:
+      found = walk(c, path + (k,))
+      if found is not None:
+        return found
+    return None
+
+  return walk(tree, ())
+
+
+def unflatten_weights_and_state(flat_weights, flat_state,
+                                weights_and_state_signature,
+                                weights_only=False):
+  """Rebuilds `(weights, state)` from flat lists and a `(weights, state)` signature.
+
+  Like Trax's function of the same name, but stricter: a leaf count or a leaf
+  shape that does not fit the signature raises `TreeStructureError` (Trax
+  silently ignores surplus leaves). With `weights_only=True` the state is not
+  rebuilt and `None` is returned for it.
+  """
+  weights_tree, state_tree = weights_and_state_signature
+  weights = unflatten_like(flat_weights, weights_tree, what='weights')
+  state = None
+  if not weights_only:
+    state = unflatten_like(flat_state, state_tree, what='state')
+  return weights, state

@@ -1,0 +1,108 @@
+"""Activation layers (element-wise nonlinearities) with Trax's names and formulas."""
+
+import jax
+
+from retrax.fastmath import numpy as jnp
+from retrax.layers import base
+from retrax.layers.assert_shape import assert_shape
+from retrax.layers.base import Fn
+
+
+@assert_shape('...->...')
+def Relu():  # pylint: disable=invalid-name
+  return Fn('Relu', lambda x: jnp.where(x <= 0, jnp.zeros_like(x), x))
+
+
+@assert_shape('...->...')
+def ParametricRelu(a=1.):  # pylint: disable=invalid-name
+  return Fn('ParametricRelu', lambda x: jnp.maximum(a * x, jnp.zeros_like(x)))
+
+
+@assert_shape('...->...')
+def LeakyRelu(a=0.01):  # pylint: disable=invalid-name
+  return Fn('LeakyRelu', lambda x: jnp.where(x >= 0, x, a * x))
+
+
+@assert_shape('...->...')
+def Elu(a=1.):  # pylint: disable=invalid-name
+  return Fn('Elu', lambda x: jnp.where(x > 0, x, a * jnp.expm1(x)))
+
+
+@assert_shape('...->...')
+def Selu(alpha=1.6732632423543772848170429916717,  # pylint: disable=invalid-name
+         lmbda=1.0507009873554804934193349852946):
+  return Fn('Selu', lambda x: lmbda * jnp.where(x > 0, x, alpha * jnp.expm1(x)))
+
+
+@assert_shape('...->...')
+def Gelu():  # pylint: disable=invalid-name
+  """Exact GELU: x·Φ(x)."""
+  return Fn('Gelu',
+            lambda x: x * 0.5 * (1.0 + jax.scipy.special.erf(x / jnp.sqrt(2.0))))
+
+
+@assert_shape('...->...')
+def FastGelu():  # pylint: disable=invalid-name
+  """Tanh approximation of GELU (Trax's constants)."""
+  return Fn('FastGelu', lambda x: 0.5 * x * (
+      1 + jnp.tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))))
+
+
+@assert_shape('...->...')
+def Sigmoid():  # pylint: disable=invalid-name
+  return Fn('Sigmoid', lambda x: jax.nn.sigmoid(x))  # pylint: disable=unnecessary-lambda
+
+
+@assert_shape('...->...')
+def Tanh():  # pylint: disable=invalid-name
+  return Fn('Tanh', lambda x: jnp.tanh(x))  # pylint: disable=unnecessary-lambda
+
+
+@assert_shape('...->...')
+def HardSigmoid():  # pylint: disable=invalid-name
+  return Fn('HardSigmoid', lambda x: jnp.maximum(0, jnp.minimum(1, (1 + x))))
+
+
+@assert_shape('...->...')
+def HardTanh():  # pylint: disable=invalid-name
+  return Fn('HardTanh', lambda x: jnp.maximum(-1, jnp.minimum(1, x)))
+
+
+@assert_shape('...->...')
+def Softplus():  # pylint: disable=invalid-name
+  return Fn('Softplus', lambda x: jnp.logaddexp(x, 0.))
+
+
+@assert_shape('...->...')
+def Exp():  # pylint: disable=invalid-name
+  return Fn('Exp', lambda x: jnp.exp(x))  # pylint: disable=unnecessary-lambda
+
+
+@assert_shape('...->...')
+def Log():  # pylint: disable=invalid-name
+  return Fn('Log', lambda x: jnp.log(x))  # pylint: disable=unnecessary-lambda
+
+
+@assert_shape('...->...')
+def Swish():  # pylint: disable=invalid-name
+  return Fn('Swish', lambda x: x * jax.nn.sigmoid(x))
+
+
+@assert_shape('...a->...b')
+def Glu():  # pylint: disable=invalid-name
+  """Gated linear unit: splits the last axis into (a, b) and returns a·σ(b)."""
+  def glu(x):
+    a, b = jnp.split(x, 2, -1)
+    return a * jax.nn.sigmoid(b)
+  return Fn('Glu', glu)
+
+
+class ThresholdedLinearUnit(base.Layer):
+  """max(x, τ) with one learned threshold τ (initialized to 0)."""
+
+  def init_weights_and_state(self, input_signature):
+    del input_signature
+    self.weights = jnp.zeros((), dtype=jnp.float32)
+
+  def forward(self, inputs):
+    return jnp.maximum(inputs, self.weights)

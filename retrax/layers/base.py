@@ -1,0 +1,544 @@
+"""The layer model: `Layer`, `PureLayer`, `Fn` and `LayerError`.
+
+Layers compute on a data stack. A layer takes `n_in` items from the top of
+the stack and pushes `n_out` results:
+
+  ===========  =========================================================
+  `n_in = 0`   no inputs: `forward` gets an empty tuple
+  `n_in = 1`   one tensor, NOT wrapped in a tuple
+  `n_in > 1`   a tuple of `n_in` tensors
+  ===========  =========================================================
+
+and likewise for outputs. A layer holds `weights` and `state` as nested
+tuples mirroring its sublayers (Trax's tree layout), and a JAX PRNG key `rng`.
+Subclasses override `forward(inputs)` (reading `self.weights`, `self.state`,
+`self.rng`, and setting `self.state`) and `init_weights_and_state(sig)`.
+`pure_fn(x, weights, state, rng) -> (y, new_state)` is the pure function that
+JAX traces; `__call__(x)` is the eager convenience and updates `self.state`.
+"""
+
+import contextlib
+import copy
+import inspect
+import os
+import random
+import traceback
+
+import jax
+import numpy as np
+
+from retrax import fastmath
+from retrax.shapes import ShapeDtype
+from retrax.shapes import signature
+
+EMPTY_WEIGHTS = ()
+EMPTY_STATE = ()
+# Marks a shared layer's second (and later) occurrence in a weights/state tree.
+GET_WEIGHTS_FROM_CACHE = {'__marker_for_cached_weights_': ()}
+GET_STATE_FROM_CACHE = {'__marker_for_cached_state_': ()}
+N_WEIGHTS_SHARDS = 1
+
+_LAYERS_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(_LAYERS_DIR)
+
+
+def _is_weights_marker(x):
+  return isinstance(x, dict) and x == GET_WEIGHTS_FROM_CACHE
+
+
+def _is_state_marker(x):
+  return isinstance(x, dict) and x == GET_STATE_FROM_CACHE
+
+
+class LayerError(Exception):
+  """An error raised in a layer, naming the layer's path, its creation site and its inputs.
+
+  The path runs from the outermost layer to the failing one, e.g.
+  `Serial[1] > Branch[0] > Dense_3`.
+  """
+
+  def __init__(self, layer_name, function_name, caller, input_signature,
+               traceback_string, details=''):
+    self._path = [layer_name]
+    self._function_name = function_name
+    self._caller = caller
+    self._input_signature = input_signature
+    self._traceback = traceback_string
+    self._details = details
+    super().__init__(self.message)
+
+  def prepend(self, parent):
+    """Adds a parent path element (e.g. `Serial[1]`) and refreshes the message."""
+    self._path.insert(0, parent)
+    self.args = (self.message,)
+
+  @property
+  def path(self):
+    return ' > '.join(self._path)
+
+  @property
+  def message(self):
+    caller = self._caller or {'filename': '?', 'lineno': 0}
+    short = '[...]/' + '/'.join(caller['filename'].split(os.sep)[-3:])
+    msg = (f'Exception passing through layer {self.path} '
+           f'(in {self._function_name}):\n'
+           f'  layer created in file {short}, line {caller["lineno"]}\n'
+           f'  layer input shapes: {self._input_signature}\n')
+    if self._details:
+      msg += f'\n  {self._details}\n'
+    return msg + '\n' + self._traceback
+
+
+def _find_caller():
+  """Returns file and line of the first frame outside retrax.layers/models."""
+  frame = inspect.currentframe()
+  while frame is not None:
+    fname = os.path.abspath(frame.f_code.co_filename)
+    if not (fname.startswith(_LAYERS_DIR) or
+            fname.startswith(os.path.join(_PACKAGE_DIR, 'models'))):
+      break
+    frame = frame.f_back
+  if frame is None:
+    return {'filename': '?', 'lineno': 0}
+  caller = {'filename': frame.f_code.co_filename, 'lineno': frame.f_lineno}
+  del frame
+  return caller
+
+
+def _short_traceback(exc):
+  lines = traceback.format_exception_only(type(exc), exc)
+  return ''.join(lines).rstrip()
+
+
+@contextlib.contextmanager
+def in_sublayer(parent, index):
+  """Context in which a sublayer's LayerError gains `parent[index]` in its path."""
+  try:
+    yield
+  except LayerError as e:
+    e.prepend(f'{parent.name}[{index}]')
+    raise
+
+
+class Layer:
+  """Base class for composable layers in a deep learning network.
+
+  See the module docstring for the data-stack contract.
+  """
+
+  def __init__(self, n_in=1, n_out=1, name=None, sublayers_to_print=None):
+    self._n_in = n_in
+    self._n_out = n_out
+    self._name = self.__class__.__name__ if name is None else name
+    self._sublayers_to_print = sublayers_to_print
+    self._sublayers = ()
+    self._rng = None
+    self._rng_seed_int = random.randint(0, 2**31 - 1)
+    self._weights = EMPTY_WEIGHTS
+    self._state = EMPTY_STATE
+    self._caller = _find_caller()
+    self._init_cached = False
+
+  def __repr__(self):
+    def indent(s):
+      return '  ' + s.replace('\n', '\n  ')
+    name = self._name
+    if self.n_in != 1:
+      name += f'_in{self.n_in}'
+    if self.n_out != 1:
+      name += f'_out{self.n_out}'
+    subs = (self._sublayers_to_print if self._sublayers_to_print is not None
+            else self.sublayers)
+    strs = [str(x) for x in subs if str(x)]
+    if strs:
+      return name + '[\n' + '\n'.join(indent(s) for s in strs) + '\n]'
+    return name
+
+  def __call__(self, x, weights=None, state=None, rng=None):
+    """Runs the layer eagerly on `x` with its own weights; updates `self.state`."""
+    weights = self.weights if weights is None else weights
+    rng = self.rng if rng is None else rng
+    if state is not None:
+      self.state = state
+    outputs, new_state = self.pure_fn(x, weights, self.state, rng)
+    self.state = new_state
+    return outputs
+
+  def forward(self, inputs):
+    """Computes outputs from inputs; override in subclasses."""
+    raise NotImplementedError(
+        f'Layer {self._name} does not define forward(); subclasses must.')
+
+  def init_weights_and_state(self, input_signature):
+    """Creates `self.weights` and `self.state` for inputs of this signature."""
+    del input_signature
+
+  @property
+  def has_backward(self):
+    """True if the layer defines its own `backward` (custom gradient)."""
+    return False
+
+  def backward(self, inputs, output, grad, weights, state, new_state, rng):
+    """Custom backward pass: returns (input_grad, weights_grad)."""
+    raise NotImplementedError(
+        f'Layer {self._name} has has_backward=True but no backward().')
+
+  # --- properties -----------------------------------------------------------
+
+  @property
+  def name(self):
+    return self._name
+
+  @property
+  def n_in(self):
+    return self._n_in
+
+  @property
+  def n_out(self):
+    return self._n_out
+
+  @property
+  def sublayers(self):
+    return self._sublayers
+
+  @property
+  def weights(self):
+    """Weights: a tree of arrays; for a combinator, a tuple with one entry per sublayer."""
+    if not self.sublayers:
+      return self._weights
+    return tuple(layer.weights if w is None else w
+                 for layer, w in zip(self.sublayers, self._weights))
+
+  @weights.setter
+  def weights(self, weights):
+    if _is_weights_marker(weights):
+      return
+    if not self.sublayers:
+      self._weights = weights
+      return
+    if not isinstance(weights, (list, tuple)) or len(weights) != len(
+        self.sublayers):
+      got = len(weights) if isinstance(weights, (list, tuple)) else type(weights)
+      raise ValueError(
+          f'Number of weight elements ({got}) does not equal the number of '
+          f'sublayers ({len(self.sublayers)}) in: {self._name}.')
+    self._weights = [w if _is_weights_marker(w) else None for w in weights]
+    for sublayer, w in zip(self.sublayers, weights):
+      sublayer.weights = w
+
+  @property
+  def state(self):
+    """State: non-trainable values (caches, counters); tree like `weights`."""
+    if not self.sublayers:
+      return self._state
+    return tuple(layer.state if s is None else s
+                 for layer, s in zip(self.sublayers, self._state))
+
+  @state.setter
+  def state(self, state):
+    if _is_state_marker(state):
+      return
+    if not self.sublayers:
+      self._state = state
+      return
+    if not isinstance(state, (list, tuple)) or len(state) != len(
+        self.sublayers):
+      got = len(state) if isinstance(state, (list, tuple)) else type(state)
+      raise ValueError(
+          f'Number of state elements ({got}) does not equal the number of '
+          f'sublayers ({len(self.sublayers)}) in: {self._name}.')
+    self._state = [s if _is_state_marker(s) else None for s in state]
+    for sublayer, s in zip(self.sublayers, state):
+      sublayer.state = s
+
+  @property
+  def rng(self):
+    """This layer's PRNG key (created lazily from a random seed)."""
+    if self._rng is None:
+      self._rng = fastmath.random.get_prng(self._rng_seed_int)
+    return self._rng
+
+  @rng.setter
+  def rng(self, rng):
+    """Sets the key here and splits it among sublayers, recursively."""
+    self._rng = rng
+    if self.sublayers:
+      for sublayer, r in zip(self.sublayers,
+                             fastmath.random.split(rng, len(self.sublayers))):
+        sublayer.rng = r
+
+  def _settable_attrs(self):
+    return ('weights', 'state', 'rng')
+
+  def __setattr__(self, attr, value):
+    if attr[0] != '_' and attr not in self._settable_attrs():
+      raise ValueError(
+          f'Layers only allow setting {self._settable_attrs()} as public '
+          f'attributes, not {attr!r} (a typo?).')
+    super().__setattr__(attr, value)
+
+  # --- initialization -------------------------------------------------------
+
+  def init(self, input_signature, rng=None, use_cache=False):
+    """Initializes weights and state from an input signature; returns them.
+
+    Args:
+      input_signature: a `ShapeDtype` (one input) or a tuple of them; arrays
+        are accepted too and replaced by their signature.
+      rng: a PRNG key, or None to use this layer's own.
+      use_cache: if True and this layer was already initialized elsewhere in
+        the same network, return `(GET_WEIGHTS_FROM_CACHE,
+        GET_STATE_FROM_CACHE)` markers (weight sharing).
+
+    Returns:
+      `(weights, state)`.
+    """
+    input_signature = signature(input_signature)
+    try:
+      if self._init_cached and use_cache:
+        return (GET_WEIGHTS_FROM_CACHE, GET_STATE_FROM_CACHE)
+      if rng is not None:
+        self.rng = rng
+      _check_n_inputs(self, input_signature)
+      self.init_weights_and_state(input_signature)
+      if use_cache:
+        self._init_cached = True
+      else:
+        self._clear_init_cache()
+      return (self.weights, self.state)
+    except LayerError:
+      self._clear_init_cache()
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      self._clear_init_cache()
+      raise LayerError(self._name, 'init', self._caller, input_signature,
+                       _short_traceback(e)) from e
+
+  def new_weights_and_state(self, input_signature):
+    """Trax 1.2 name for `init`: returns `(weights, state)`."""
+    return self.init(input_signature)
+
+  def new_weights(self, input_signature):
+    """Trax 1.2 name: initializes and returns the weights."""
+    return self.init(input_signature)[0]
+
+  def _clear_init_cache(self):
+    self._init_cached = False
+    for sublayer in self.sublayers:
+      sublayer._clear_init_cache()  # pylint: disable=protected-access
+
+  def weights_and_state_signature(self, input_signature, unsafe=False):
+    """Returns the `(weights, state)` signature `init` would produce, without computing it."""
+    rng, state, weights = self.rng, self.state, self.weights
+    sig = fastmath.abstract_eval(lambda s: self.init(s))(signature(input_signature))
+    self._rng = rng
+    if not unsafe:
+      self.state, self.weights = state, weights
+    if self.sublayers:
+      self.rng = rng
+    return sig
+
+  # --- running --------------------------------------------------------------
+
+  def pure_fn(self, x, weights, state, rng, use_cache=False):
+    """Applies the layer as a pure function: returns `(outputs, new_state)`.
+
+    Do not override; override `forward`. With `use_cache=True` (used inside
+    combinators) the weights stay set on the object so that a shared layer's
+    later uses see them.
+    """
+    try:
+      old_weights, old_state, old_rng = self.weights, self.state, self._rng
+      self._rng = rng
+      if _is_weights_marker(weights) and _is_state_marker(state):
+        was_cached = True
+      else:
+        was_cached = False
+        self.weights, self.state = weights, state
+      if not self.has_backward:
+        outputs = self.forward(x)
+        s = self.state
+      else:
+        outputs, s = self._do_custom_gradients(x)
+        self.state = s
+      self._rng = old_rng
+      if not use_cache:
+        self.weights, self.state = old_weights, old_state
+      if was_cached:
+        s = GET_STATE_FROM_CACHE
+      return outputs, s
+    except LayerError:
+      self._rng = old_rng
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      self._rng = old_rng
+      raise LayerError(self._name, 'pure_fn', self._caller, signature(x),
+                       _short_traceback(e)) from e
+
+  def output_signature(self, input_signature):
+    """Returns the output signature for inputs of `input_signature`."""
+    return self._forward_abstract(signature(input_signature))[0]
+
+  def _forward_abstract(self, input_signature):
+    """Shapes and dtypes of `(outputs, state)` for an input signature."""
+    rng_sig = ShapeDtype((2,), np.uint32)
+    weights_sig = fastmath.nested_map(_abstract, self.weights)
+    state_sig = fastmath.nested_map(_abstract, self.state)
+    try:
+      return fastmath.abstract_eval(self.pure_fn)(
+          input_signature, weights_sig, state_sig, rng_sig)
+    except LayerError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      raise LayerError(self._name, '_forward_abstract', self._caller,
+                       input_signature, _short_traceback(e)) from e
+
+  def _do_custom_gradients(self, x):
+    """Runs `forward` with gradients given by `self.backward`."""
+
+    def run(weights, state, rng, inputs):
+      old = self.weights, self.state, self._rng
+      self.weights, self.state, self._rng = weights, state, rng
+      try:
+        out = self.forward(inputs)
+        return out, self.state
+      finally:
+        self.weights, self.state, self._rng = old
+
+    @jax.custom_vjp
+    def f(inputs, weights, state, rng):
+      return run(weights, state, rng, inputs)
+
+    def f_fwd(inputs, weights, state, rng):
+      out, s = run(weights, state, rng, inputs)
+      return (out, s), (inputs, out, weights, state, s, rng)
+
+    def f_bwd(res, grads):
+      inputs, out, weights, state, new_state, rng = res
+      x_grad, w_grad = self.backward(inputs, out, grads[0], weights, state,
+                                     new_state, rng)
+      return (x_grad, w_grad, _zero_cotangent(state), _zero_cotangent(rng))
+
+    f.defvjp(f_fwd, f_bwd)
+    return f(x, self.weights, self.state, self._rng)
+
+  # --- files ----------------------------------------------------------------
+
+  def init_from_file(self, file_name, weights_only=False, input_signature=None):
+    """Loads weights (and state) from a Trax checkpoint or a retrax checkpoint.
+
+    Reads Trax's `save_to_file` pickles, `Loop` checkpoints (`.pkl.gz` with a
+    `.weights.npy.gz` sidecar), legacy `Trainer` state and 1.2.x `model.pkl`,
+    through a restricted unpickler that runs no code, and retrax's native
+    files. Returns `(weights, state)`.
+    """
+    from retrax.checkpoints import layer_io  # pylint: disable=g-import-not-at-top
+    return layer_io.init_layer_from_file(self, file_name, weights_only,
+                                         input_signature)
+
+  def save_to_file(self, file_name, weights_only=False, input_signature=None):
+    """Writes weights (and state) in Trax's single-file layout, atomically."""
+    from retrax.checkpoints import layer_io  # pylint: disable=g-import-not-at-top
+    layer_io.save_layer_to_file(self, file_name, weights_only, input_signature)
+
+
+def _abstract(x):
+  if hasattr(x, 'shape') and hasattr(x, 'dtype'):
+    return ShapeDtype(x.shape, x.dtype)
+  return x
+
+
+def _zero_cotangent(tree):
+  def zero(x):
+    x = jax.numpy.asarray(x)
+    if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact):
+      return jax.numpy.zeros_like(x)
+    return np.zeros(x.shape, dtype=jax.dtypes.float0)
+  return jax.tree_util.tree_map(zero, tree)
+
+
+def _n_items(x):
+  return len(x) if isinstance(x, (list, tuple)) else 1
+
+
+def _check_n_inputs(layer, input_signature):
+  """Raises a clear error if fewer inputs than `layer.n_in` are given."""
+  n = _n_items(input_signature)
+  if layer.n_in > 1 and n < layer.n_in:
+    raise ValueError(
+        f'{layer.name} expects {layer.n_in} inputs but got {n}: '
+        f'{input_signature}.')
+
+
+class PureLayer(Layer):
+  """A layer with no weights and no randomness: a pure function of its inputs."""
+
+  def __init__(self, forward_fn, n_in=1, n_out=1, name='PureLayer'):
+    super().__init__(n_in, n_out, name)
+    self._forward_fn = forward_fn
+
+  def forward(self, inputs):
+    _validate_forward_input(inputs, self.n_in, self._name)
+    out = self._forward_fn(inputs)
+    return () if _is_empty(out) else out
+
+
+def Fn(name, f, n_out=1):  # pylint: disable=invalid-name
+  """Returns a weightless layer applying `f`; `n_in` is `f`'s number of positional args.
+
+  `f` takes only positional arguments (no defaults, `*args` or `**kwargs`),
+  for example `Fn('SumAndMax', lambda x0, x1: (x0 + x1, jnp.maximum(x0, x1)),
+  n_out=2)` takes two inputs and gives two outputs.
+  """
+  argspec = inspect.getfullargspec(f)
+  if argspec.defaults is not None:
+    raise ValueError(f'Fn {name!r}: function has default arguments (not allowed).')
+  if argspec.varkw is not None:
+    raise ValueError(f'Fn {name!r}: function has keyword arguments (not allowed).')
+  if argspec.varargs is not None:
+    raise ValueError(f'Fn {name!r}: function has variable args (not allowed).')
+  n_in = len(argspec.args)
+  if inspect.ismethod(f):
+    n_in -= 1
+
+  def forward(xs):
+    if not isinstance(xs, (tuple, list)):
+      xs = (xs,)
+    return f(*xs)
+  return PureLayer(forward, n_in=n_in, n_out=n_out, name=name or 'Fn')
+
+
+def _validate_forward_input(x, n_in, name):
+  if n_in != 1:
+    if not isinstance(x, (tuple, list)):
+      raise TypeError(f'{name} expects a tuple of {n_in} inputs; '
+                      f'instead got {type(x).__name__} {signature(x)}.')
+    if len(x) != n_in:
+      raise ValueError(f'{name}: input tuple length ({len(x)}) does not equal '
+                       f'the required number of inputs ({n_in}).')
+
+
+def _is_empty(x):
+  try:
+    return len(x) == 0  # pylint: disable=g-explicit-length-test
+  except TypeError:
+    return False
+
+
+def flatten_weights_and_state(weights, state):
+  """Flat lists of weights and state leaves, without empty entries or cache markers."""
+  flat_w = [w for w in fastmath.tree_flatten(weights)]
+  flat_s = [s for s in fastmath.tree_flatten(state)]
+  return flat_w, flat_s
+
+
+def to_list(outputs):
+  """Converts layer outputs to nested lists, for equality tests."""
+  if isinstance(outputs, (list, tuple)):
+    return [y.tolist() for y in outputs]
+  return outputs.tolist()
+
+
+def copy_layer(layer):
+  """A deep copy of a layer (weights included)."""
+  return copy.deepcopy(layer)

@@ -1,0 +1,115 @@
+"""Normalization layers: LayerNorm, BatchNorm, FilterResponseNorm."""
+
+from retrax.fastmath import numpy as jnp
+from retrax.layers import base
+
+
+class LayerNorm(base.Layer):
+  """Normalizes the last axis to zero mean and unit variance, then scales and shifts."""
+
+  def __init__(self, center=True, epsilon=1e-6):
+    super().__init__()
+    self._center = center
+    self._epsilon = epsilon
+
+  def forward(self, x):
+    scale, bias = self.weights
+    if x.shape[-1] != scale.shape[-1]:
+      raise ValueError(f'{self.name} expects inputs with last dimension '
+                       f'{scale.shape[-1]}; got shape {tuple(x.shape)}.')
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    centered = x - mean if self._center else x
+    variance = jnp.mean(centered * centered, axis=-1, keepdims=True)
+    y = centered / jnp.sqrt(variance + self._epsilon) * scale
+    return y + bias if self._center else y
+
+  def init_weights_and_state(self, input_signature):
+    features = input_signature.shape[-1]
+    scale = jnp.ones(features, dtype=input_signature.dtype)
+    bias = jnp.zeros(features, dtype=input_signature.dtype) if self._center else ()
+    self.weights = (scale, bias)
+
+
+class BatchNorm(base.Layer):
+  """Batch normalization with running statistics in state (momentum-smoothed).
+
+  In 'train' mode normalizes with batch statistics over `axis` and updates
+  the running mean/variance; otherwise uses the running statistics.
+  """
+
+  def __init__(self, axis=(0, 1, 2), epsilon=1e-5, center=True, scale=True,
+               momentum=0.999, mode='train'):
+    super().__init__()
+    self._axis = tuple(axis)
+    self._epsilon = epsilon
+    self._center = center
+    self._scale = scale
+    self._momentum = momentum
+    self._mode = mode
+
+  def forward(self, x):
+    running_mean, running_var, n_batches = self.state
+    if self._mode == 'train':
+      n_batches = n_batches + 1
+      mean = jnp.mean(x, self._axis, keepdims=True)
+      var = jnp.maximum(jnp.mean(x ** 2, self._axis, keepdims=True) - mean ** 2,
+                        0.)
+      m = self._momentum
+      running_mean = (m * running_mean + (1 - m) * mean).astype(running_mean.dtype)
+      running_var = (m * running_var + (1 - m) * var).astype(running_var.dtype)
+      self.state = (running_mean, running_var, n_batches)
+    else:
+      mean, var = running_mean, running_var
+    z = (x - mean.astype(x.dtype)) / jnp.sqrt(var + self._epsilon).astype(x.dtype)
+    beta, gamma = self.weights
+    bcast = tuple(None if i in self._axis else slice(None)
+                  for i in range(x.ndim))
+    if self._scale:
+      z = z * gamma[bcast].astype(x.dtype)
+    if self._center:
+      z = z + beta[bcast].astype(x.dtype)
+    return z
+
+  def init_weights_and_state(self, input_signature):
+    shape = input_signature.shape
+    axis = tuple(a % len(shape) for a in self._axis)
+    self._axis = axis
+    wshape = tuple(d for i, d in enumerate(shape) if i not in axis)
+    beta = jnp.zeros(wshape, dtype='float32') if self._center else ()
+    gamma = jnp.ones(wshape, dtype='float32') if self._scale else ()
+    stats = tuple(1 if i in axis else d for i, d in enumerate(shape))
+    self.weights = (beta, gamma)
+    self.state = (jnp.zeros(stats, jnp.float32), jnp.ones(stats, jnp.float32),
+                  jnp.zeros((), dtype=jnp.int32))
+
+
+class FilterResponseNorm(base.Layer):
+  """Filter Response Normalization (Singh & Krishnan 2019), without the TLU.
+
+  `x / sqrt(mean(x², spatial axes) + eps) * gamma + beta`; with
+  `learn_epsilon` a learned |eps_l| is added to eps.
+  """
+
+  def __init__(self, mode=None, learn_epsilon=False, init_epsilon=1e-6,
+               init_learnt_epsilon=1e-4):
+    super().__init__()
+    del mode
+    self._learn_epsilon = learn_epsilon
+    self._init_epsilon = init_epsilon
+    self._init_learnt_epsilon = init_learnt_epsilon
+
+  def forward(self, inputs):
+    gamma, beta, epsilon_l = self.weights
+    epsilon = self._init_epsilon
+    if epsilon_l != ():  # pylint: disable=g-explicit-bool-comparison
+      epsilon = epsilon + jnp.abs(epsilon_l[0])
+    axis = tuple(range(1, inputs.ndim - 1))
+    nu2 = jnp.mean(inputs ** 2, axis=axis, keepdims=True)
+    return gamma * (inputs / jnp.sqrt(nu2 + epsilon)) + beta
+
+  def init_weights_and_state(self, input_signature):
+    c = input_signature.shape[-1]
+    eps_l = ((jnp.array(self._init_learnt_epsilon, jnp.float32),)
+             if self._learn_epsilon else ())
+    self.weights = (jnp.ones((c,), jnp.float32), jnp.zeros((c,), jnp.float32),
+                    eps_l)
