@@ -229,5 +229,8 @@ def unflatten_weights_and_state(flat_weights, flat_state,
   weights = unflatten_like(flat_weights, weights_tree, what='weights')
   state = None
   if not weights_only:
+    if flat_state is None:
+      raise TreeStructureError(
+          'state: the checkpoint holds no state; load with weights_only=True.')
     state = unflatten_like(flat_state, state_tree, what='state')
   return weights, state

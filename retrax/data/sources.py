@@ -19,8 +19,6 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 Source = Callable[..., Iterator[Any]]
-_NEWLINES = ('\r\n', '\n', '\r')
-_BYTES_NEWLINES = (b'\r\n', b'\n', b'\r')
 
 
 def list_files(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
@@ -55,11 +53,15 @@ def list_files(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
   return files
 
 
-def _strip_newline(line, newlines):
-  for nl in newlines:
-    if line.endswith(nl):
-      return line[:-len(nl)]
-  return line
+def _strip_newline(line):
+  """Drops one trailing newline ('\n'; '\r\n' too for bytes lines).
+
+  Text mode translates every line ending to '\n', and a line holds at most
+  one, so ``rstrip`` removes exactly the terminator.
+  """
+  if isinstance(line, bytes):
+    return line[:-2] if line.endswith(b'\r\n') else line.rstrip(b'\n')
+  return line.rstrip('\n')
 
 
 def _decode_error(path, where, encoding, e):
@@ -70,7 +72,6 @@ def _decode_error(path, where, encoding, e):
 
 
 def _read_lines(path, encoding, errors, keep_newlines, skip_empty):
-  newlines = _NEWLINES if encoding else _BYTES_NEWLINES
   mode = 'r' if encoding else 'rb'
   kwargs = dict(encoding=encoding, errors=errors) if encoding else {}
   n = 0
@@ -79,7 +80,7 @@ def _read_lines(path, encoding, errors, keep_newlines, skip_empty):
       for line in f:
         n += 1
         if not keep_newlines:
-          line = _strip_newline(line, newlines)
+          line = _strip_newline(line)
         if skip_empty and not line.strip():
           continue
         yield line
@@ -124,6 +125,11 @@ def TextLines(path_or_dir: Union[str, os.PathLike, Sequence[Any]],  # pylint: di
 
   def text_lines(generator=None):
     del generator
+    if not repeat:
+      for path in files:
+        yield from _read_lines(path, encoding, errors, keep_newlines,
+                               skip_empty)
+      return
     while True:
       n = 0
       for path in files:

@@ -1,8 +1,12 @@
 """Backend selection: JAX (default) or plain NumPy for eager debugging.
 
 `fastmath.numpy` dispatches each attribute to `jax.numpy` or `numpy` depending
-on the current backend; `jit`, `grad` etc. always come from JAX, except that
-under the NumPy backend `jit` is the identity so code runs eagerly.
+on the current backend. Under the NumPy backend, `jit` is the identity,
+`abstract_eval` runs the function on zeros, random draws come back as NumPy
+arrays and `logsumexp`/`expit`/`erf`/`stop_gradient` are NumPy functions, so
+layers run eagerly on `numpy.ndarray`s. Trax's `'tensorflow-numpy'` backend
+keeps its name (for `backend_name()` / `is_backend`) but computes with JAX,
+which gives the same numbers without TensorFlow.
 """
 
 import contextlib
@@ -19,63 +23,96 @@ class Backend(enum.Enum):
   NUMPY = 'numpy'
 
 
-_backend = Backend.JAX
+_default = None    # set by set_backend
+_override = None   # set by use_backend
+_warned_tfnp = False
 
 
 def _parse(name):
+  """Returns the `Backend` for a name or enum; raises a clear error if unknown."""
   if isinstance(name, Backend):
-    name = name.value
-  if name in (None, 'jax'):
-    return Backend.JAX
-  if name == 'numpy':
-    return Backend.NUMPY
-  if name == 'tensorflow-numpy':
-    warnings.warn("retrax has no TensorFlow backend; 'tensorflow-numpy' runs "
-                  'on JAX, which computes the same numbers.')
-    return Backend.JAX
-  raise ValueError(f"Unknown backend {name!r}; use 'jax' or 'numpy'.")
+    return name
+  for b in Backend:
+    if b.value == name:
+      return b
+  raise ValueError(f'No backend with name {name!r}; use one of '
+                   f'{[b.value for b in Backend]}.')
+
+
+def _warn_tfnp(b):
+  global _warned_tfnp
+  if b == Backend.TFNP and not _warned_tfnp:
+    _warned_tfnp = True
+    warnings.warn("retrax has no TensorFlow backend: 'tensorflow-numpy' "
+                  'computes with JAX, which gives the same numbers.')
 
 
 def set_backend(name):
-  """Sets the global backend ('jax' or 'numpy')."""
-  global _backend
-  _backend = _parse(name)
+  """Sets the default backend ('jax', 'numpy' or 'tensorflow-numpy'); None resets it."""
+  global _default
+  if name is None:
+    _default = None
+    return
+  _default = _parse(name)
+  _warn_tfnp(_default)
 
 
 @contextlib.contextmanager
 def use_backend(name):
   """Context manager that switches the backend for the enclosed code."""
-  global _backend
-  old = _backend
-  _backend = _parse(name)
+  global _override
+  b = _parse(name)
+  _warn_tfnp(b)
+  old = _override
+  _override = b
   try:
     yield
   finally:
-    _backend = old
+    _override = old
+
+
+def current():
+  """The `Backend` in use now (override, else default, else JAX)."""
+  return _override or _default or Backend.JAX
+
+
+def is_numpy():
+  """True when computing with plain NumPy."""
+  return current() == Backend.NUMPY
 
 
 def backend_name():
-  return _backend.value
+  """Name of the backend in use: 'jax', 'numpy' or 'tensorflow-numpy'."""
+  return current().value
 
 
-def is_backend(backend):
-  return _backend == _parse(backend)
+def is_backend(backend_):
+  """True if `backend_` (a `Backend` or its name) is the backend in use."""
+  return current() == _parse(backend_)
+
+
+def backend(name='jax'):
+  """Trax's backend dict (`'np'` and `'name'`) of the backend in use.
+
+  As in Trax, `name` only matters when no backend was set or overridden.
+  """
+  b = current() if (_override or _default) else _parse(name)
+  return {'np': onp if b == Backend.NUMPY else jnp, 'name': b.value}
 
 
 class _NumpyProxy:
-  """Forwards attribute access to jax.numpy or numpy per the current backend."""
+  """Forwards attribute access to jax.numpy or numpy per the current backend.
+
+  Names NumPy lacks (e.g. `bfloat16`) come from jax.numpy under both.
+  """
 
   def __getattr__(self, name):
-    module = onp if _backend == Backend.NUMPY else jnp
-    return getattr(module, name)
+    if is_numpy() and hasattr(onp, name):
+      return getattr(onp, name)
+    return getattr(jnp, name)
 
   def __dir__(self):
     return dir(jnp)
 
 
 numpy = _NumpyProxy()
-
-
-def backend(name='jax'):
-  """Returns a dict-like namespace of the backend's numpy (Trax compatibility)."""
-  return {'np': onp if _parse(name) == Backend.NUMPY else jnp}

@@ -1,21 +1,121 @@
-"""JAX operations under Trax's `fastmath` names."""
+"""JAX operations under Trax's `fastmath` names.
+
+The few ops that layers call on activations (`logsumexp`, `expit`/`sigmoid`,
+`erf`, `stop_gradient`, `abstract_eval`, `jit`, `fori_loop`) follow the
+current backend, so layers also run eagerly on plain NumPy.
+"""
+
+import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 import numpy as onp
 
-from retrax.fastmath import backend as _backend
+from retrax.fastmath.backend import is_numpy as _is_numpy
 from retrax.shapes import ShapeDtype
+from retrax.shapes import signature as _signature
+
+__all__ = [
+    'jit',
+    'logsumexp',
+    'expit',
+    'sigmoid',
+    'erf',
+    'stop_gradient',
+    'fori_loop',
+    'grad',
+    'value_and_grad',
+    'vjp',
+    'vmap',
+    'pmap',
+    'remat',
+    'checkpoint',
+    'custom_jvp',
+    'disable_jit',
+    'psum',
+    'scan',
+    'map',
+    'cond',
+    'while_loop',
+    'dynamic_slice',
+    'dynamic_slice_in_dim',
+    'dynamic_update_slice',
+    'dynamic_update_slice_in_dim',
+    'top_k',
+    'sort_key_val',
+    'lt',
+    'custom_vjp',
+    'custom_grad',
+    'index_update',
+    'index_add',
+    'index_min',
+    'index_max',
+    'max_pool',
+    'sum_pool',
+    'avg_pool',
+    'conv',
+    'abstract_eval',
+    'global_device_count',
+    'local_device_count',
+    'device_count',
+    'dataset_as_numpy',
+]
 
 
 def jit(f=None, **kwargs):
   """`jax.jit`, or the identity under the NumPy backend."""
   if f is None:
     return lambda g: jit(g, **kwargs)
-  if _backend.is_backend('numpy'):
+  if _is_numpy():
     return f
   return jax.jit(f, **kwargs)
+
+
+def logsumexp(x, axis=None, keepdims=False):
+  """log(sum(exp(x))) along `axis`, computed stably."""
+  if not _is_numpy():
+    return jax.nn.logsumexp(x, axis=axis, keepdims=keepdims)
+  x = onp.asarray(x)
+  m = onp.max(x, axis=axis, keepdims=True)
+  m = onp.where(onp.isfinite(m), m, 0)
+  out = onp.log(onp.sum(onp.exp(x - m), axis=axis, keepdims=True)) + m
+  return out if keepdims else onp.squeeze(out, axis=axis)
+
+
+def expit(x):
+  """The logistic sigmoid 1 / (1 + exp(-x))."""
+  if _is_numpy():
+    return 1. / (1. + onp.exp(-onp.asarray(x)))
+  return jax.nn.sigmoid(x)
+
+
+sigmoid = expit
+
+
+def erf(x):
+  """The error function, element-wise."""
+  if _is_numpy():
+    x = onp.asarray(x)
+    return onp.vectorize(math.erf, otypes=[x.dtype])(x)
+  return jax.scipy.special.erf(x)
+
+
+def stop_gradient(x):
+  """Identity whose gradient is zero (the identity under NumPy)."""
+  if _is_numpy():
+    return x
+  return lax.stop_gradient(x)
+
+
+def fori_loop(lower, upper, body_fn, init_val):
+  """`val = body_fn(i, val)` for i in [lower, upper); a Python loop under NumPy."""
+  if _is_numpy():
+    val = init_val
+    for i in range(lower, upper):
+      val = body_fn(i, val)
+    return val
+  return lax.fori_loop(lower, upper, body_fn, init_val)
 
 
 grad = jax.grad
@@ -26,12 +126,10 @@ pmap = jax.pmap
 remat = jax.checkpoint
 checkpoint = jax.checkpoint
 custom_jvp = jax.custom_jvp
-stop_gradient = lax.stop_gradient
 disable_jit = jax.disable_jit
 psum = lax.psum
 scan = lax.scan
 map = lax.map  # pylint: disable=redefined-builtin
-fori_loop = lax.fori_loop
 cond = lax.cond
 while_loop = lax.while_loop
 dynamic_slice = lax.dynamic_slice
@@ -41,10 +139,6 @@ dynamic_update_slice_in_dim = lax.dynamic_update_slice_in_dim
 top_k = lax.top_k
 sort_key_val = lax.sort_key_val
 lt = lax.lt
-logsumexp = jax.nn.logsumexp
-expit = jax.nn.sigmoid
-sigmoid = jax.nn.sigmoid
-erf = jax.scipy.special.erf
 
 
 def custom_vjp(f, f_fwd, f_bwd, nondiff_argnums=()):
@@ -113,7 +207,11 @@ def conv(x, kernel, window_strides, padding, dimension_numbers, rhs_dilation=Non
 
 
 def abstract_eval(f):
-  """Returns f over `ShapeDtype`s: shapes and dtypes of f's outputs, no compute."""
+  """Returns f over `ShapeDtype`s: shapes and dtypes of f's outputs.
+
+  Under JAX nothing is computed (`jax.eval_shape`); under NumPy `f` runs on
+  zeros of the given shapes, as in Trax.
+  """
   def to_struct(x):
     if isinstance(x, ShapeDtype):
       return jax.ShapeDtypeStruct(x.shape, x.dtype)
@@ -127,7 +225,15 @@ def abstract_eval(f):
   def is_leaf(x):
     return isinstance(x, ShapeDtype)
 
+  def to_zeros(x):
+    if isinstance(x, ShapeDtype):
+      return onp.zeros(x.shape, x.dtype)
+    return x
+
   def wrapped(*args):
+    if _is_numpy():
+      zeros = jax.tree_util.tree_map(to_zeros, args, is_leaf=is_leaf)
+      return _signature(f(*zeros))
     structs = jax.tree_util.tree_map(to_struct, args, is_leaf=is_leaf)
     out = jax.eval_shape(f, *structs)
     return jax.tree_util.tree_map(to_shapedtype, out)

@@ -51,10 +51,13 @@ def _is_state_marker(x):
 
 
 class LayerError(Exception):
-  """An error raised in a layer, naming the layer's path, its creation site and its inputs.
+  """An error in a layer, naming the layer's path, creation site and input signature.
 
   The path runs from the outermost layer to the failing one, e.g.
-  `Serial[1] > Branch[0] > Dense_3`.
+  `Serial[1] > Branch[0] > Dense_3`: sublayer 1 of a Serial is a Branch whose
+  branch 0 is the Dense layer that failed. The message then says where that
+  layer was created, what signature it was given and what went wrong
+  (expected vs. got).
   """
 
   def __init__(self, layer_name, function_name, caller, input_signature,
@@ -74,12 +77,24 @@ class LayerError(Exception):
 
   @property
   def path(self):
+    """The layer path, e.g. `'Serial[1] > Dense_3'`."""
     return ' > '.join(self._path)
+
+  @property
+  def layer_name(self):
+    """Name of the (innermost) layer that failed."""
+    return self._path[-1]
+
+  @property
+  def input_signature(self):
+    """Signature of the inputs the failing layer was given."""
+    return self._input_signature
 
   @property
   def message(self):
     caller = self._caller or {'filename': '?', 'lineno': 0}
-    short = '[...]/' + '/'.join(caller['filename'].split(os.sep)[-3:])
+    parts = [p for p in caller['filename'].split(os.sep) if p]
+    short = '[...]/' + '/'.join(parts[-3:])
     msg = (f'Exception passing through layer {self.path} '
            f'(in {self._function_name}):\n'
            f'  layer created in file {short}, line {caller["lineno"]}\n'
@@ -112,12 +127,24 @@ def _short_traceback(exc):
 
 @contextlib.contextmanager
 def in_sublayer(parent, index):
-  """Context in which a sublayer's LayerError gains `parent[index]` in its path."""
+  """Context in which a sublayer's LayerError gains `parent[index]` in its path.
+
+  The element is `parent._path_element(index)`; a combinator built from
+  others (e.g. `Branch`) may rename it or, returning None, leave it out.
+  """
   try:
     yield
   except LayerError as e:
-    e.prepend(f'{parent.name}[{index}]')
+    element = parent._path_element(index)  # pylint: disable=protected-access
+    if element is not None:
+      e.prepend(element)
     raise
+
+
+def input_error(layer, function_name, inputs, message):
+  """A LayerError for `layer` given `inputs`, with `message` as its cause."""
+  return LayerError(layer.name, function_name, layer._caller,  # pylint: disable=protected-access
+                    signature(inputs), f'ValueError: {message}')
 
 
 class Layer:
@@ -200,6 +227,10 @@ class Layer:
   @property
   def sublayers(self):
     return self._sublayers
+
+  def _path_element(self, index):
+    """How LayerError paths name this layer's sublayer `index` (None: omit)."""
+    return f'{self._name}[{index}]'
 
   @property
   def weights(self):
@@ -299,7 +330,7 @@ class Layer:
         return (GET_WEIGHTS_FROM_CACHE, GET_STATE_FROM_CACHE)
       if rng is not None:
         self.rng = rng
-      _check_n_inputs(self, input_signature)
+      _check_n_inputs(self, input_signature, 'init')
       self.init_weights_and_state(input_signature)
       if use_cache:
         self._init_cached = True
@@ -347,8 +378,9 @@ class Layer:
     combinators) the weights stay set on the object so that a shared layer's
     later uses see them.
     """
+    old_weights, old_state, old_rng = self.weights, self.state, self._rng
     try:
-      old_weights, old_state, old_rng = self.weights, self.state, self._rng
+      _check_n_inputs(self, x, 'pure_fn')
       self._rng = rng
       if _is_weights_marker(weights) and _is_state_marker(state):
         was_cached = True
@@ -367,13 +399,21 @@ class Layer:
       if was_cached:
         s = GET_STATE_FROM_CACHE
       return outputs, s
-    except LayerError:
-      self._rng = old_rng
-      raise
     except Exception as e:  # pylint: disable=broad-except
       self._rng = old_rng
+      if not use_cache:
+        self._restore(old_weights, old_state)
+      if isinstance(e, LayerError):
+        raise
       raise LayerError(self._name, 'pure_fn', self._caller, signature(x),
                        _short_traceback(e)) from e
+
+  def _restore(self, weights, state):
+    """Puts back weights and state after a failed call (best effort)."""
+    try:
+      self.weights, self.state = weights, state
+    except Exception:  # pylint: disable=broad-except
+      pass
 
   def output_signature(self, input_signature):
     """Returns the output signature for inputs of `input_signature`."""
@@ -461,17 +501,33 @@ def _n_items(x):
   return len(x) if isinstance(x, (list, tuple)) else 1
 
 
-def _check_n_inputs(layer, input_signature):
-  """Raises a clear error if fewer inputs than `layer.n_in` are given."""
-  n = _n_items(input_signature)
-  if layer.n_in > 1 and n < layer.n_in:
-    raise ValueError(
-        f'{layer.name} expects {layer.n_in} inputs but got {n}: '
-        f'{input_signature}.')
+def _check_n_inputs(layer, inputs, function_name):
+  """Raises a clear LayerError if fewer than `layer.n_in` inputs are given.
+
+  A layer with `n_in > 1` takes a tuple/list of at least `n_in` items (a
+  combinator's extra items stay on the stack below them).
+  """
+  n_in = layer.n_in
+  if n_in <= 1:
+    return
+  if not isinstance(inputs, (list, tuple)):
+    raise input_error(
+        layer, function_name, inputs,
+        f'{layer.name} expects a tuple of {n_in} inputs; got a single '
+        f'{type(inputs).__name__}: {signature(inputs)}.')
+  if len(inputs) < n_in:
+    raise input_error(
+        layer, function_name, inputs,
+        f'{layer.name} expects {n_in} inputs; got {len(inputs)}: '
+        f'{signature(tuple(inputs))}.')
 
 
 class PureLayer(Layer):
-  """A layer with no weights and no randomness: a pure function of its inputs."""
+  """A layer with no weights and no randomness: a pure function of its inputs.
+
+  `forward_fn` takes the inputs packed as in the stack contract (one item
+  bare, several as a tuple) and returns `n_out` outputs packed the same way.
+  """
 
   def __init__(self, forward_fn, n_in=1, n_out=1, name='PureLayer'):
     super().__init__(n_in, n_out, name)
@@ -480,7 +536,10 @@ class PureLayer(Layer):
   def forward(self, inputs):
     _validate_forward_input(inputs, self.n_in, self._name)
     out = self._forward_fn(inputs)
-    return () if _is_empty(out) else out
+    if self.n_out == 0 and (out is None or _is_empty(out)):
+      return ()
+    _validate_forward_output(out, self.n_out, self._name)
+    return out
 
 
 def Fn(name, f, n_out=1):  # pylint: disable=invalid-name
@@ -488,20 +547,37 @@ def Fn(name, f, n_out=1):  # pylint: disable=invalid-name
 
   `f` takes only positional arguments (no defaults, `*args` or `**kwargs`),
   for example `Fn('SumAndMax', lambda x0, x1: (x0 + x1, jnp.maximum(x0, x1)),
-  n_out=2)` takes two inputs and gives two outputs.
+  n_out=2)` takes two inputs and gives two outputs (a tuple). `n_out` must be
+  given whenever it is not 1.
   """
-  argspec = inspect.getfullargspec(f)
+  if not callable(f):
+    raise TypeError(f'Fn {name!r}: f must be a function; got {f!r}.')
+  try:
+    argspec = inspect.getfullargspec(f)
+  except TypeError as e:
+    raise TypeError(f'Fn {name!r}: cannot read the arguments of {f!r} ({e}); '
+                    'wrap it in a lambda or def.') from e
   if argspec.defaults is not None:
-    raise ValueError(f'Fn {name!r}: function has default arguments (not allowed).')
+    raise ValueError(f'Fn {name!r}: function has default arguments (not '
+                     f'allowed): {argspec.args}, defaults {argspec.defaults}.')
   if argspec.varkw is not None:
-    raise ValueError(f'Fn {name!r}: function has keyword arguments (not allowed).')
+    raise ValueError(f'Fn {name!r}: function has keyword arguments (not '
+                     f'allowed): **{argspec.varkw}.')
   if argspec.varargs is not None:
-    raise ValueError(f'Fn {name!r}: function has variable args (not allowed).')
+    raise ValueError(f'Fn {name!r}: function has variable args (not allowed):'
+                     f' *{argspec.varargs}; give each input its own argument.')
+  if argspec.kwonlyargs:
+    raise ValueError(f'Fn {name!r}: function has keyword-only arguments (not '
+                     f'allowed): {argspec.kwonlyargs}.')
+  if not isinstance(n_out, int) or n_out < 0:
+    raise ValueError(f'Fn {name!r}: n_out must be an int >= 0; got {n_out!r}.')
   n_in = len(argspec.args)
   if inspect.ismethod(f):
     n_in -= 1
 
   def forward(xs):
+    if n_in == 1 and not (isinstance(xs, (tuple, list)) and len(xs) == 1):
+      return f(xs)  # One input, even a (nested) tuple, is passed whole.
     if not isinstance(xs, (tuple, list)):
       xs = (xs,)
     return f(*xs)
@@ -518,18 +594,63 @@ def _validate_forward_input(x, n_in, name):
                        f'the required number of inputs ({n_in}).')
 
 
+def _validate_forward_output(out, n_out, name):
+  """Checks that a function layer returned `n_out` items (n_out != 1)."""
+  if n_out == 1:
+    return
+  if not isinstance(out, (tuple, list)):
+    got = (f'one array {signature(out)}' if hasattr(out, 'shape')
+           else f'one {type(out).__name__}')
+    raise ValueError(f'{name} promises n_out={n_out} outputs (a tuple) but its '
+                     f'function returned {got}; return a tuple or fix n_out.')
+  if len(out) != n_out:
+    raise ValueError(f'{name} promises n_out={n_out} outputs but its function '
+                     f'returned {len(out)}; return {n_out} items or fix n_out.')
+
+
 def _is_empty(x):
-  try:
-    return len(x) == 0  # pylint: disable=g-explicit-length-test
-  except TypeError:
-    return False
+  return isinstance(x, (list, tuple)) and len(x) == 0  # pylint: disable=g-explicit-length-test
 
 
 def flatten_weights_and_state(weights, state):
-  """Flat lists of weights and state leaves, without empty entries or cache markers."""
-  flat_w = [w for w in fastmath.tree_flatten(weights)]
-  flat_s = [s for s in fastmath.tree_flatten(state)]
+  """Flat lists of weight and state leaves, in Trax's checkpoint order.
+
+  Leaves are taken depth-first, left to right; empty entries `()` and the
+  markers of shared layers contribute nothing.
+  """
+  flat_w = [w for w in fastmath.tree_flatten(weights)
+            if not _is_weights_marker(w)]
+  flat_s = [s for s in fastmath.tree_flatten(state)
+            if not _is_state_marker(s)]
   return flat_w, flat_s
+
+
+def unflatten_weights_and_state(flat_weights, flat_state,
+                                weights_and_state_signature,
+                                weights_only=False):
+  """Rebuilds `(weights, state)` trees from flat lists and a tree signature.
+
+  Inverse of `flatten_weights_and_state`: `weights_and_state_signature` (from
+  `layer.weights_and_state_signature`) gives the tree, whose `()` entries and
+  shared-layer markers are copied as they are. With `weights_only`, the state
+  is None.
+  """
+  weights_tree, state_tree = weights_and_state_signature
+  weights, rest = fastmath.tree_unflatten(
+      list(flat_weights), weights_tree,
+      copy_from_tree=[EMPTY_WEIGHTS, GET_WEIGHTS_FROM_CACHE])
+  if rest:
+    raise ValueError(f'{len(rest)} weight arrays left over after filling the '
+                     'weight tree: the checkpoint does not fit this model.')
+  state = None
+  if not weights_only:
+    state, rest = fastmath.tree_unflatten(
+        list(flat_state), state_tree,
+        copy_from_tree=[EMPTY_STATE, GET_STATE_FROM_CACHE])
+    if rest:
+      raise ValueError(f'{len(rest)} state arrays left over after filling the '
+                       'state tree: the checkpoint does not fit this model.')
+  return weights, state
 
 
 def to_list(outputs):

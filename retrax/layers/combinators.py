@@ -36,7 +36,6 @@ class Serial(base.Layer):
       self._state = tuple(None for _ in sublayers)
 
   def forward(self, xs):
-    _check_stack(self, xs, self.n_in)
     if not self.sublayers:
       return xs
     weights, state = self.weights, self.state
@@ -46,7 +45,7 @@ class Serial(base.Layer):
     for i, (layer, w, s, rng) in enumerate(
         zip(self.sublayers, weights, state, rngs)):
       with in_sublayer(self, i):
-        _check_stack(layer, stack, layer.n_in)
+        _check_stack(layer, stack, layer.n_in, 'pure_fn')
         inputs = inputs_from_stack(stack, layer.n_in)
         outputs, s = layer.pure_fn(inputs, w, s, rng, use_cache=True)
       stack = outputs_onto_stack(outputs, stack, layer.n_in)
@@ -59,7 +58,7 @@ class Serial(base.Layer):
     stack = input_signature
     for i, layer in enumerate(self.sublayers):
       with in_sublayer(self, i):
-        _check_stack(layer, stack, layer.n_in)
+        _check_stack(layer, stack, layer.n_in, 'init')
         inputs = inputs_from_stack(stack, layer.n_in)
         w, s = layer.init(inputs, use_cache=True)
         outputs, _ = layer._forward_abstract(inputs)  # pylint: disable=protected-access
@@ -89,7 +88,6 @@ class Parallel(base.Layer):
     self._state = tuple(None for _ in sublayers)
 
   def forward(self, inputs):
-    _check_stack(self, inputs, self.n_in)
     sub_inputs = self._allot_to_sublayers(inputs)
     rngs = _split_rngs(self.rng, self._n_layers)
     outputs, new_state = [], []
@@ -153,8 +151,13 @@ def Branch(*layers, name='Branch'):  # pylint: disable=invalid-name
     return layers[0]
   parallel = Parallel(*layers)
   indices = [list(range(layer.n_in)) for layer in parallel.sublayers]
-  return Serial(Select(_deep_flatten(indices)), parallel, name=name,
-                sublayers_to_print=layers)
+  branch = Serial(Select(_deep_flatten(indices)), parallel, name=name,
+                  sublayers_to_print=layers)
+  # Error paths read `Branch[i] > ...` for branch i (not `Branch[1] >
+  # Parallel[i]`), and just `Branch` when the inputs are missing.
+  parallel._path_element = lambda i: f'{name}[{i}]'  # pylint: disable=protected-access
+  branch._path_element = lambda i: None if i == 1 else name  # pylint: disable=protected-access
+  return branch
 
 
 def Residual(*layers, shortcut=None):  # pylint: disable=invalid-name
@@ -169,10 +172,15 @@ def Select(indices, n_in=None, name=None):  # pylint: disable=invalid-name
 
   `n_in` defaults to `max(indices) + 1`.
   """
-  if n_in is None:
+  if not indices:
+    if n_in is None:
+      raise ValueError('Select([]) needs an explicit n_in (items to drop).')
+  elif n_in is None:
     n_in = max(indices) + 1
+  if any(i < 0 or i >= n_in for i in indices):
+    raise ValueError(f'Select indices {indices} must lie in [0, n_in={n_in}).')
   if name is None:
-    name = f'Select{list(indices)}'.replace(' ', '')
+    name = f'Select{indices}'.replace(' ', '')
   indices = tuple(indices)
 
   def select(xs):
@@ -280,6 +288,11 @@ class Scan(base.Layer):
   """
 
   def __init__(self, layer, axis=0, n_carry=1, remat=False, mode='train'):
+    if layer.n_in < n_carry or layer.n_out < n_carry:
+      raise ValueError(f'Scan with n_carry={n_carry} needs a layer with at '
+                       f'least {n_carry} inputs and outputs (the carries); '
+                       f'got {layer.name} with n_in={layer.n_in}, '
+                       f'n_out={layer.n_out}.')
     super().__init__(n_in=layer.n_in, n_out=layer.n_out)
     self._sublayers = [layer]
     self._n_carry = n_carry
@@ -315,8 +328,9 @@ class Scan(base.Layer):
       carry, state, i = carry_and_state
       x_and_carry = (x + carry) if n_carry > 0 else x
       x_and_carry = x_and_carry[0] if len(x_and_carry) == 1 else x_and_carry
-      res, new_state = self.sublayer.pure_fn(
-          x_and_carry, weights, state, jax.random.fold_in(rng, i))
+      with in_sublayer(self, 0):
+        res, new_state = self.sublayer.pure_fn(
+            x_and_carry, weights, state, jax.random.fold_in(rng, i))
       res = _make_tuple(res)
       if n_carry > 0:
         return (res[-n_carry:], new_state, i + 1), res[:-n_carry]
@@ -325,7 +339,7 @@ class Scan(base.Layer):
     inputs = _make_tuple(inputs)
     if n_carry > 0:
       xs, carry = inputs[:-n_carry], inputs[-n_carry:]
-      if self._mode == 'predict' and self._state[1] != ():  # pylint: disable=g-explicit-bool-comparison
+      if self._mode == 'predict' and self._state[1]:
         carry = self._state[1]
     else:
       xs, carry = inputs, ()
@@ -395,7 +409,6 @@ class Cond(base.Layer):
     self.weights = tuple(weights)
 
   def forward(self, xs):
-    _check_stack(self, xs, self.n_in)
     rngs = _split_rngs(self.rng, 3)
     weights, state = self.weights, self.state
     with in_sublayer(self, 0):
@@ -407,14 +420,16 @@ class Cond(base.Layer):
 
     def run_true(operand):
       ins, (_, s2) = operand
-      out, s1 = self._true.pure_fn(ins, weights[1], state[1], rngs[1])
+      with in_sublayer(self, 1):
+        out, s1 = self._true.pure_fn(ins, weights[1], state[1], rngs[1])
       return out, (s1, s2)
 
     def run_false(operand):
       ins, (s1, s2) = operand
       if self._identity_false:
         return ins, (s1, s2)
-      out, s2 = self._false.pure_fn(ins, weights[2], s2, rngs[2])
+      with in_sublayer(self, 2):
+        out, s2 = self._false.pure_fn(ins, weights[2], s2, rngs[2])
       return out, (s1, s2)
 
     out, (s1, s2) = jax.lax.cond(jnp.reshape(c, ()).astype(bool), run_true,
@@ -451,11 +466,17 @@ def Chunk(layer, chunk_size, pass_unchunkable=True):  # pylint: disable=invalid-
 
 
 class Cache(base.Layer):
-  """Runs `layer` on the first call and returns the same outputs afterwards (state holds them)."""
+  """Runs `layer` on the first call and returns the same outputs afterwards.
+
+  The state is `(cached_outputs, layer_state)`; `cached_outputs` is `()` until
+  the first call (e.g. an encoder run once per decoding in predict mode).
+  """
 
   def __init__(self, layer):
     super().__init__(n_in=layer.n_in, n_out=layer.n_out)
     self._sublayers = [layer]
+    self._weights = (None,)
+    self._state = ((), None)
 
   @property
   def sublayer(self):
@@ -463,25 +484,17 @@ class Cache(base.Layer):
 
   @property
   def state(self):
-    return self._state
+    return (self._state[0], self.sublayer.state)
 
   @state.setter
   def state(self, state):
     if base._is_state_marker(state):  # pylint: disable=protected-access
       return
-    self._state = state
+    if not isinstance(state, (list, tuple)) or len(state) != 2:
+      raise ValueError('Cache state must be a pair (cached_outputs, '
+                       f'layer_state); got {base.signature(state)}.')
+    self._state = (state[0], None)
     self.sublayer.state = state[1]
-
-  @property
-  def weights(self):
-    return self._weights
-
-  @weights.setter
-  def weights(self, weights):
-    if base._is_weights_marker(weights):  # pylint: disable=protected-access
-      return
-    self._weights = weights
-    self.sublayer.weights = weights[0]
 
   def init_weights_and_state(self, input_signature):
     with in_sublayer(self, 0):
@@ -491,7 +504,7 @@ class Cache(base.Layer):
 
   def forward(self, inputs):
     state, weights = self.state, self.weights[0]
-    if state[0] == ():  # pylint: disable=g-explicit-bool-comparison
+    if isinstance(state[0], (tuple, list)) and not state[0]:
       with in_sublayer(self, 0):
         res, layer_state = self.sublayer.pure_fn(inputs, weights, state[1],
                                                  self.rng)
@@ -575,16 +588,20 @@ def _make_singleitem_or_original(xs):
   return xs[0] if isinstance(xs, (list, tuple)) and len(xs) == 1 else xs
 
 
-def _check_stack(layer, stack, n):
-  """Raises a clear error if the stack holds fewer than `n` items for `layer`."""
+def _check_stack(layer, stack, n, function_name):
+  """Raises a LayerError for `layer` if the stack holds fewer than `n` items."""
   if n <= 1:
     return
   if not isinstance(stack, (list, tuple)):
-    raise ValueError(f'{layer.name} needs {n} inputs but the stack holds one '
-                     f'item: {base.signature(stack)}.')
+    raise base.input_error(
+        layer, function_name, stack,
+        f'{layer.name} needs {n} inputs but the stack holds one item: '
+        f'{base.signature(stack)}.')
   if len(stack) < n:
-    raise ValueError(f'{layer.name} needs {n} inputs but the stack holds '
-                     f'{len(stack)}: {base.signature(tuple(stack))}.')
+    raise base.input_error(
+        layer, function_name, stack,
+        f'{layer.name} needs {n} inputs but the stack holds {len(stack)}: '
+        f'{base.signature(tuple(stack))}.')
 
 
 def _n_inputs_n_outputs(layers):

@@ -11,8 +11,13 @@ from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
 
 
+@assert_shape('...a->...b')
 class Dense(base.Layer):
-  """Affine map `y = x·W + b` over the last axis (or linear `x·W` with `use_bias=False`)."""
+  """Affine map `y = x·W + b` over the last axis (or linear `x·W` with `use_bias=False`).
+
+  Shapes: `x` [..., d_in] float, `W` [d_in, n_units], `b` [n_units],
+  `y` [..., n_units]. Weights are `(W, b)`, or `W` alone without bias.
+  """
 
   def __init__(self, n_units, kernel_initializer=init.GlorotUniformInitializer(),
                bias_initializer=init.RandomNormalInitializer(1e-6),
@@ -27,12 +32,16 @@ class Dense(base.Layer):
   def forward(self, x):
     if self._use_bias:
       if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
-        raise ValueError(f'{self.name} weights should be a (w, b) tuple; got '
-                         f'{base.signature(self.weights)}.')
+        raise ValueError(
+            f'{self.name} weights should be a (w, b) tuple; got '
+            f'{base.signature(self.weights)}' + _NOT_INITIALIZED_HINT)
       w, b = self.weights
     else:
       w, b = self.weights, None
-    _check_features(self, x, w.shape[0])
+      if not hasattr(w, 'shape') or len(w.shape) != 2:
+        raise ValueError(f'{self.name} weights should be one matrix w; got '
+                         f'{base.signature(w)}' + _NOT_INITIALIZED_HINT)
+    _check_features(self, x, w.shape[0], 'W', w.shape)
     y = jnp.dot(x, w)
     return y + b if b is not None else y
 
@@ -50,8 +59,14 @@ class Dense(base.Layer):
       self.weights = w
 
 
+@assert_shape('...->...d')
 class Embedding(base.Layer):
-  """Maps integer token ids in [0, vocab_size) to learned `d_feature`-vectors (ids are clipped)."""
+  """Maps integer token ids to learned `d_feature`-vectors.
+
+  Ids are clipped to [0, vocab_size): negative ids map to row 0 and ids
+  >= vocab_size to the last row (as in Trax). Shapes: ids [...] int,
+  weights [vocab_size, d_feature], output [..., d_feature].
+  """
 
   def __init__(self, vocab_size, d_feature, use_bfloat16=False,
                kernel_initializer=init.ScaledInitializer(
@@ -65,22 +80,28 @@ class Embedding(base.Layer):
 
   def forward(self, x):
     _check_int(self, x)
+    if not hasattr(self.weights, 'shape'):
+      raise ValueError(f'{self.name} has no embedding table; got weights '
+                       f'{base.signature(self.weights)}' + _NOT_INITIALIZED_HINT)
     embedded = jnp.take(self.weights, x, axis=0, mode='clip')
     if self._use_bfloat16:
       embedded = embedded.astype(jnp.float32)
     return embedded
 
   def init_weights_and_state(self, input_signature):
-    _check_int(self, input_signature)
+    if input_signature is not None:  # Trax allows init(None) here.
+      _check_int(self, input_signature)
     w = self._kernel_initializer((self._vocab_size, self._d_feature), self.rng)
     self.weights = w.astype(jnp.bfloat16) if self._use_bfloat16 else w
 
 
+@assert_shape('...->...')
 class Dropout(base.Layer):
   """Zeroes a `rate` fraction of values in training and scales the rest by 1/(1-rate).
 
   `shared_axes` lists axes along which one mask value is shared (broadcast).
-  A no-op unless `mode='train'`. The state holds the rate (as in Trax).
+  A no-op unless `mode='train'`. The state holds the rate as a 0-d float32
+  (as in Trax); a state dict `{name: rate}` overrides the rate.
   """
 
   def __init__(self, rate=0.0, shared_axes=None, mode='train'):
@@ -96,14 +117,18 @@ class Dropout(base.Layer):
     self.state = jnp.array(self._initial_rate, dtype=jnp.float32)
 
   def forward(self, x):
-    if self._mode != 'train' or self._initial_rate == 0.0:
+    if self._mode != 'train':
       return x
     rate = self._initial_rate
+    if isinstance(self.state, dict) and self._name in self.state:
+      rate = self.state[self._name]
+    if isinstance(rate, float) and rate == 0.0:
+      return x
     mask_shape = list(x.shape)
     for axis in self._shared_axes:
       mask_shape[axis] = 1
     keep_prob = 1.0 - rate
-    keep = jax.random.bernoulli(self.rng, keep_prob, tuple(mask_shape))
+    keep = fastmath.random.bernoulli(self.rng, keep_prob, tuple(mask_shape))
     return x * (keep.astype(x.dtype) / keep_prob)
 
 
@@ -137,8 +162,8 @@ class RandomUniform(base.Layer):
 
   def forward(self, xs):
     del xs
-    return jax.random.uniform(self.rng, self._shape, self._dtype,
-                              self._min_val, self._max_val)
+    return fastmath.random.uniform(self.rng, self._shape, self._dtype,
+                                   self._min_val, self._max_val)
 
 
 def Flatten(n_axes_to_keep=1):  # pylint: disable=invalid-name
@@ -152,61 +177,72 @@ def Flatten(n_axes_to_keep=1):  # pylint: disable=invalid-name
 
 
 def log_softmax(x, axis=-1):
-  """x - logsumexp(x) along `axis`."""
-  return x - jax.nn.logsumexp(x, axis=axis, keepdims=True)
+  """Log-probabilities `x - logsumexp(x)` along `axis`."""
+  return x - fastmath.logsumexp(x, axis=axis, keepdims=True)
 
 
 def LogSoftmax(axis=-1):  # pylint: disable=invalid-name
+  """Layer computing `log_softmax` along `axis`."""
   return Fn('LogSoftmax', lambda x: log_softmax(x, axis=axis))
 
 
 def LogSumExp(axis=-1):  # pylint: disable=invalid-name
+  """Layer computing log(sum(exp(x))) along `axis`, keeping that axis (size 1)."""
   return Fn('LogSumExp',
-            lambda x: jax.nn.logsumexp(x, axis=axis, keepdims=True))
+            lambda x: fastmath.logsumexp(x, axis=axis, keepdims=True))
 
 
 def Softmax(axis=-1):  # pylint: disable=invalid-name
+  """Layer computing softmax along `axis` (as exp of `log_softmax`)."""
   return Fn('Softmax', lambda x: jnp.exp(log_softmax(x, axis=axis)))
 
 
 def ToFloat():  # pylint: disable=invalid-name
+  """Layer casting its input to float32."""
   return Fn('ToFloat', lambda x: x.astype(np.float32))
 
 
 def Mean(axis=-1, keepdims=False):  # pylint: disable=invalid-name
+  """Layer computing the mean along `axis`."""
   return Fn('Mean', lambda x: jnp.mean(x, axis=axis, keepdims=keepdims))
 
 
 def Min(axis=-1, keepdims=False):  # pylint: disable=invalid-name
+  """Layer computing the minimum along `axis`."""
   return Fn('Min', lambda x: jnp.min(x, axis, keepdims=keepdims))
 
 
 def Max(axis=-1, keepdims=False):  # pylint: disable=invalid-name
+  """Layer computing the maximum along `axis`."""
   return Fn('Max', lambda x: jnp.max(x, axis, keepdims=keepdims))
 
 
 def Sum(axis=None, keepdims=False):  # pylint: disable=invalid-name
+  """Layer computing the sum along `axis` (all elements if None)."""
   return Fn('Sum', lambda x: jnp.sum(x, axis=axis, keepdims=keepdims))
 
 
 def ThresholdToBinary(threshold=.5):  # pylint: disable=invalid-name
+  """Layer mapping `x > threshold` to int32 1 and everything else to 0."""
   return Fn('ThresholdToBinary',
-            lambda x: jnp.where(x > threshold, jnp.ones_like(x),
-                                jnp.zeros_like(x)))
+            lambda x: (x > threshold).astype(jnp.int32))
 
 
 def ArgMax(axis=-1):  # pylint: disable=invalid-name
+  """Layer computing the index of the maximum along `axis`."""
   return Fn('ArgMax', lambda x: jnp.argmax(x, axis=axis))
 
 
 @assert_shape('...->...')
 def Negate():  # pylint: disable=invalid-name
+  """Layer computing `-x`."""
   return Fn('Negate', lambda x: -x)
 
 
 @assert_shape('...->...')
 def StopGradient():  # pylint: disable=invalid-name
-  return Fn('StopGradient', lambda x: jax.lax.stop_gradient(x))  # pylint: disable=unnecessary-lambda
+  """Identity layer whose gradient is zero."""
+  return Fn('StopGradient', lambda x: fastmath.stop_gradient(x))  # pylint: disable=unnecessary-lambda
 
 
 def PrintShape(n_in=1, msg=''):  # pylint: disable=invalid-name
@@ -249,22 +285,32 @@ def log_gaussian_diag_pdf(x, mu, diag_sigma):  # pylint: disable=invalid-name
   return -0.5 * (a + b + c)
 
 
+_NOT_INITIALIZED_HINT = ('; was the layer initialized? Call '
+                         'layer.init(input_signature) before using it.')
+
+
 def _check_float(layer, sig):
-  if not jnp.issubdtype(sig.dtype, jnp.inexact):
-    raise TypeError(f'{layer.name} expects floating-point inputs; got {sig}. '
-                    'Token ids go through an Embedding first.')
+  if not hasattr(sig, 'dtype') or not jax.numpy.issubdtype(sig.dtype,
+                                                        jax.numpy.floating):
+    raise TypeError(
+        f'{layer.name} expects floating-point inputs; got '
+        f'{base.signature(sig)}. Token ids go through an Embedding first; '
+        'cast numeric data with tl.ToFloat() or x.astype(np.float32).')
 
 
 def _check_int(layer, sig):
-  if not jnp.issubdtype(sig.dtype, jnp.integer):
-    raise TypeError(f'{layer.name} expects integer token ids; got {sig}.')
+  if not hasattr(sig, 'dtype') or not jax.numpy.issubdtype(sig.dtype,
+                                                        jax.numpy.integer):
+    raise TypeError(f'{layer.name} expects integer token ids; got '
+                    f'{base.signature(sig)}. Cast ids with x.astype(np.int32).')
 
 
-def _check_features(layer, x, n):
-  if x.shape[-1] != n:
+def _check_features(layer, x, n, weight_name, weight_shape):
+  if not x.shape or x.shape[-1] != n:
     raise ValueError(
-        f'{layer.name} expects inputs with last dimension {n} (its weights '
-        f'were made for that); got shape {tuple(x.shape)}.')
+        f'{layer.name} expects inputs with last dimension {n} (its weight '
+        f'{weight_name} has shape {tuple(weight_shape)}); got inputs of shape '
+        f'{tuple(x.shape)}.')
 
 
 @assert_shape('...d->...d')

@@ -1,8 +1,13 @@
-"""Weight initializers with Trax's names: each returns `init(shape, rng) -> array`."""
+"""Weight initializers with Trax's names: each returns `init(shape, rng) -> array`.
+
+Random draws go through `fastmath.random` with Trax's call sequence (and
+scales computed in float32 as Trax does), so a given key gives Trax's numbers.
+"""
 
 import numpy as np
-import jax
-import jax.numpy as jnp
+
+from retrax.fastmath import numpy as jnp
+from retrax.fastmath import random
 
 
 def _pure_shape(shape):
@@ -10,21 +15,23 @@ def _pure_shape(shape):
 
 
 def _get_fans(shape, out_dim=-1, in_dim=-2, nonreceptive_dims=None):
-  """Fan-in and fan-out of a weight shape (receptive field included)."""
+  """Fan-in and fan-out of a weight shape, as Trax computes them.
+
+  For 2+ dimensions these are `shape[in_dim]` and `shape[out_dim]`: Trax
+  (through v1.4.1 and HEAD) computes the receptive field but, by its
+  indentation, multiplies it in only for 0-d shapes, where it is 1. A 1-d
+  shape has fan-in = fan-out = its length; a 0-d shape has 1 and 1.
+  """
+  del nonreceptive_dims  # Only feeds the receptive field, which is unused.
   if len(shape) >= 2:
-    nonreceptive = [in_dim, out_dim] + list(nonreceptive_dims or [])
-    receptive_field = int(np.prod(np.delete(np.array(shape), nonreceptive)))
-    fan_in = shape[in_dim] * receptive_field
-    fan_out = shape[out_dim] * receptive_field
-  elif len(shape) == 1:
-    fan_in = fan_out = shape[0]
-  else:
-    fan_in = fan_out = 1.
-  return fan_in, fan_out
+    return shape[in_dim], shape[out_dim]
+  if len(shape) == 1:
+    return shape[0], shape[0]
+  return 1., 1.
 
 
 def InitializerFromFile(path):  # pylint: disable=invalid-name
-  """Loads a parameter array from a `.npy` file (no pickle)."""
+  """Loads a parameter array from a `.npy` file (no pickle); checks its shape."""
   def init(shape, rng):
     del rng
     params = np.load(path, allow_pickle=False)
@@ -36,19 +43,31 @@ def InitializerFromFile(path):  # pylint: disable=invalid-name
 
 
 def RandomNormalInitializer(stddev=1e-2):  # pylint: disable=invalid-name
-  """Normal(0, stddev²) coefficients."""
-  return lambda shape, rng: (stddev * jax.random.normal(
-      rng, _pure_shape(shape))).astype(jnp.float32)
+  """Normal(0, stddev²) coefficients, float32."""
+  return lambda shape, rng: (stddev * random.normal(
+      rng, _pure_shape(shape))).astype(np.float32)
 
 
 def RandomUniformInitializer(lim=1.0):  # pylint: disable=invalid-name
-  """Uniform(-lim, lim) coefficients."""
-  return lambda shape, rng: jax.random.uniform(
-      rng, _pure_shape(shape), jnp.float32, -lim, lim)
+  """Uniform(-lim, lim) coefficients, float32."""
+  return lambda shape, rng: random.uniform(
+      rng, _pure_shape(shape), np.float32, -lim, lim)
 
 
 def ScaledInitializer(out_dim, in_dim, scale, mode, distribution):  # pylint: disable=invalid-name
-  """Variance-scaling initializer (fan_in / fan_out / fan_avg; normal, uniform, truncated_normal)."""
+  """Variance-scaling initializer: variance `scale / fan`, float32.
+
+  Args:
+    out_dim: axis of the output units (fan-out).
+    in_dim: axis of the input units (fan-in).
+    scale: positive variance multiplier.
+    mode: 'fan_in', 'fan_out' or 'fan_avg' (mean of the two fans).
+    distribution: 'normal' (stddev sqrt(var)), 'uniform' (limits
+      ±sqrt(3·var)) or 'truncated_normal' (±2 stddev, rescaled to var).
+
+  Returns:
+    `init(shape, rng, nonreceptive_dims=None) -> array`.
+  """
   if scale <= 0.:
     raise ValueError(f'scale must be a positive float, got {scale}.')
   if mode not in ('fan_in', 'fan_out', 'fan_avg'):
@@ -61,47 +80,63 @@ def ScaledInitializer(out_dim, in_dim, scale, mode, distribution):  # pylint: di
   def init(shape, rng, nonreceptive_dims=None):
     shape = _pure_shape(shape)
     fan_in, fan_out = _get_fans(shape, out_dim, in_dim, nonreceptive_dims)
-    gain = scale / {'fan_in': fan_in, 'fan_out': fan_out,
-                    'fan_avg': (fan_in + fan_out) / 2}[mode]
+    gain = scale
+    if mode == 'fan_in':
+      gain /= fan_in
+    elif mode == 'fan_out':
+      gain /= fan_out
+    else:
+      gain /= (fan_in + fan_out) / 2
     if distribution == 'truncated_normal':
-      stddev = np.sqrt(gain) / .87962566103423978
-      return (jax.random.truncated_normal(rng, -2, 2, shape) *
-              stddev).astype(jnp.float32)
+      # .8796... is the std of a standard normal truncated to [-2, 2].
+      stddev = jnp.sqrt(gain) / .87962566103423978
+      return (random.truncated_normal(rng, -2, 2, shape) *
+              stddev).astype(np.float32)
     if distribution == 'normal':
-      return (jax.random.normal(rng, shape) * np.sqrt(gain)).astype(jnp.float32)
-    lim = np.sqrt(3. * gain)
-    return jax.random.uniform(rng, shape, jnp.float32, -lim, lim)
+      return (random.normal(rng, shape) * jnp.sqrt(gain)).astype(np.float32)
+    lim = jnp.sqrt(3. * gain)
+    return random.uniform(rng, shape, np.float32, -lim, lim)
   return init
 
 
 def GlorotNormalInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+  """Glorot/Xavier normal: variance scale / mean(fan_in, fan_out)."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_avg', 'normal')
 
 
 def GlorotUniformInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+  """Glorot/Xavier uniform: limits ±sqrt(3·scale / mean(fan_in, fan_out))."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_avg', 'uniform')
 
 
 def LeCunNormalInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+  """LeCun normal: variance scale / fan_in."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_in', 'normal')
 
 
 def LeCunUniformInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+  """LeCun uniform: limits ±sqrt(3·scale / fan_in)."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_in', 'uniform')
 
 
 def KaimingNormalInitializer(out_dim=-1, in_dim=-2, param=0.):  # pylint: disable=invalid-name
-  return ScaledInitializer(out_dim, in_dim, 2.0 / np.sqrt(1 + param**2),
+  """He-normal: variance 2/sqrt(1 + param²) / fan_in (Trax's formula)."""
+  return ScaledInitializer(out_dim, in_dim, 2.0 / jnp.sqrt(1 + param**2),
                            'fan_in', 'normal')
 
 
 def KaimingUniformInitializer(out_dim=-1, in_dim=-2, param=0.):  # pylint: disable=invalid-name
-  return ScaledInitializer(out_dim, in_dim, 2.0 / np.sqrt(1 + param**2),
+  """He-uniform: variance 2/sqrt(1 + param²) / fan_in (Trax's formula)."""
+  return ScaledInitializer(out_dim, in_dim, 2.0 / jnp.sqrt(1 + param**2),
                            'fan_in', 'uniform')
 
 
 def OrthogonalInitializer(stddev=1.0):  # pylint: disable=invalid-name
-  """Orthogonal matrices (QR of a normal matrix, signs fixed by R's diagonal)."""
+  """`stddev` times an orthogonal matrix (QR of a normal draw, signs fixed by R's diagonal).
+
+  Shapes with more than two axes are flattened to (prod(shape[:-1]),
+  shape[-1]) first; rows (or columns, whichever are fewer) are orthonormal.
+  """
   def init(shape, rng):
     cur = list(shape)
     while len(cur) < 2:
@@ -109,16 +144,17 @@ def OrthogonalInitializer(stddev=1.0):  # pylint: disable=invalid-name
     n_rows = int(np.prod(cur[:-1]))
     n_cols = cur[-1]
     flat = (n_cols, n_rows) if n_rows < n_cols else (n_rows, n_cols)
-    q, r = jnp.linalg.qr(jax.random.normal(rng, flat, dtype=jnp.float32))
+    a = random.normal(rng, flat, dtype=np.float32)
+    q, r = jnp.linalg.qr(a)
     q = q * jnp.sign(jnp.diag(r))
     if n_rows < n_cols:
-      q = q.T
+      q = jnp.transpose(q)
     return stddev * jnp.reshape(q, shape)
   return init
 
 
-def AtariConvInit(kernel_shape, rng, dtype=jnp.float32):  # pylint: disable=invalid-name
+def AtariConvInit(kernel_shape, rng, dtype=np.float32):  # pylint: disable=invalid-name
   """Uniform(±1/sqrt(fan_in·h·w)) for (h, w, in, out) conv kernels."""
   h, w, fan_in, _ = kernel_shape
-  std = 1 / np.sqrt(fan_in * h * w)
-  return jax.random.uniform(rng, kernel_shape, dtype, minval=-std, maxval=std)
+  std = 1 / jnp.sqrt(fan_in * h * w)
+  return random.uniform(rng, kernel_shape, dtype, minval=-std, maxval=std)

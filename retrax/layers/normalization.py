@@ -13,20 +13,27 @@ class LayerNorm(base.Layer):
     self._epsilon = epsilon
 
   def forward(self, x):
+    if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
+      raise ValueError(f'{self.name} weights should be (scale, bias); got '
+                       f'{base.signature(self.weights)}; call '
+                       'layer.init(input_signature) first.')
     scale, bias = self.weights
     if x.shape[-1] != scale.shape[-1]:
       raise ValueError(f'{self.name} expects inputs with last dimension '
-                       f'{scale.shape[-1]}; got shape {tuple(x.shape)}.')
+                       f'{scale.shape[-1]} (its scale has shape '
+                       f'{tuple(scale.shape)}); got inputs of shape '
+                       f'{tuple(x.shape)}.')
     mean = jnp.mean(x, axis=-1, keepdims=True)
     centered = x - mean if self._center else x
     variance = jnp.mean(centered * centered, axis=-1, keepdims=True)
-    y = centered / jnp.sqrt(variance + self._epsilon) * scale
-    return y + bias if self._center else y
+    scaled = centered / jnp.sqrt(variance + self._epsilon) * scale
+    return scaled + bias if self._center else scaled
 
   def init_weights_and_state(self, input_signature):
+    # As in Trax, the bias exists (zeros, unused) even when center=False.
     features = input_signature.shape[-1]
     scale = jnp.ones(features, dtype=input_signature.dtype)
-    bias = jnp.zeros(features, dtype=input_signature.dtype) if self._center else ()
+    bias = jnp.zeros(features, dtype=input_signature.dtype)
     self.weights = (scale, bias)
 
 
@@ -40,7 +47,7 @@ class BatchNorm(base.Layer):
   def __init__(self, axis=(0, 1, 2), epsilon=1e-5, center=True, scale=True,
                momentum=0.999, mode='train'):
     super().__init__()
-    self._axis = tuple(axis)
+    self._axis = (axis,) if isinstance(axis, int) else tuple(axis)
     self._epsilon = epsilon
     self._center = center
     self._scale = scale
@@ -48,32 +55,42 @@ class BatchNorm(base.Layer):
     self._mode = mode
 
   def forward(self, x):
+    if not isinstance(self.state, (tuple, list)) or len(self.state) != 3:
+      raise ValueError(f'{self.name} state should be (running_mean, '
+                       f'running_var, n_batches); got '
+                       f'{base.signature(self.state)}; call '
+                       'layer.init(input_signature) first.')
     running_mean, running_var, n_batches = self.state
+    axis = tuple(a % x.ndim for a in self._axis)
     if self._mode == 'train':
       n_batches = n_batches + 1
-      mean = jnp.mean(x, self._axis, keepdims=True)
-      var = jnp.maximum(jnp.mean(x ** 2, self._axis, keepdims=True) - mean ** 2,
-                        0.)
+      mean = jnp.mean(x, axis, keepdims=True)
+      # Trax's fast variance E[x²] - E[x]² (not clamped at 0).
+      var = jnp.mean(x ** 2, axis, keepdims=True) - mean ** 2
       m = self._momentum
-      running_mean = (m * running_mean + (1 - m) * mean).astype(running_mean.dtype)
+      running_mean = (m * running_mean + (1 - m) * mean).astype(
+          running_mean.dtype)
       running_var = (m * running_var + (1 - m) * var).astype(running_var.dtype)
       self.state = (running_mean, running_var, n_batches)
     else:
       mean, var = running_mean, running_var
-    z = (x - mean.astype(x.dtype)) / jnp.sqrt(var + self._epsilon).astype(x.dtype)
+    z = ((x - mean.astype(x.dtype)) /
+         jnp.sqrt(var + self._epsilon).astype(x.dtype))
     beta, gamma = self.weights
-    bcast = tuple(None if i in self._axis else slice(None)
-                  for i in range(x.ndim))
+    bcast = tuple(None if i in axis else slice(None) for i in range(x.ndim))
     if self._scale:
-      z = z * gamma[bcast].astype(x.dtype)
+      z = gamma[bcast] * z
     if self._center:
-      z = z + beta[bcast].astype(x.dtype)
+      z = z + beta[bcast]
+    if z.dtype != x.dtype:
+      raise TypeError(f'The dtype of the output ({z.dtype}) of batch norm is '
+                      f'not the same as the input ({x.dtype}). Batch norm '
+                      'should not change the dtype.')
     return z
 
   def init_weights_and_state(self, input_signature):
     shape = input_signature.shape
     axis = tuple(a % len(shape) for a in self._axis)
-    self._axis = axis
     wshape = tuple(d for i, d in enumerate(shape) if i not in axis)
     beta = jnp.zeros(wshape, dtype='float32') if self._center else ()
     gamma = jnp.ones(wshape, dtype='float32') if self._scale else ()
@@ -94,6 +111,10 @@ class FilterResponseNorm(base.Layer):
                init_learnt_epsilon=1e-4):
     super().__init__()
     del mode
+    if init_epsilon <= 0 or init_learnt_epsilon <= 0:
+      raise ValueError('FilterResponseNorm epsilons must be > 0; got '
+                       f'init_epsilon={init_epsilon}, '
+                       f'init_learnt_epsilon={init_learnt_epsilon}.')
     self._learn_epsilon = learn_epsilon
     self._init_epsilon = init_epsilon
     self._init_learnt_epsilon = init_learnt_epsilon
@@ -101,7 +122,7 @@ class FilterResponseNorm(base.Layer):
   def forward(self, inputs):
     gamma, beta, epsilon_l = self.weights
     epsilon = self._init_epsilon
-    if epsilon_l != ():  # pylint: disable=g-explicit-bool-comparison
+    if len(epsilon_l):  # pylint: disable=g-explicit-length-test
       epsilon = epsilon + jnp.abs(epsilon_l[0])
     axis = tuple(range(1, inputs.ndim - 1))
     nu2 = jnp.mean(inputs ** 2, axis=axis, keepdims=True)

@@ -38,8 +38,10 @@ def scale_by_trax_adam(step, b1, b2, eps) -> optax.GradientTransformation:
   def update_fn(updates, slots, params=None):
     del params
     m, v = slots
+    # A float count: `b1 ** count` then stays float arithmetic (an int32
+    # exponent fails under strict dtype promotion).
     state = optax.ScaleByAdamState(
-        count=jnp.asarray(step, jnp.int32), mu=m, nu=v)
+        count=jnp.asarray(step).astype(jnp.float32), mu=m, nu=v)
     updates, state = inner.update(updates, state)
     return updates, (state.mu, state.nu)
 

@@ -33,6 +33,7 @@ import optax
 __all__ = [
     'Optimizer',
     'SGD',
+    'apply_stateless',
     'chain_stateless',
     'clip_grads',
     'l2_norm',
@@ -113,7 +114,8 @@ def _rebuild(tree, iterator):
 
 def _flat_l2_norm(flat: list[Any]) -> jax.Array:
   """The L2 norm of all elements of all arrays in ``flat``, as one vector."""
-  squares = (jnp.vdot(x, x).astype(jnp.float32) for x in flat)
+  # A float32 sum of squares, not vdot: a dot may run in TF32 on GPUs.
+  squares = (jnp.sum(jnp.square(jnp.asarray(x, jnp.float32))) for x in flat)
   return jnp.sqrt(sum(squares, jnp.float32(0.0)))
 
 
@@ -279,6 +281,7 @@ class Optimizer:
       ``(new_weights, new_slots)``; ``new_weights`` keeps the dtype of
       ``weights``.
     """
+    grads, weights = jnp.asarray(grads), jnp.asarray(weights)
     updates, new_slots = self.transform(step, opt_params).update(
         grads, slots, weights)
     return (weights + updates).astype(weights.dtype), new_slots

@@ -1,0 +1,7 @@
+"""`python -m retrax` runs the CLI."""
+
+import sys
+
+from retrax.cli import main
+
+sys.exit(main())

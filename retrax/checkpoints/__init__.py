@@ -1,0 +1,37 @@
+"""Checkpoint I/O: Trax's pickle formats (read safely, written compatibly) and
+retrax's native safetensors + JSON format."""
+
+from retrax.checkpoints.errors import CheckpointCorruptedError as CheckpointCorruptedError
+from retrax.checkpoints.errors import CheckpointError as CheckpointError
+from retrax.checkpoints.errors import CheckpointFormatError as CheckpointFormatError
+from retrax.checkpoints.errors import TreeStructureError as TreeStructureError
+from retrax.checkpoints.errors import UnsafeCheckpointError as UnsafeCheckpointError
+from retrax.checkpoints.native import NativeCheckpoint as NativeCheckpoint
+from retrax.checkpoints.native import is_native_checkpoint as is_native_checkpoint
+from retrax.checkpoints.native import load_native as load_native
+from retrax.checkpoints.native import save_native as save_native
+from retrax.checkpoints.native import verify_native as verify_native
+from retrax.checkpoints.npy_stream import from_bits as from_bits
+from retrax.checkpoints.npy_stream import read_npy_gz as read_npy_gz
+from retrax.checkpoints.npy_stream import to_bits as to_bits
+from retrax.checkpoints.npy_stream import write_npy_gz as write_npy_gz
+from retrax.checkpoints.records import TraxHistory as TraxHistory
+from retrax.checkpoints.records import TraxShapeDtype as TraxShapeDtype
+from retrax.checkpoints.records import convert_shape_dtypes as convert_shape_dtypes
+from retrax.checkpoints.rotation import checkpoint_path as checkpoint_path
+from retrax.checkpoints.rotation import latest_valid_checkpoint as latest_valid_checkpoint
+from retrax.checkpoints.rotation import list_checkpoints as list_checkpoints
+from retrax.checkpoints.rotation import rotate_checkpoints as rotate_checkpoints
+from retrax.checkpoints.safe_unpickle import RestrictedUnpickler as RestrictedUnpickler
+from retrax.checkpoints.safe_unpickle import safe_load as safe_load
+from retrax.checkpoints.safe_unpickle import safe_loads as safe_loads
+from retrax.checkpoints.trax_format import normalize_history as normalize_history
+from retrax.checkpoints.trax_format import read_trax_checkpoint as read_trax_checkpoint
+from retrax.checkpoints.trax_format import write_trax_layer_file as write_trax_layer_file
+from retrax.checkpoints.trax_format import write_trax_loop_checkpoint as write_trax_loop_checkpoint
+from retrax.checkpoints.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
+from retrax.checkpoints.tree import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
+from retrax.checkpoints.tree import flatten_weights_and_state as flatten_weights_and_state
+from retrax.checkpoints.tree import tree_leaves as tree_leaves
+from retrax.checkpoints.tree import unflatten_like as unflatten_like
+from retrax.checkpoints.tree import unflatten_weights_and_state as unflatten_weights_and_state

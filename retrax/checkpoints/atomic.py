@@ -1,0 +1,47 @@
+"""Atomic file writes: temp file in the same directory, fsync, rename, fsync dir.
+
+A reader sees either the old file or the complete new one, never a partial
+write, even if the process is killed mid-write; after `atomic_write` returns,
+the new file survives a power loss.
+"""
+
+import contextlib
+import os
+import tempfile
+
+
+def fsync_dir(path):
+  """Flushes a directory entry (a rename or create in it) to disk."""
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:  # E.g. platforms that cannot open directories.
+    return
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+  """Context manager yielding a binary file; on success it replaces `path`.
+
+  On an exception the temporary file is removed and `path` is untouched.
+  """
+  path = os.fspath(path)
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(
+      dir=directory, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+  fsync_dir(directory)

@@ -1,0 +1,332 @@
+"""Reading and writing the checkpoint files of Trax 1.2–1.4.
+
+Readers go through the restricted unpickler (no code from the file runs) and
+return one normalized dict whatever the layout:
+
+  `format`           'loop' | 'trainer' | 'layer' | 'legacy_pkl'
+  `step`             int, or None for a `Layer.save_to_file` file
+  `flat_weights`     list of numpy arrays, Trax's flat order
+  `flat_state`       list (None where the file holds no state)
+  `flat_eval_state`  list (the train state where the file has no eval state)
+  `slots`            list (one per task) of flat lists of optimizer slots
+  `history`          {mode: {metric: [(step, value), ...]}}, scalars as floats
+  `input_signature`  tuple of ShapeDtype records, or None
+  `opt_params`       dict (legacy Trainer only) or None
+  `version_timestamp` str or None
+
+Layouts:
+  * `training.Loop.save_checkpoint`: `<base>.pkl.gz` with `flat_weights` an
+    int (the gzip level) and the arrays in `<base>.weights.npy.gz` and
+    `<base>.opt_slots{i}.npy.gz`; older Loops kept weights/slots inline.
+  * legacy `Trainer.save_state`: one `.pkl.gz` with inline `flat_weights`,
+    nested `slots`, `opt_params` and a `History` object.
+  * `Layer.save_to_file`: one `.pkl.gz` with `flat_weights`, optionally
+    `flat_state`, `input_signature`.
+  * Trax 1.2.x `model.pkl`: a plain (not gzipped) pickle of nested `weights`,
+    `state`, `slots`, `opt_params`, `history`.
+
+bfloat16 arrays in `.npy.gz` files are stored as uint16 bits; they stay uint16
+unless `restore_bfloat16=True` (or unflattening against a signature that says
+bfloat16, see `tree.unflatten_like`).
+
+Writers emit the Loop and Layer layouts so that Trax 1.4.1 reads them, with
+pickles that reference only numpy/builtin/`trax.shapes.ShapeDtype` globals.
+"""
+
+import collections
+import gzip
+import os
+import zlib
+
+import numpy as np
+
+from retrax.checkpoints import npy_stream
+from retrax.checkpoints import pickle_writer
+from retrax.checkpoints.atomic import atomic_write
+from retrax.checkpoints.errors import CheckpointCorruptedError
+from retrax.checkpoints.errors import CheckpointFormatError
+from retrax.checkpoints.records import TraxHistory
+from retrax.checkpoints.records import convert_shape_dtypes
+from retrax.checkpoints.records import is_shape_dtype
+from retrax.checkpoints.safe_unpickle import safe_load
+from retrax.checkpoints.tree import tree_leaves
+
+LOOP_VERSION_TIMESTAMP = 'Mar-10-2021'
+_GZIP_MAGIC = b'\x1f\x8b'
+_PICKLE_SUFFIX = '.pkl.gz'
+
+
+def load_trax_pickle(path):
+  """Restricted-unpickles a Trax `.pkl.gz` (or plain `.pkl`) file.
+
+  Gzip is detected from the file's magic bytes, not its name.
+  """
+  path = os.fspath(path)
+  with open(path, 'rb') as f:
+    gzipped = f.read(2) == _GZIP_MAGIC
+    f.seek(0)
+    if not gzipped:
+      return safe_load(f)
+    try:
+      with gzip.GzipFile(fileobj=f, mode='rb') as gz:
+        return safe_load(gz)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+      raise CheckpointCorruptedError(
+          f'{path}: gzip stream is truncated or corrupted ({e}).') from None
+
+
+def _base_of(path):
+  return path[:-len(_PICKLE_SUFFIX)] if path.endswith(_PICKLE_SUFFIX) else path
+
+
+def _sidecar_weights_path(path):
+  """Where Trax looks for the weights of a `flat_weights: int` pickle."""
+  if path.endswith(_PICKLE_SUFFIX):
+    candidate = _base_of(path) + '.weights.npy.gz'
+    if os.path.exists(candidate):
+      return candidate
+  return path + '.npy'  # The older layout that Trax still reads.
+
+
+def _scalar_or_keep(value):
+  """History values: 0-d arrays and numpy scalars become Python numbers."""
+  if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0:
+    return value.item()
+  return value
+
+
+def normalize_history(history):
+  """Returns `{mode: {metric: [(step, value), ...]}}` from any Trax history form.
+
+  Accepts a `TraxHistory` record, Trax's `History.to_dict()` result
+  (`{'_values': ...}`), or the plain mapping itself.
+  """
+  if history is None:
+    return {}
+  if isinstance(history, TraxHistory):
+    history = history.to_dict()
+  if not isinstance(history, dict):
+    raise CheckpointFormatError(
+        f'history must be a dict or History; got {type(history).__name__}.')
+  values = history.get('_values', history)
+  out = {}
+  for mode, metrics in values.items():
+    if not isinstance(metrics, dict):
+      raise CheckpointFormatError(
+          f'history[{mode!r}] must map metric names to lists; got '
+          f'{type(metrics).__name__}.')
+    out[mode] = {
+        metric: [(int(step), _scalar_or_keep(v)) for step, v in entries]
+        for metric, entries in metrics.items()}
+  return out
+
+
+def _flat_slots(slots):
+  """Flattens a nested optimizer-slots tree, dropping `None` and `()`."""
+  return [s for s in tree_leaves(slots) if s is not None]
+
+
+def _detect_format(d):
+  if 'flat_weights' not in d:
+    if 'weights' in d:
+      return 'legacy_pkl'
+    raise CheckpointFormatError(
+        f'not a Trax checkpoint: no flat_weights/weights entry (keys: '
+        f'{sorted(map(str, d))}).')
+  if isinstance(d['flat_weights'], int) and not isinstance(
+      d['flat_weights'], bool):
+    return 'loop'
+  if 'opt_params' in d or isinstance(d.get('history'), TraxHistory):
+    return 'trainer'
+  if 'step' in d or 'slots_per_task' in d or 'flat_eval_state' in d:
+    return 'loop'
+  return 'layer'
+
+
+def _read_slot_files(base):
+  slots, i = [], 0
+  while os.path.exists(f'{base}.opt_slots{i}.npy.gz'):
+    slots.append(npy_stream.read_npy_gz(f'{base}.opt_slots{i}.npy.gz'))
+    i += 1
+  return slots
+
+
+def _as_list(x, what, path):
+  if x is None:
+    return None
+  if not isinstance(x, (list, tuple)):
+    raise CheckpointFormatError(
+        f'{path}: {what} must be a list; got {type(x).__name__}.')
+  return list(x)
+
+
+def read_trax_checkpoint(path, *, restore_bfloat16=False,
+                         shape_dtype_factory=None):
+  """Reads any Trax checkpoint layout into the normalized dict described above.
+
+  Args:
+    path: the `.pkl.gz` file (or a 1.2.x `.pkl`).
+    restore_bfloat16: bit-cast uint16 weights/slots back to bfloat16, as Trax's
+      `Loop._from_bits` does (every uint16 leaf is taken for bfloat16).
+    shape_dtype_factory: if given, `(shape, dtype) -> record` used to convert
+      the input signature (e.g. `retrax.shapes.ShapeDtype`); otherwise the
+      signature holds `TraxShapeDtype` records.
+
+  Returns:
+    The normalized dict.
+
+  Raises:
+    UnsafeCheckpointError: the pickle references a non-admitted global.
+    CheckpointCorruptedError: a file is truncated or damaged.
+    CheckpointFormatError: the content is not a Trax checkpoint.
+    FileNotFoundError: the checkpoint or its weights sidecar is missing.
+  """
+  path = os.fspath(path)
+  d = load_trax_pickle(path)
+  if not isinstance(d, dict):
+    raise CheckpointFormatError(
+        f'{path}: a Trax checkpoint pickles a dict; got {type(d).__name__}.')
+  fmt = _detect_format(d)
+  out = {'format': fmt, 'step': d.get('step'), 'opt_params': d.get(
+      'opt_params'), 'version_timestamp': d.get('version_timestamp')}
+
+  if fmt == 'legacy_pkl':
+    out['flat_weights'] = tree_leaves(d['weights'])
+    state = d['model_state'][0] if 'model_state' in d else d.get('state')
+    out['flat_state'] = None if state is None else tree_leaves(state)
+    out['flat_eval_state'] = out['flat_state']
+    out['slots'] = [_flat_slots(d['slots'])] if d.get('slots') is not None else []
+  else:
+    flat_weights = d['flat_weights']
+    if fmt == 'loop' and isinstance(flat_weights, int):
+      flat_weights = npy_stream.read_npy_gz(_sidecar_weights_path(path))
+    out['flat_weights'] = _as_list(flat_weights, 'flat_weights', path)
+    out['flat_state'] = _as_list(d.get('flat_state'), 'flat_state', path)
+    eval_state = d.get('flat_eval_state', d.get('flat_state'))
+    out['flat_eval_state'] = _as_list(eval_state, 'flat_eval_state', path)
+    if isinstance(d.get('slots_per_task'), int):
+      out['slots'] = _read_slot_files(_base_of(path))
+    elif d.get('slots_per_task') is not None:
+      out['slots'] = [_flat_slots(s) for s in d['slots_per_task']]
+    elif d.get('slots') is not None:
+      out['slots'] = [_flat_slots(d['slots'])]
+    else:
+      out['slots'] = []
+  if restore_bfloat16:
+    out['flat_weights'] = npy_stream.from_bits(out['flat_weights'])
+    out['slots'] = [npy_stream.from_bits(s) for s in out['slots']]
+  out['history'] = normalize_history(d.get('history'))
+  signature = d.get('input_signature')
+  if signature is not None and shape_dtype_factory is not None:
+    signature = convert_shape_dtypes(signature, shape_dtype_factory)
+  out['input_signature'] = signature
+  return out
+
+
+def _arrays(xs, what):
+  if xs is None:
+    return None
+  out = []
+  for i, x in enumerate(xs):
+    if x is None or isinstance(x, (np.ndarray, np.generic, bool, int, float)):
+      out.append(x)
+    elif hasattr(x, '__array__') and hasattr(x, 'dtype'):
+      out.append(np.asarray(x))  # jax arrays
+    else:
+      raise TypeError(f'{what}[{i}] must be an array; got {type(x).__name__}.')
+  return out
+
+
+def _signature(sig):
+  if sig is None:
+    return None
+  if is_shape_dtype(sig):
+    return sig
+  if isinstance(sig, (list, tuple)) and all(is_shape_dtype(s) for s in sig):
+    return tuple(sig)
+  raise TypeError(
+      f'input_signature must be a ShapeDtype or a tuple of them; got {sig!r}.')
+
+
+def _write_pickle_gz(path, obj):
+  with atomic_write(path) as f:
+    with gzip.GzipFile(fileobj=f, mode='wb', compresslevel=2, mtime=0) as gz:
+      pickle_writer.dump(obj, gz)
+
+
+def write_trax_layer_file(path, flat_weights, flat_state=None,
+                          input_signature=None):
+  """Writes a `Layer.save_to_file` pickle that Trax's `init_from_file` reads.
+
+  Args:
+    path: file to write (conventionally `*.pkl.gz`); replaced atomically.
+    flat_weights: list of arrays in Trax's flat order.
+    flat_state: list of state arrays; None omits it (Trax's `weights_only`).
+    input_signature: ShapeDtype or tuple of them; None omits it.
+  """
+  d = {'flat_weights': _arrays(flat_weights, 'flat_weights')}
+  if flat_state is not None:
+    d['flat_state'] = _arrays(flat_state, 'flat_state')
+  if input_signature is not None:
+    d['input_signature'] = _signature(input_signature)
+  _write_pickle_gz(os.fspath(path), d)
+
+
+def _trax_history(history):
+  values = normalize_history(history)
+  return {'_values': {
+      mode: collections.defaultdict(list, {
+          metric: [(int(s), _scalar_or_keep(v)) for s, v in entries]
+          for metric, entries in metrics.items()})
+      for mode, metrics in values.items()}}
+
+
+def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
+                               flat_eval_state, history_dict, slots_per_task,
+                               input_signature, compresslevel=2):
+  """Writes the three-file layout of Trax's `Loop.save_checkpoint`.
+
+  Writes `<basename>.opt_slots{i}.npy.gz` per task, `<basename>.weights.npy.gz`
+  and finally `<basename>.pkl.gz`, each atomically, in the order Trax uses.
+  bfloat16 arrays in the npy files are bit-cast to uint16, as Trax does.
+
+  Args:
+    basename: path without extension, e.g. `'/out/model'` (a trailing
+      `.pkl.gz` is stripped).
+    step: int training step.
+    flat_weights: list of weight arrays (Trax flat order).
+    flat_state: list of the train model's state arrays.
+    flat_eval_state: list of the eval model's state arrays.
+    history_dict: `{mode: {metric: [(step, value), ...]}}` or Trax's
+      `History.to_dict()` form.
+    slots_per_task: list (one per task) of flat lists of slot arrays.
+    input_signature: ShapeDtype or tuple of them (the model's inputs).
+    compresslevel: gzip level of the npy files (Trax: 2, or 0 for the
+      memory-efficient trainer); recorded in the pickle as Trax does.
+
+  Returns:
+    The path of the `.pkl.gz` file.
+  """
+  base = _base_of(os.fspath(basename))
+  if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+    raise TypeError(f'step must be an int; got {step!r}.')
+  for i, slots in enumerate(slots_per_task):
+    npy_stream.write_npy_gz(f'{base}.opt_slots{i}.npy.gz',
+                            _arrays(slots, f'slots_per_task[{i}]'),
+                            compresslevel=compresslevel)
+  npy_stream.write_npy_gz(f'{base}.weights.npy.gz',
+                          _arrays(flat_weights, 'flat_weights'),
+                          compresslevel=compresslevel)
+  d = {
+      'step': int(step),
+      'flat_weights': compresslevel,
+      'flat_state': _arrays(flat_state, 'flat_state'),
+      'flat_eval_state': _arrays(flat_eval_state, 'flat_eval_state'),
+      'history': _trax_history(history_dict),
+      'slots_per_task': compresslevel,
+      'input_signature': _signature(input_signature),
+      'version_timestamp': LOOP_VERSION_TIMESTAMP,
+  }
+  pkl_path = base + _PICKLE_SUFFIX
+  _write_pickle_gz(pkl_path, d)
+  return pkl_path

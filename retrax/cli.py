@@ -1,0 +1,150 @@
+"""The `retrax` command line: train | sample | eval | convert | plot | bench | info.
+
+Parses arguments and calls the library; errors in what the user typed exit
+with code 2 and a one-line message saying what to do.
+"""
+
+import argparse
+import sys
+
+
+class UsageError(Exception):
+  """A user error: printed as one line, exit code 2."""
+
+
+def _add_config_args(p):
+  p.add_argument('--config', metavar='TOML', help='a TOML file of config keys')
+  p.add_argument('--set', metavar='KEY=VALUE', action='append', default=[],
+                 help='override one config key (repeatable)')
+  p.add_argument('--output_dir', '--output-dir', dest='output_dir',
+                 help='run directory (checkpoints, metrics); resumes if it '
+                 'holds a run of the same model')
+  p.add_argument('--steps', type=int, help='training steps')
+  p.add_argument('--model', help='ReformerLM | TransformerLM')
+  p.add_argument('--attention', help='lsh | local | full')
+  p.add_argument('--data', help="'duplication' or 'text:PATH'")
+
+
+def _load_config(args):
+  from retrax import config as config_lib  # pylint: disable=g-import-not-at-top
+  overrides = list(args.set)
+  for key in ('output_dir', 'steps', 'model', 'attention', 'data'):
+    value = getattr(args, key, None)
+    if value is not None:
+      overrides.append(f'{key}={value}' if key == 'steps' else
+                       f'{key}="{value}"')
+  try:
+    return config_lib.load(args.config, overrides)
+  except config_lib.ConfigError as e:
+    raise UsageError(str(e)) from e
+
+
+def cmd_train(args):
+  from retrax import jobs  # pylint: disable=g-import-not-at-top
+  config = _load_config(args)
+  jobs.train(config, quiet=args.quiet)
+  if config.n_samples and not args.no_sample:
+    jobs.print_samples(config)
+
+
+def cmd_sample(args):
+  from retrax import jobs  # pylint: disable=g-import-not-at-top
+  jobs.print_samples(jobs.config_of_run(args.output_dir), n=args.n,
+                     temperature=args.temperature)
+
+
+def cmd_eval(args):
+  from retrax import jobs  # pylint: disable=g-import-not-at-top
+  jobs.print_eval(jobs.config_of_run(args.output_dir), n_batches=args.batches)
+
+
+def cmd_convert(args):
+  from retrax.checkpoints import convert  # pylint: disable=g-import-not-at-top
+  convert.convert(args.src, args.dst, to=args.to)
+
+
+def cmd_plot(args):
+  from retrax import plot  # pylint: disable=g-import-not-at-top
+  print(plot.plot_metrics(args.output_dir, args.out))
+
+
+def cmd_bench(args):
+  from retrax import jobs  # pylint: disable=g-import-not-at-top
+  jobs.quick_bench()
+
+
+def cmd_info(args):
+  del args
+  import platform  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import retrax  # pylint: disable=g-import-not-at-top
+  print(f'retrax {retrax.__version__}')
+  print(f'python {platform.python_version()} ({platform.machine()})')
+  print(f'jax {jax.__version__}, numpy {numpy.__version__}, optax '
+        f'{optax.__version__}')
+  print(f'backend {jax.default_backend()}: {jax.device_count()} device(s): '
+        + ', '.join(str(d) for d in jax.devices()))
+
+
+def build_parser():
+  parser = argparse.ArgumentParser(
+      prog='retrax', description='Trax, revived on today\'s JAX.')
+  sub = parser.add_subparsers(dest='command')
+  p = sub.add_parser('train', help='train a model (default: a small Reformer '
+                     'with LSH attention on the duplication task), then sample')
+  _add_config_args(p)
+  p.add_argument('--quiet', action='store_true', help='no progress bar')
+  p.add_argument('--no-sample', action='store_true',
+                 help='do not print samples after training')
+  p.set_defaults(func=cmd_train)
+  p = sub.add_parser('sample', help='sample from a trained run')
+  p.add_argument('output_dir')
+  p.add_argument('-n', type=int, default=4, help='number of samples')
+  p.add_argument('--temperature', type=float, default=0.0,
+                 help='0 = greedy (default)')
+  p.set_defaults(func=cmd_sample)
+  p = sub.add_parser('eval', help='evaluate a trained run')
+  p.add_argument('output_dir')
+  p.add_argument('--batches', type=int, default=8)
+  p.set_defaults(func=cmd_eval)
+  p = sub.add_parser('convert', help='convert between Trax checkpoints '
+                     '(model.pkl.gz) and retrax native checkpoints')
+  p.add_argument('src')
+  p.add_argument('dst')
+  p.add_argument('--to', choices=('native', 'trax'), default=None,
+                 help='target format (default: the other one)')
+  p.set_defaults(func=cmd_convert)
+  p = sub.add_parser('plot', help="plot a run's metrics to PNG")
+  p.add_argument('output_dir')
+  p.add_argument('--out', default=None, help='PNG path (default: in the run)')
+  p.set_defaults(func=cmd_plot)
+  p = sub.add_parser('bench', help='a quick subset of the benchmarks')
+  p.set_defaults(func=cmd_bench)
+  p = sub.add_parser('info', help='versions and devices')
+  p.set_defaults(func=cmd_info)
+  return parser
+
+
+def main(argv=None):
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if args.command is None:
+    parser.print_help()
+    return 2
+  try:
+    args.func(args)
+  except UsageError as e:
+    print(f'retrax {args.command}: error: {e}', file=sys.stderr)
+    return 2
+  except (FileNotFoundError, FileExistsError, ValueError) as e:
+    if type(e).__module__.startswith('jax'):
+      raise
+    print(f'retrax {args.command}: error: {e}', file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,491 @@
+"""Dense (dot-product) attention layers, as in Trax's `trax.layers.attention`.
+
+Multi-head attention computes, per head, `softmax(Q K^T / sqrt(d_head)) V`
+with masked-out positions set to -1e9 before the softmax, and optional
+dropout of the attention weights in 'train' mode.
+
+Modes: 'train' (dropout active), 'eval' (no dropout), 'predict' (causal
+attention decodes incrementally with a key/value cache in `state`) and
+'viz' (like 'eval'; attention weights are left in `state`).
+
+The weight trees equal Trax 1.4.1's, including the `Serial(AssertShape, layer,
+AssertShape)` wrapping that Trax's `@assert_shape` adds to layer-making
+functions. `ShiftRight`, `PaddingMask`, `EncoderDecoderMask` (defined in
+`core`) and `PositionalEncoding` (in `position`) are re-exported here for
+Trax's module path.
+"""
+
+import jax
+import numpy as np
+
+from retrax import fastmath
+from retrax.fastmath import numpy as jnp
+from retrax.layers import base
+from retrax.layers import combinators as cb
+from retrax.layers import core
+from retrax.layers import initializers as init
+from retrax.layers.assert_shape import assert_shape
+from retrax.layers.base import Fn
+from retrax.layers.core import EncoderDecoderMask  # pylint: disable=unused-import
+from retrax.layers.core import PaddingMask  # pylint: disable=unused-import
+from retrax.layers.core import ShiftRight  # pylint: disable=unused-import
+from retrax.layers.position import PositionalEncoding  # pylint: disable=unused-import
+
+# pylint: disable=invalid-name
+
+_MODES = ('train', 'eval', 'predict', 'viz')
+_MASK_VALUE = -1e9
+# Key/value blocks read per loop step by predict-mode causal attention: only
+# the blocks holding filled cache positions are read.
+PREDICT_BLOCK_LEN = 256
+
+
+def _check_mode(mode):
+  if mode not in _MODES:
+    raise ValueError(f'mode must be one of {_MODES}; got {mode!r}.')
+
+
+def _check_dropout(dropout):
+  if dropout is not None and not 0.0 <= dropout < 1.0:
+    raise ValueError(f'Dropout rate must be in [0, 1); got {dropout}.')
+
+
+def _check_heads(d_feature, n_heads):
+  if n_heads < 1 or d_feature % n_heads != 0:
+    raise ValueError(
+        f'Dimensionality of feature embedding ({d_feature}) is not a multiple '
+        f'of the requested number of attention heads ({n_heads}).')
+
+
+# inputs are (batch, length, depth) and a (batch, 1, 1, length) mask.
+@assert_shape('bld,b11l->bld,b11l')
+def Attention(d_feature, n_heads=1, dropout=0.0, mode='train'):
+  """Multi-head self-attention: `(x, mask) -> (y, mask)`.
+
+  Q, K and V are three `Dense(d_feature)` maps of `x`; the mask (True where a
+  position may be attended to) is returned unchanged.
+
+  Args:
+    d_feature: Depth of the input and output activations.
+    n_heads: Number of heads; each works on `d_feature // n_heads` features.
+    dropout: Rate of attention-weight dropout (applied in 'train' mode only).
+    mode: One of 'train', 'eval', 'predict' or 'viz'.
+  """
+  return cb.Serial(
+      cb.Select([0, 0, 0]),
+      AttentionQKV(d_feature, n_heads=n_heads, dropout=dropout, mode=mode),
+  )
+
+
+@assert_shape('bSq,blk,blv,b1xl->bSd,b1xl')
+def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',
+                 cache_KV_in_predict=False, q_sparsity=None,
+                 result_sparsity=None):
+  """Multi-head attention from separate sources: `(AQ, AK, AV, mask) -> (y, mask)`.
+
+  Used e.g. for encoder-decoder attention (queries from the decoder, keys
+  and values from the encoder).
+
+  Args:
+    d_feature: Depth of the activations (and of Q, K, V).
+    n_heads: Number of heads; each works on `d_feature // n_heads` features.
+    dropout: Rate of attention-weight dropout (applied in 'train' mode only).
+    mode: One of 'train', 'eval', 'predict' or 'viz'.
+    cache_KV_in_predict: In 'predict' mode, compute K and V once (first call)
+      and reuse them (`Cache` layers), as for a fixed encoder output.
+    q_sparsity: None (a `Dense` layer for queries) or 'noop' (no layer).
+    result_sparsity: None (a `Dense` output layer) or 'noop' (no layer).
+  """
+  _check_heads(d_feature, n_heads)
+  _check_dropout(dropout)
+  _check_mode(mode)
+
+  def SparsifiableDense(layer_sparsity, arg_name):
+    if layer_sparsity is None:
+      return core.Dense(d_feature)
+    if layer_sparsity == 'noop':
+      return cb.Serial()
+    raise ValueError(
+        f'{arg_name} must be None or \'noop\'; got {layer_sparsity!r} (the '
+        'sparse FactoredDense variant of Trax research code is not supported).')
+
+  def CacheableDense():
+    if cache_KV_in_predict and mode == 'predict':
+      return cb.Cache(core.Dense(d_feature))
+    return core.Dense(d_feature)
+
+  return cb.Serial(
+      cb.Parallel(SparsifiableDense(q_sparsity, 'q_sparsity'),
+                  CacheableDense(),
+                  CacheableDense()),
+      PureAttention(n_heads=n_heads, dropout=dropout, mode=mode),
+      SparsifiableDense(result_sparsity, 'result_sparsity'),
+  )
+
+
+# 'k' is the number of keys/values, 'l' the number of queries.
+@assert_shape('blq,bkq,bkd,b1xk->bld,b1xk')
+class PureAttention(base.Layer):
+  """Weightless multi-head attention: `(Q, K, V, mask) -> (activations, mask)`.
+
+  Splits Q, K, V (depth `d_feature`) into `n_heads` heads, attends per head
+  and merges the heads back.
+  """
+
+  def __init__(self, n_heads=1, dropout=0.0, mode='train'):
+    super().__init__(n_in=4, n_out=2)
+    _check_dropout(dropout)
+    _check_mode(mode)
+    self._n_heads = n_heads
+    self._dropout = dropout
+    self._mode = mode
+
+  def forward(self, inputs):
+    q, k, v, mask = inputs
+    _check_heads(q.shape[-1], self._n_heads)
+    split = lambda x: _split_into_heads(x, self._n_heads, False)  # pylint: disable=unnecessary-lambda-assignment
+    per_head, dots = _per_head_attention(
+        split(q), split(k), split(v), mask, dropout=self._dropout,
+        mode=self._mode, rng=self.rng)
+    if self._mode == 'viz':
+      self.state = dots
+    return _merge_heads(per_head, self._n_heads, False), mask
+
+  def init_weights_and_state(self, input_signature):
+    _check_heads(input_signature[0].shape[-1], self._n_heads)
+
+
+def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
+                          mode='eval', rng=None):
+  """Scaled dot-product attention on per-head arrays `(..., length, depth)`.
+
+  Args:
+    queries: `(..., n_queries, d)`.
+    keys: `(..., n_keys, d)`.
+    values: `(..., n_keys, d_v)`.
+    mask: None, or booleans broadcastable to `(..., n_queries, n_keys)`:
+      True where a query may attend to a key.
+    dropout: Rate at which attention weights are zeroed in 'train' mode (the
+      kept ones are scaled by `1 / (1 - dropout)`).
+    mode: 'train' applies dropout; other modes do not.
+    rng: PRNG key for dropout.
+
+  Returns:
+    `(activations, weights)`: `(..., n_queries, d_v)` results and the
+    `(..., n_queries, n_keys)` attention weights, in float32 (float64 for
+    float64 inputs).
+  """
+  if dropout is not None and dropout >= 1.0:
+    raise ValueError(f'Dropout rate ({dropout}) must be lower than 1.')
+  d_feature = queries.shape[-1]
+  dots = jnp.matmul(queries, jnp.swapaxes(keys, -1, -2)) / jnp.sqrt(d_feature)
+  if mask is not None:
+    dots = jnp.where(mask, dots, jnp.full_like(dots, _MASK_VALUE))
+  weights = jnp.exp(dots - fastmath.logsumexp(dots, axis=-1, keepdims=True))
+  if dropout is not None and dropout > 0.0 and mode == 'train':
+    if rng is None:
+      raise ValueError('Attention dropout in train mode needs an rng key.')
+    keep = fastmath.random.bernoulli(rng, 1.0 - dropout, weights.shape)
+    weights = jnp.where(keep, weights / (1.0 - dropout),
+                        jnp.zeros_like(weights))
+  activations = jnp.matmul(weights, values)
+  out_dtype = jnp.promote_types(activations.dtype, jnp.float32)
+  return activations.astype(out_dtype), weights.astype(out_dtype)
+
+
+def _per_head_attention(queries, keys, values, mask, dropout, mode, rng):
+  """Trax's name for `dot_product_attention` (all arguments positional)."""
+  return dot_product_attention(queries, keys, values, mask, dropout, mode, rng)
+
+
+class DotProductAttention(base.Layer):
+  """Per-head scaled dot-product attention: `(Q, K, V, mask) -> activations`.
+
+  Q, K, V are already split into heads; see `dot_product_attention`.
+  """
+
+  def __init__(self, dropout=0.0, mode='train'):
+    super().__init__(n_in=4, n_out=1)
+    _check_dropout(dropout)
+    _check_mode(mode)
+    self._dropout = dropout
+    self._mode = mode
+
+  def forward(self, inputs):
+    q, k, v, mask = inputs
+    activations, weights = dot_product_attention(
+        q, k, v, mask, dropout=self._dropout, mode=self._mode, rng=self.rng)
+    if self._mode == 'viz':
+      self.state = weights
+    return activations
+
+
+def _split_into_heads(x, n_heads, merged_batch_and_head):
+  """(b, l, d) -> (b * n_heads, l, d // n_heads), or (b, n_heads, l, d // n_heads)."""
+  if len(x.shape) != 3:
+    raise ValueError('SplitIntoHeads expects a 3-D array (batch, length, '
+                     f'd_feature); got shape {tuple(x.shape)}.')
+  batch_size, seq_len, d_feature = x.shape
+  if d_feature % n_heads != 0:
+    raise ValueError(
+        f'Feature embedding dimensionality ({d_feature}) is not a multiple'
+        f' of the requested number of attention heads ({n_heads}).')
+  x = x.reshape((batch_size, seq_len, n_heads, d_feature // n_heads))
+  x = x.transpose((0, 2, 1, 3))
+  if merged_batch_and_head:
+    x = x.reshape((batch_size * n_heads, seq_len, d_feature // n_heads))
+  return x
+
+
+def _merge_heads(x, n_heads, merged_batch_and_head):
+  """Inverse of `_split_into_heads`: back to (b, l, n_heads * d_head)."""
+  if merged_batch_and_head:
+    dim_0, seq_len, d_head = x.shape
+    if dim_0 % n_heads != 0:
+      raise ValueError(
+          f"Array's leading dimension ({dim_0}) is not a multiple of the"
+          f' number of attention heads ({n_heads}).')
+    batch_size = dim_0 // n_heads
+    x = x.reshape((batch_size, n_heads, seq_len, d_head))
+  else:
+    batch_size, _, seq_len, d_head = x.shape
+  x = x.transpose((0, 2, 1, 3))
+  return x.reshape((batch_size, seq_len, n_heads * d_head))
+
+
+@assert_shape('bld->...lh')
+def SplitIntoHeads(n_heads, merged_batch_and_head=True):
+  """(batch, length, d) -> (batch * n_heads, length, d // n_heads).
+
+  With `merged_batch_and_head=False` the result is
+  (batch, n_heads, length, d // n_heads).
+  """
+  return Fn('SplitIntoHeads',
+            lambda x: _split_into_heads(x, n_heads, merged_batch_and_head))
+
+
+@assert_shape('...lh->bld')
+def MergeHeads(n_heads, merged_batch_and_head=True):
+  """(batch * n_heads, length, d_head) -> (batch, length, n_heads * d_head)."""
+  return Fn('MergeHeads',
+            lambda x: _merge_heads(x, n_heads, merged_batch_and_head))
+
+
+@assert_shape('bld->bld')
+def ConfigurableAttention(q_layer, k_layer, v_layer, final_layer,
+                          qkv_attention_layer, n_heads=1):
+  """Multi-head self-attention with configurable parts.
+
+  Maps `x` through `q_layer`, `k_layer`, `v_layer`, splits each into heads,
+  runs `qkv_attention_layer` on `(q, k, v)` (e.g. `DotProductCausalAttention`),
+  merges the heads and applies `final_layer`.
+  """
+  return cb.Serial(
+      cb.Branch(
+          [q_layer, SplitIntoHeads(n_heads)],
+          [k_layer, SplitIntoHeads(n_heads)],
+          [v_layer, SplitIntoHeads(n_heads)],
+      ),
+      qkv_attention_layer,
+      MergeHeads(n_heads),
+      final_layer,
+  )
+
+
+@assert_shape('bld->bld')
+def CausalAttention(d_feature, n_heads=1, dropout=0.0,
+                    max_inference_length=2048, use_dconv=False, mode='train'):
+  """Multi-head self-attention in which position i attends to positions <= i.
+
+  Args:
+    d_feature: Depth of the input and output activations.
+    n_heads: Number of heads; each works on `d_feature // n_heads` features.
+    dropout: Rate of attention-weight dropout (applied in 'train' mode only).
+    max_inference_length: Key/value cache length in 'predict' mode.
+    use_dconv: If True, Q, K and V each pass through a causal depthwise
+      convolution (kernel 3) after their `Dense` layer.
+    mode: One of 'train', 'eval', 'predict' or 'viz'.
+  """
+  _check_heads(d_feature, n_heads)
+
+  def QKVLayer():
+    if use_dconv:
+      return cb.Serial(core.Dense(d_feature), _CausalDepthwiseConv(mode=mode))
+    return core.Dense(d_feature)
+
+  return ConfigurableAttention(
+      QKVLayer(), QKVLayer(), QKVLayer(), core.Dense(d_feature),
+      n_heads=n_heads,
+      qkv_attention_layer=DotProductCausalAttention(
+          dropout=dropout, max_inference_length=max_inference_length,
+          mode=mode))
+
+
+@assert_shape('bld,bld,bld->bld')
+class DotProductCausalAttention(base.Layer):
+  """Per-head causal attention: `(Q, K, V) -> activations`, position i sees keys <= i.
+
+  In 'predict' mode the layer decodes incrementally: each call takes the next
+  `n` positions (usually 1), appends their keys and values to fixed-size
+  buffers of `max_inference_length` positions held in `state = (keys,
+  values, index)` (Trax's layout) and attends to every filled position. Only
+  the filled blocks of the buffers are read (blocks of `predict_block_len`
+  positions, with an online softmax), so early positions cost less.
+
+  Going past `max_inference_length` positions raises a ValueError when the
+  call runs eagerly (the index is concrete). Under `jax.jit` it cannot raise:
+  as in Trax, writes are then clamped to the last buffer slots, which
+  overwrites cached keys and values, and outputs are no longer meaningful.
+  """
+
+  def __init__(self, dropout=0.0, max_inference_length=2048, mode='train',
+               predict_block_len=PREDICT_BLOCK_LEN):
+    super().__init__(n_in=3, n_out=1)
+    _check_dropout(dropout)
+    _check_mode(mode)
+    if max_inference_length < 1:
+      raise ValueError('max_inference_length must be positive; got '
+                       f'{max_inference_length}.')
+    self._dropout = dropout
+    self._mode = mode
+    self._max_len = max_inference_length
+    self._block_len = predict_block_len
+
+  def forward(self, inputs):
+    q, k, v = inputs
+    if self._mode == 'predict':
+      self.state, (k, v, start) = _fast_inference_update_state(
+          inputs, self.state, self._max_len)
+      return _attend_to_cache(q, k, v, start, self._block_len)
+    mask = _causal_mask(q.shape[-2])
+    activations, weights = dot_product_attention(
+        q, k, v, mask, dropout=self._dropout, mode=self._mode, rng=self.rng)
+    if self._mode == 'viz':
+      self.state = weights
+    return activations
+
+  def init_weights_and_state(self, input_signature):
+    if self._mode == 'predict':
+      self.state = _fast_inference_init_state(input_signature, self._max_len)
+
+
+def _causal_mask(length):
+  """(1, length, length) booleans, True on and below the diagonal."""
+  return jnp.tril(jnp.ones((1, length, length), dtype=np.bool_), k=0)
+
+
+def _fast_inference_init_state(input_signature, buffer_length):
+  """Zero key/value buffers `(batch, buffer_length, d)` and index 0."""
+  def zeros_for(batch_size, sig):
+    return jnp.zeros((batch_size, buffer_length, sig.shape[-1]),
+                     dtype=sig.dtype)
+  batch_size = input_signature[0].shape[0]
+  return (zeros_for(batch_size, input_signature[1]),
+          zeros_for(batch_size, input_signature[2]),
+          jnp.zeros((), dtype=jnp.int32))
+
+
+def _fast_inference_update_state(inputs, state, buffer_length=None):
+  """Appends new keys/values at the index; returns `(new_state, (ks, vs, start))`.
+
+  `start` is the position of the first new entry.
+  """
+  _, new_k, new_v = inputs
+  ks, vs, idx = state
+  length = new_k.shape[-2]
+  if buffer_length is not None and not isinstance(idx, jax.core.Tracer):
+    if int(idx) + length > buffer_length:
+      raise ValueError(
+          f'Predict-mode causal attention is at position {int(idx)} and got '
+          f'{length} more, beyond max_inference_length={buffer_length}; '
+          'build the layer with a larger max_inference_length.')
+  ks = fastmath.dynamic_update_slice_in_dim(ks, new_k.astype(ks.dtype), idx,
+                                            axis=1)
+  vs = fastmath.dynamic_update_slice_in_dim(vs, new_v.astype(vs.dtype), idx,
+                                            axis=1)
+  return (ks, vs, idx + length), (ks, vs, idx)
+
+
+def _attend_to_cache(q, ks, vs, start, block_len):
+  """Causal attention of queries at positions `start + i` to a key/value cache.
+
+  Reads only the cache blocks that hold positions `<= start + n - 1`, merging
+  blocks with a running (online) softmax; equals `dot_product_attention`
+  with the causal mask over the filled prefix.
+  """
+  n, d = q.shape[-2], q.shape[-1]
+  cache_len = ks.shape[-2]
+  q_pos = start + jnp.arange(n)
+  if block_len is None or cache_len <= block_len:
+    mask = jnp.arange(cache_len)[None, None, :] <= q_pos[None, :, None]
+    return dot_product_attention(q, ks, vs, mask)[0]
+
+  def attend_block(j, carry):
+    running_max, denom, acc = carry
+    nominal = j * block_len
+    begin = jnp.minimum(nominal, cache_len - block_len)
+    k_blk = fastmath.dynamic_slice_in_dim(ks, begin, block_len, axis=-2)
+    v_blk = fastmath.dynamic_slice_in_dim(vs, begin, block_len, axis=-2)
+    k_pos = begin + jnp.arange(block_len)
+    # A clamped last block overlaps its predecessor: skip the overlap.
+    valid = (k_pos[None, :] >= nominal) & (k_pos[None, :] <= q_pos[:, None])
+    dots = jnp.matmul(q, jnp.swapaxes(k_blk, -1, -2)) / jnp.sqrt(d)
+    dots = jnp.where(valid, dots, _MASK_VALUE).astype(jnp.float32)
+    new_max = jnp.maximum(running_max, jnp.max(dots, axis=-1, keepdims=True))
+    probs = jnp.exp(dots - new_max)
+    scale = jnp.exp(running_max - new_max)
+    denom = denom * scale + jnp.sum(probs, axis=-1, keepdims=True)
+    acc = acc * scale + jnp.matmul(probs, v_blk.astype(jnp.float32))
+    return new_max, denom, acc
+
+  batch_shape = q.shape[:-2]
+  carry = (jnp.full(batch_shape + (n, 1), -jnp.inf, jnp.float32),
+           jnp.zeros(batch_shape + (n, 1), jnp.float32),
+           jnp.zeros(batch_shape + (n, vs.shape[-1]), jnp.float32))
+  n_blocks = (start + n + block_len - 1) // block_len
+  # Block 0 holds key 0, visible to every query, so the running max is
+  # finite after it and the -inf start never produces NaN.
+  _, denom, acc = fastmath.fori_loop(0, n_blocks, attend_block, carry)
+  return acc / denom
+
+
+class _CausalDepthwiseConv(base.Layer):
+  """Causal depthwise convolution over axis 1: `y[t] = sum_i w[i] * x[t - i]`.
+
+  Trax's `CausalDepthwiseConv` (weights `(kernel_size, d)`); in 'predict' mode
+  the last `kernel_size - 1` inputs are kept in state so that incremental
+  decoding equals the full computation.
+  """
+
+  def __init__(self, kernel_size=3,
+               kernel_initializer=init.GlorotUniformInitializer(),
+               use_bfloat16=False, mode='train'):
+    super().__init__(name='CausalDepthwiseConv')
+    self._kernel_size = kernel_size
+    self._kernel_initializer = kernel_initializer
+    self._use_bfloat16 = use_bfloat16
+    self._mode = mode
+
+  def forward(self, x):
+    n_prev = self._kernel_size - 1
+    if self._mode == 'predict':
+      full = jnp.concatenate([self.state.astype(x.dtype), x], axis=1)
+      self.state = full[:, full.shape[1] - n_prev:]
+    else:
+      full = jnp.pad(x, [(0, 0), (n_prev, 0), (0, 0)])
+    n = x.shape[1]
+    w = self.weights
+    res = full[:, n_prev:n_prev + n] * w[0][None, None, :]
+    for i in range(1, self._kernel_size):
+      res += full[:, n_prev - i:n_prev - i + n] * w[i][None, None, :]
+    return res
+
+  def init_weights_and_state(self, input_signature):
+    rng_w, _ = fastmath.random.split(self.rng, 2)
+    w = self._kernel_initializer(
+        (self._kernel_size, input_signature.shape[-1]), rng_w)
+    self.weights = w.astype(jnp.bfloat16) if self._use_bfloat16 else w
+    if self._mode == 'predict':
+      self.state = jnp.zeros(
+          (input_signature.shape[0], self._kernel_size - 1,
+           input_signature.shape[-1]), input_signature.dtype)

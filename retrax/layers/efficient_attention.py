@@ -1,0 +1,371 @@
+"""Memory-efficient attention layers of the Reformer (Trax's `efficient_attention`).
+
+`SelfAttention` is multi-head self-attention that may be chunked (local
+attention: each chunk of `chunk_len` positions attends to itself and to
+`n_chunks_before`/`n_chunks_after` neighbouring chunks), `EncDecAttention` is
+encoder-decoder attention; both run per head in memory-bounded groups with a
+recomputing backward pass (see `efficient_attention_base`). LSH attention is in
+`lsh_attention`. The array functions Trax exports from this module
+(`attend`, `hash_vecs`, `look_adjacent`, ...) are re-exported here.
+
+Shape glossary: `B` batch, `L` length, `M` d_model, `D` d_qk, `V` d_v,
+`H` n_heads. Weights are stacked over heads: `w_q [H, M, D]`, `w_k [H, M, D]`,
+`w_v [H, M, V]`, `w_o [H, V, M]` (then biases `b_q [H, D]`, `b_k`, `b_v`).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from retrax.layers.efficient_attention_base import EfficientAttentionBase
+from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
+from retrax.layers.efficient_attention_ops import attend
+from retrax.layers.efficient_attention_ops import hash_vecs  # pylint: disable=unused-import
+from retrax.layers.efficient_attention_ops import length_normalized
+from retrax.layers.efficient_attention_ops import look_adjacent  # pylint: disable=unused-import
+from retrax.layers.efficient_attention_ops import MASK_PENALTY
+from retrax.layers.efficient_attention_ops import mask_self_attention
+from retrax.layers.efficient_attention_ops import permute_via_gather  # pylint: disable=unused-import
+from retrax.layers.efficient_attention_ops import permute_via_sort  # pylint: disable=unused-import
+
+_MODES = ('train', 'eval', 'predict')
+# Predict-mode memory of an unchunked SelfAttention when none is given (Trax
+# raises instead; these mirror DotProductCausalAttention / LSHSelfAttention).
+DEFAULT_PREDICT_MEM_LEN = 2048
+DEFAULT_PREDICT_DROP_LEN = 256
+
+
+def check_mode(name, mode):
+  if mode not in _MODES:
+    raise ValueError(f"{name}: mode must be one of {_MODES}; got {mode!r}.")
+
+
+def check_count(name, what, value, minimum=0, allow_none=False):
+  if value is None and allow_none:
+    return
+  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    raise ValueError(f'{name}: {what} must be an int >= {minimum}; '
+                     f'got {value!r}.')
+
+
+def attention_kernel_init(shape, rng, n_heads):
+  """Glorot-uniform over the width of ALL heads (Trax's per-head initializer)."""
+  lim = jnp.sqrt(6.0 / (shape[0] + shape[1] * n_heads))
+  return jax.random.uniform(rng, shape, jnp.float32, -lim, lim)
+
+
+def normalize_mask(name, mask, x):
+  """Returns `mask` as bool `[B, L]`; accepts `[B, L]` or `[B, 1, 1, L]`."""
+  batch, length = x.shape[:2]
+  shape = tuple(jnp.shape(mask))
+  if shape == (batch, length):
+    return mask.astype(bool) if mask.dtype != bool else mask
+  if shape == (batch, 1, 1, length):
+    return jnp.reshape(mask, (batch, length)).astype(bool)
+  raise ValueError(f'{name}: the mask must have shape (batch, length) = '
+                   f'{(batch, length)} (True for real tokens); got {shape}.')
+
+
+def check_width(name, x, w, what='d_model'):
+  if x.shape[-1] != w.shape[1]:
+    raise ValueError(f'{name}: inputs have {what} {x.shape[-1]} but the '
+                     f'weights expect {w.shape[1]}.')
+
+
+class SelfAttention(EfficientAttentionBase):
+  """Multi-head self-attention, optionally chunked (local), memory-efficient.
+
+  Inputs: `x [B, L, M]`, plus `mask [B, L]` (True for real tokens) when
+  `masked=True`. Output `[B, L, M]`. With `chunk_len`, position `i` in chunk
+  `c = i // chunk_len` attends to chunks `c - n_chunks_before .. c +
+  n_chunks_after` (wrapping around at the ends); a length that is not a
+  multiple of `chunk_len` is padded with masked positions. With `share_qk`
+  keys are the length-normalised queries and a position attends to itself only
+  when nothing else is visible. In `mode='predict'` (causal only) the layer
+  keeps the last `predict_mem_len` inputs (default `chunk_len * (1 +
+  n_chunks_before)`, or 2048 unchunked) and forgets `predict_drop_len` of them
+  (default `chunk_len`, or 256) when full.
+
+  Args follow Trax: n_heads, d_qk, d_v, share_qk, causal, masked, chunk_len,
+  n_chunks_before, n_chunks_after, bias, mode, predict_mem_len,
+  predict_drop_len, attention_dropout, output_dropout (both train-only),
+  n_parallel_heads, use_python_loop, use_reference_code (see
+  `EfficientAttentionBase`).
+  """
+
+  def __init__(self, n_heads=2, d_qk=64, d_v=64, share_qk=False, causal=False,
+               masked=False, chunk_len=None, n_chunks_before=0,
+               n_chunks_after=0, bias=False, mode='train',
+               predict_mem_len=None, predict_drop_len=None,
+               attention_dropout=0.0, output_dropout=0.0,
+               n_parallel_heads=None, use_python_loop=False,
+               use_reference_code=False):
+    name = type(self).__name__
+    check_mode(name, mode)
+    check_count(name, 'chunk_len', chunk_len, 1, allow_none=True)
+    check_count(name, 'n_chunks_before', n_chunks_before)
+    check_count(name, 'n_chunks_after', n_chunks_after)
+    if chunk_len is None and (n_chunks_before or n_chunks_after):
+      raise ValueError(f'{name}: n_chunks_before/n_chunks_after need '
+                       f'chunk_len; got chunk_len=None.')
+    incremental = mode == 'predict'
+    if incremental:
+      if not causal:
+        raise ValueError(f'{name}: mode="predict" (fast inference) needs '
+                         f'causal=True.')
+      if masked:
+        raise ValueError(f'{name}: mode="predict" does not support '
+                         f'masked=True; decode without a padding mask.')
+      if chunk_len is not None:
+        predict_mem_len = predict_mem_len or chunk_len * (1 + n_chunks_before)
+        predict_drop_len = predict_drop_len or chunk_len
+      else:
+        predict_mem_len = predict_mem_len or DEFAULT_PREDICT_MEM_LEN
+        predict_drop_len = predict_drop_len or min(DEFAULT_PREDICT_DROP_LEN,
+                                                   predict_mem_len)
+    super().__init__(n_heads, n_in=2 if masked else 1,
+                     n_parallel_heads=n_parallel_heads, incremental=incremental,
+                     predict_mem_len=predict_mem_len,
+                     predict_drop_len=predict_drop_len,
+                     use_python_loop=use_python_loop,
+                     use_reference_code=use_reference_code)
+    self._d_qk = d_qk
+    self._d_v = d_v
+    self._share_qk = share_qk
+    self._causal = causal
+    self._masked = masked
+    self._chunk_len = chunk_len
+    self._n_chunks_before = n_chunks_before
+    self._n_chunks_after = n_chunks_after
+    self._bias = bias
+    self._mode = mode
+    train = mode == 'train'
+    self._attention_dropout = attention_dropout if train else 0.0
+    self._output_dropout = output_dropout if train else 0.0
+
+  def _kernel_initializer(self, shape, rng):
+    return attention_kernel_init(shape, rng, self._n_heads)
+
+  def _init_signature(self, input_signature):
+    return input_signature[:1]
+
+  def _predict_mem_signature(self, input_signature):
+    return input_signature[:1]
+
+  def _check_inputs(self, inputs, weights):
+    inputs = super()._check_inputs(inputs, weights)
+    check_width(self.name, inputs[0], weights[0])
+    if self._masked:
+      inputs = (inputs[0], normalize_mask(self.name, inputs[1], inputs[0]))
+    return inputs
+
+  def create_weights_unbatched(self, input_signature, rng):
+    if isinstance(input_signature, (tuple, list)):
+      input_signature = input_signature[0]
+    d_model = input_signature.shape[-1]
+    rng_q, rng_k, rng_v, rng_o = jax.random.split(rng, 4)
+    w_q = self._kernel_initializer((d_model, self._d_qk), rng_q)
+    w_k = (None if self._share_qk
+           else self._kernel_initializer((d_model, self._d_qk), rng_k))
+    w_v = self._kernel_initializer((d_model, self._d_v), rng_v)
+    w_o = jnp.transpose(self._kernel_initializer((d_model, self._d_v), rng_o))
+    weights = (w_q, w_v, w_o) if self._share_qk else (w_q, w_k, w_v, w_o)
+    if self._bias:
+      b_q = jnp.zeros(self._d_qk)
+      b_v = jnp.zeros(self._d_v)
+      weights += ((b_q, b_v) if self._share_qk
+                  else (b_q, jnp.zeros(self._d_qk), b_v))
+    return weights
+
+  def _unpack_weights(self, weights):
+    """Returns `(w_q, w_k, w_v, w_o, b_q, b_k, b_v)` (None where absent)."""
+    expected = (3 if self._share_qk else 4) + (
+        (2 if self._share_qk else 3) if self._bias else 0)
+    if len(weights) != expected:
+      raise ValueError(f'{self.name}: expected {expected} weight arrays '
+                       f'(share_qk={self._share_qk}, bias={self._bias}); got '
+                       f'{len(weights)}.')
+    if self._share_qk:
+      w_q, w_v, w_o = weights[:3]
+      b_q, b_v = weights[3:] if self._bias else (None, None)
+      return w_q, None, w_v, w_o, b_q, None, b_v
+    w_q, w_k, w_v, w_o = weights[:4]
+    b_q, b_k, b_v = weights[4:] if self._bias else (None, None, None)
+    return w_q, w_k, w_v, w_o, b_q, b_k, b_v
+
+  def _project(self, x, weights):
+    """Queries, keys (None if shared) and values of `x [L, M]`."""
+    w_q, w_k, w_v, _, b_q, b_k, b_v = self._unpack_weights(weights)
+    q = jnp.matmul(x, w_q)
+    k = None if self._share_qk else jnp.matmul(x, w_k)
+    v = jnp.matmul(x, w_v)
+    if self._bias:
+      q = q + b_q
+      v = v + b_v
+      if not self._share_qk:
+        k = k + b_k
+    return q, k, v
+
+  def forward_unbatched(self, x, mask=None, *, weights, state, rng,
+                        update_state):
+    """Attention of one head over one example `x [L, M]`; returns `(y, state)`."""
+    del update_state
+    if (mask is not None) != self._masked:
+      raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
+                       f'{"given" if mask is not None else "not given"}.')
+    attend_rng, output_rng = jax.random.split(rng)
+    q, k, v = self._project(x, weights)
+    length = q.shape[-2]
+    positions = jnp.arange(length, dtype=jnp.int32)
+    valid = None if mask is None else mask.astype(bool)
+    chunk = self._chunk_len
+    if chunk is not None and length % chunk:
+      pad = chunk - length % chunk
+      padding = lambda a: jnp.pad(a, ((0, pad), (0, 0)))
+      q, v = padding(q), padding(v)
+      k = None if k is None else padding(k)
+      valid = jnp.ones((length,), bool) if valid is None else valid
+      valid = jnp.concatenate([valid, jnp.zeros((pad,), bool)])
+      positions = jnp.arange(length + pad, dtype=jnp.int32)
+    kv_info = positions
+    if valid is not None:
+      # Padding gets info <= -2, i.e. < 0 after attend's +1 shift (Trax's
+      # `-position` leaves padding at positions 0 and 1 unmasked).
+      kv_info = jnp.where(valid, positions, -positions - 2)
+    mask_fn = functools.partial(
+        mask_self_attention, causal=self._causal, exclude_self=self._share_qk,
+        masked=valid is not None)
+    o, _ = attend(q, k, v, q_chunk_len=chunk, kv_chunk_len=chunk,
+                  n_chunks_before=self._n_chunks_before,
+                  n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
+                  q_info=positions, kv_info=kv_info,
+                  dropout=self._attention_dropout, rng=attend_rng)
+    w_o = self._unpack_weights(weights)[3]
+    out = jnp.matmul(o[:length], w_o)
+    return apply_broadcasted_dropout(out, self._output_dropout,
+                                     output_rng), state
+
+  def _incremental_forward_unbatched(self, x, mask=None, *, q_start, q_len,
+                                     weights, state, rng, update_state):
+    """Fast inference: queries `x[q_start:q_start+q_len]` over memory `x`."""
+    del update_state, mask
+    attend_rng, output_rng = jax.random.split(rng)
+    w_q, w_k, w_v, w_o, b_q, b_k, b_v = self._unpack_weights(weights)
+    q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
+    # With one query, duplicate the row so that the matmul is the same
+    # computation as in a longer call (Trax does this for float equality).
+    x_q = jnp.take(x, q_range, axis=0)
+    q = jnp.matmul(jnp.concatenate([x_q] * 2, 0) if q_len == 1 else x_q, w_q)
+    k = jnp.matmul(x, w_q if self._share_qk else w_k)
+    v = jnp.matmul(x, w_v)
+    if self._bias:
+      q = q + b_q
+      k = k + (b_q if self._share_qk else b_k)
+      v = v + b_v
+    if self._share_qk:
+      k = length_normalized(k)
+    mask_fn = functools.partial(mask_self_attention, causal=self._causal,
+                                exclude_self=self._share_qk, masked=False)
+    kv_info = jnp.arange(k.shape[-2], dtype=jnp.int32)
+    chunk = self._chunk_len
+    if chunk is not None and q_len > chunk and x.shape[0] == q_len:
+      # A prompt at the start of the sequence (q_start == 0, x is the prompt):
+      # chunked attention, padding at the end (masked by causality).
+      pad = -q_len % chunk
+      padding = lambda a: jnp.pad(a, ((0, pad), (0, 0)))
+      positions = jnp.arange(q_len + pad, dtype=jnp.int32)
+      o, _ = attend(padding(q), padding(k), padding(v), q_chunk_len=chunk,
+                    kv_chunk_len=chunk, n_chunks_before=self._n_chunks_before,
+                    n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
+                    q_info=positions, kv_info=positions,
+                    dropout=self._attention_dropout, rng=attend_rng)
+      o = o[:q_len]
+    else:
+      o, _ = attend(q, k, v, mask_fn=mask_fn, q_info=q_range, kv_info=kv_info,
+                    dropout=self._attention_dropout, rng=attend_rng)
+    out = jnp.matmul(o, w_o)
+    if q_len == 1:
+      out = out[:1]
+    return apply_broadcasted_dropout(out, self._output_dropout,
+                                     output_rng), state
+
+
+class EncDecAttention(EfficientAttentionBase):
+  """Memory-efficient multi-head encoder-decoder attention.
+
+  Inputs: decoder activations `[B, Lq, M]`, encoder activations `[B, Lk, Mk]`
+  and, when `masked=True`, the encoder mask `[B, Lk]` (True for real tokens).
+  Output `[B, Lq, M]`. Weights `(w_q [H, M, D], w_k [H, Mk, D], w_v [H, Mk, V],
+  w_o [H, V, M])`.
+  """
+
+  def __init__(self, n_heads=2, d_qk=64, d_v=64, masked=True, mode='train',
+               attention_dropout=0.0, output_dropout=0.0,
+               n_parallel_heads=None, use_python_loop=False,
+               use_reference_code=False):
+    check_mode(type(self).__name__, mode)
+    super().__init__(n_heads, n_in=3 if masked else 2,
+                     n_parallel_heads=n_parallel_heads,
+                     use_python_loop=use_python_loop,
+                     use_reference_code=use_reference_code)
+    self._d_qk = d_qk
+    self._d_v = d_v
+    self._masked = masked
+    self._mode = mode
+    train = mode == 'train'
+    self._attention_dropout = attention_dropout if train else 0.0
+    self._output_dropout = output_dropout if train else 0.0
+
+  def _kernel_initializer(self, shape, rng):
+    return attention_kernel_init(shape, rng, self._n_heads)
+
+  def _check_inputs(self, inputs, weights):
+    inputs = super()._check_inputs(inputs, weights)
+    q_in, kv_in = inputs[0], inputs[1]
+    if jnp.ndim(kv_in) != 3 or kv_in.shape[0] != q_in.shape[0]:
+      raise ValueError(f'{self.name}: encoder activations must be [batch, '
+                       f'length, d] with batch {q_in.shape[0]}; got shape '
+                       f'{jnp.shape(kv_in)}.')
+    check_width(self.name, q_in, weights[0])
+    check_width(self.name, kv_in, weights[1], 'encoder width')
+    if self._masked:
+      inputs = (q_in, kv_in, normalize_mask(self.name, inputs[2], kv_in))
+    return inputs
+
+  def create_weights_unbatched(self, input_signature, rng):
+    d_model = input_signature[0].shape[-1]
+    d_kv = input_signature[1].shape[-1]
+    rng_q, rng_k, rng_v, rng_o = jax.random.split(rng, 4)
+    w_q = self._kernel_initializer((d_model, self._d_qk), rng_q)
+    w_k = self._kernel_initializer((d_kv, self._d_qk), rng_k)
+    w_v = self._kernel_initializer((d_kv, self._d_v), rng_v)
+    w_o = jnp.transpose(self._kernel_initializer((d_model, self._d_v), rng_o))
+    return (w_q, w_k, w_v, w_o)
+
+  def forward_unbatched(self, q_antecedent, kv_antecedent, mask=None, *,
+                        weights, state, rng, update_state):
+    """Attention of one head of one example; returns `(y [Lq, M], state)`."""
+    del update_state
+    attend_rng, output_rng = jax.random.split(rng)
+    w_q, w_k, w_v, w_o = weights
+    q = jnp.matmul(q_antecedent, w_q)
+    k = jnp.matmul(kv_antecedent, w_k)
+    v = jnp.matmul(kv_antecedent, w_v)
+    if self._masked:
+      if mask is None:
+        raise ValueError(f'{self.name}: masked=True needs a mask input.')
+      # Real keys get info 0, padding -1 (1 and 0 after attend's +1 shift).
+      # Trax shifts its 0/1 "is padding" info to 1/2 and then subtracts 1e9
+      # times it from every logit, which flattens attention to uniform; here
+      # only padding is penalised.
+      kv_info = mask.astype(jnp.int32) - 1
+      mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (  # pylint: disable=g-long-lambda
+          kv_info < 1).astype(dots.dtype)
+    else:
+      kv_info = mask_fn = None
+    o, _ = attend(q, k, v, mask_fn=mask_fn, kv_info=kv_info,
+                  dropout=self._attention_dropout, rng=attend_rng)
+    out = jnp.matmul(o, w_o)
+    return apply_broadcasted_dropout(out, self._output_dropout,
+                                     output_rng), state

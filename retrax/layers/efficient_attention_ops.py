@@ -1,0 +1,289 @@
+"""Array functions behind the Reformer's efficient attention (Trax's names and numerics).
+
+These are the module-level helpers of `trax.layers.research.efficient_attention`
+(the Coursera LSH lab imports them from `trax.layers`): vector normalisation,
+random-rotation hashing, chunk neighbourhoods, additive masking, chunked
+dot-product attention that also returns the softmax normaliser, broadcast
+dropout and permutations whose gradient is a gather by the inverse permutation.
+
+Shape glossary: `L` sequence length, `D` depth of query/key vectors, `V` depth of
+value vectors, `C` chunk length, `N` number of chunks (`L // C`), `W` window
+length (`C * (1 + n_chunks_before + n_chunks_after)`), `H` hashing rounds.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# Additive logit penalties, as in Trax: masked or future keys get -1e9, a
+# query's own key (shared-QK attention) -1e5 so it is used only when nothing
+# else is visible.
+MASK_PENALTY = 1e9
+SELF_PENALTY = 1e5
+
+
+def length_normalized(x, epsilon=1e-6):
+  """Scales each vector along the last axis to unit root-mean-square."""
+  variance = jnp.mean(x**2, axis=-1, keepdims=True)
+  return x / jnp.sqrt(variance + epsilon)
+
+
+def _rotation_size_and_buckets(n_buckets_in):
+  """Columns of the random rotation and total bucket count (factorised or not)."""
+  factors = [n_buckets_in] if isinstance(n_buckets_in, int) else list(
+      n_buckets_in)
+  if not factors:
+    raise ValueError('n_buckets must be a positive even int or a non-empty '
+                     'list of them; got an empty list.')
+  n_buckets = 1
+  for factor in factors:
+    if not isinstance(factor, int) or factor <= 0 or factor % 2:
+      raise ValueError(f'Each number of hash buckets must be a positive even '
+                       f'int; got {n_buckets_in!r}.')
+    n_buckets *= factor
+  return sum(factors), n_buckets, factors
+
+
+def hash_vecs(vecs, n_buckets_in, n_hashes, rng):
+  """Hashes vectors into buckets by random rotations (angular LSH).
+
+  A random Gaussian matrix `R` of shape `[D, n_hashes, n_buckets // 2]` is drawn
+  from `rng`; a vector's bucket in round `h` is `argmax([xR_h, -xR_h])`. With a
+  list of bucket counts the hash is factorised: each factor uses its own slice
+  of the rotation columns and the bucket ids combine as mixed-radix digits.
+
+  Args:
+    vecs: `[L, D]` vectors to hash.
+    n_buckets_in: an even int, or a list of even ints (factorised hashing).
+    n_hashes: number of hashing rounds.
+    rng: PRNG key for the rotations.
+
+  Returns:
+    `(buckets, n_buckets)`: int32 `[n_hashes, L]` bucket ids and the total
+    number of buckets (the product of the factors).
+  """
+  rot_size, n_buckets, factors = _rotation_size_and_buckets(n_buckets_in)
+  rotations = jax.random.normal(
+      rng, (vecs.shape[-1], n_hashes, rot_size // 2)).astype(jnp.float32)
+  rotated = jnp.einsum('tf,fhb->htb', vecs, rotations)  # [H, L, rot/2]
+  if len(factors) == 1:
+    rotated = jnp.concatenate([rotated, -rotated], axis=-1)
+    return jnp.argmax(rotated, axis=-1).astype(jnp.int32), n_buckets
+  buckets, start, radix = None, 0, 1
+  for factor in factors:
+    part = rotated[..., start:start + factor // 2]
+    start += factor // 2
+    digit = jnp.argmax(jnp.concatenate([part, -part], axis=-1),
+                       axis=-1).astype(jnp.int32)
+    buckets = digit if buckets is None else buckets + radix * digit
+    radix *= factor
+  return buckets, n_buckets
+
+
+def look_adjacent(x, n_chunks_before, n_chunks_after):
+  """Concatenates each chunk with its neighbours (wrapping around the ends).
+
+  Args:
+    x: `[N, C, ...]` chunked array.
+    n_chunks_before: number of previous chunks to include.
+    n_chunks_after: number of following chunks to include.
+
+  Returns:
+    `[N, C * (1 + n_chunks_before + n_chunks_after), ...]`: for chunk `i`, the
+    chunks `i - n_chunks_before, ..., i + n_chunks_after` (indices mod `N`).
+  """
+  if n_chunks_before == 0 and n_chunks_after == 0:
+    return x
+  slices = []
+  for i in range(-n_chunks_before, n_chunks_after + 1):
+    if i == 0:
+      slices.append(x)
+    else:
+      slices.append(jnp.concatenate([x[i:, ...], x[:i, ...]], axis=0))
+  return jnp.concatenate(slices, axis=1)
+
+
+def mask_self_attention(dots, q_info, kv_info, causal=True, exclude_self=True,
+                        masked=False):
+  """Applies Trax's additive self-attention masks to attention logits.
+
+  `q_info`/`kv_info` are positions (broadcastable against `dots`): keys after
+  the query get -1e9 (`causal`), the query's own key -1e5 (`exclude_self`), keys
+  with negative info -1e9 (`masked`, i.e. padding).
+  """
+  q_info = q_info.astype(jnp.float32)
+  kv_info = kv_info.astype(jnp.float32)
+  if causal:
+    dots = dots - MASK_PENALTY * lax.lt(q_info, kv_info).astype(dots.dtype)
+  if exclude_self:
+    dots = dots - SELF_PENALTY * jnp.equal(q_info, kv_info).astype(dots.dtype)
+  if masked:
+    dots = dots - MASK_PENALTY * lax.lt(
+        kv_info, jnp.zeros_like(kv_info)).astype(dots.dtype)
+  return dots
+
+
+def _chunk(x, chunk_len, what):
+  if x.shape[0] % chunk_len:
+    raise ValueError(f'attend: {what} length {x.shape[0]} is not divisible by '
+                     f'chunk length {chunk_len}; pad the sequence to a multiple '
+                     f'of {chunk_len}.')
+  return jnp.reshape(x, (-1, chunk_len) + x.shape[1:])
+
+
+def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
+           n_chunks_before=0, n_chunks_after=0, mask_fn=None, q_info=None,
+           kv_info=None, dropout=0.0, rng=None):
+  """Dot-product attention, optionally chunked and masked (Trax's `attend`).
+
+  With `k=None` keys are shared with queries (normalised with
+  `length_normalized`). With chunk lengths, query chunk `i` attends to key
+  chunks `i - n_chunks_before .. i + n_chunks_after` (wrapping around), so
+  memory is `O(L * W)` instead of `O(L^2)`. `q_info`/`kv_info` (default:
+  positions) are shifted by one and handed to `mask_fn(dots, q_info, kv_info)`.
+
+  Args:
+    q: `[Lq, D]` queries.
+    k: `[Lk, D]` keys, or None to share `q`.
+    v: `[Lk, V]` values.
+    q_chunk_len: query chunk length, or None for no chunking.
+    kv_chunk_len: key/value chunk length (must equal `q_chunk_len` with shared
+      keys).
+    n_chunks_before: adjacent previous key chunks to attend to.
+    n_chunks_after: adjacent following key chunks to attend to.
+    mask_fn: `(dots, q_info, kv_info) -> dots`, or None.
+    q_info: int `[Lq]` query metadata for masking (default positions).
+    kv_info: int `[Lk]` key metadata for masking (default positions).
+    dropout: attention dropout rate, broadcast across chunks.
+    rng: PRNG key for dropout.
+
+  Returns:
+    `(out, logsumexp)`: `[Lq, V]` attention output and `[Lq]` log-normaliser of
+    each query's logits (used to merge LSH hashing rounds).
+  """
+  if v is None:
+    raise ValueError('attend: values `v` are required.')
+  share_qk = k is None
+  if q_info is None:
+    q_info = jnp.arange(1, q.shape[-2] + 1, dtype=jnp.int32)
+  else:
+    q_info = q_info + 1
+  if kv_info is None and not share_qk:
+    kv_info = jnp.arange(1, v.shape[-2] + 1, dtype=jnp.int32)
+  elif kv_info is not None:
+    kv_info = kv_info + 1
+
+  if q_chunk_len is not None:
+    q = _chunk(q, q_chunk_len, 'query')  # [N, C, D]
+    q_info = _chunk(q_info, q_chunk_len, 'query info')
+  if share_qk:
+    if kv_chunk_len is not None and kv_chunk_len != q_chunk_len:
+      raise ValueError(f'attend: with shared keys kv_chunk_len must equal '
+                       f'q_chunk_len; got {kv_chunk_len} and {q_chunk_len}.')
+    k = q
+    kv_chunk_len = q_chunk_len
+    if kv_info is None:
+      kv_info = q_info
+    elif kv_chunk_len is not None:
+      kv_info = _chunk(kv_info, kv_chunk_len, 'key info')
+  elif kv_chunk_len is not None:
+    k = _chunk(k, kv_chunk_len, 'key')
+    kv_info = _chunk(kv_info, kv_chunk_len, 'key info')
+  if kv_chunk_len is not None:
+    v = _chunk(v, kv_chunk_len, 'value')
+
+  if share_qk:
+    k = length_normalized(k)
+  k = k / math.sqrt(k.shape[-1])
+
+  if (q_chunk_len is None) != (kv_chunk_len is None):
+    raise ValueError('attend: chunk queries and keys both or neither; got '
+                     f'q_chunk_len={q_chunk_len}, kv_chunk_len={kv_chunk_len}.')
+  if q_chunk_len is None and (n_chunks_before or n_chunks_after):
+    raise ValueError('attend: n_chunks_before/after need chunk lengths.')
+  k = look_adjacent(k, n_chunks_before, n_chunks_after)  # [N, W, D]
+  v = look_adjacent(v, n_chunks_before, n_chunks_after)  # [N, W, V]
+  kv_info = look_adjacent(kv_info, n_chunks_before, n_chunks_after)
+
+  dots = jnp.matmul(q, jnp.swapaxes(k, -1, -2))  # [N, C, W]
+  if mask_fn is not None:
+    dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])
+  dots_logsumexp = jax.nn.logsumexp(dots, axis=-1, keepdims=True)
+  dots = jnp.exp(dots - dots_logsumexp)
+  if dropout > 0.0:
+    if rng is None:
+      raise ValueError('attend: dropout > 0 needs an rng.')
+    keep_prob = 1.0 - dropout
+    keep = jax.random.bernoulli(rng, keep_prob, dots.shape[-2:])
+    dots = dots * (keep.astype(dots.dtype) / keep_prob)
+  out = jnp.matmul(dots, v)  # [N, C, V]
+  return (jnp.reshape(out, (-1, out.shape[-1])),
+          jnp.reshape(dots_logsumexp, (-1,)))
+
+
+def apply_broadcasted_dropout(vecs, dropout_rate, rng):
+  """Dropout with one keep-mask over the last axis, shared by all other axes."""
+  if dropout_rate <= 0.0:
+    return vecs
+  if rng is None:
+    raise ValueError('apply_broadcasted_dropout: dropout > 0 needs an rng.')
+  keep_prob = 1.0 - dropout_rate
+  keep = jax.random.bernoulli(rng, keep_prob, (vecs.shape[-1],))
+  return vecs * (keep.astype(vecs.dtype) / keep_prob)
+
+
+@jax.custom_vjp
+def _gather_permute(permutation, inverse_permutation, val):
+  return jnp.take(val, permutation, axis=0)
+
+
+def _gather_permute_fwd(permutation, inverse_permutation, val):
+  return jnp.take(val, permutation, axis=0), inverse_permutation
+
+
+def _gather_permute_bwd(inverse_permutation, ct):
+  # A gather by the inverse permutation instead of the scatter-add autodiff
+  # would synthesise: the indices are known to form a permutation.
+  return None, None, jnp.take(ct, inverse_permutation, axis=0)
+
+
+_gather_permute.defvjp(_gather_permute_fwd, _gather_permute_bwd)
+
+
+def permute_via_gather(val, permutation, inverse_permutation, axis=0):
+  """`take(val, permutation, axis)`, whose gradient gathers by the inverse."""
+  val = jnp.moveaxis(val, axis, 0)
+  out = _gather_permute(permutation, inverse_permutation, val)
+  return jnp.moveaxis(out, 0, axis)
+
+
+def permute_via_sort(val, keys, inverse_keys, axis=0):
+  """Permutes `val` by sorting it along `axis` by `keys`; gradient sorts by `inverse_keys`."""
+
+  def sort_by(k, x):
+    # Keys are 1-D along `axis`; broadcast them over the other axes of `x`.
+    x = jnp.moveaxis(x, axis, -1)
+    k = jnp.broadcast_to(k, x.shape)
+    return jnp.moveaxis(lax.sort_key_val(k, x, dimension=-1)[1], -1, axis)
+
+  @jax.custom_vjp
+  def permute(k, ik, x):
+    return sort_by(k, x)
+
+  def fwd(k, ik, x):
+    return sort_by(k, x), ik
+
+  def bwd(ik, ct):
+    return None, None, sort_by(ik, ct)
+
+  permute.defvjp(fwd, bwd)
+  return permute(keys, inverse_keys, val)
+
+
+def inverse_permutation(permutation):
+  """The inverse of an int32 permutation of `range(n)`, by a scatter (no sort)."""
+  n = permutation.shape[-1]
+  return jnp.zeros_like(permutation).at[permutation].set(
+      jnp.arange(n, dtype=permutation.dtype))

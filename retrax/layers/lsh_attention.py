@@ -1,0 +1,355 @@
+"""LSH self-attention of the Reformer (Kitaev et al. 2020, arXiv:2001.04451).
+
+Queries and keys are shared (`w_q` only). Each head hashes its queries by
+random rotations into buckets (`n_hashes` rounds), sorts positions by
+(round, bucket, position), cuts the sorted sequence into chunks of `chunk_len`
+that attend to themselves and `n_chunks_before`/`n_chunks_after` neighbouring
+chunks, unsorts, and merges the rounds weighted by their softmax normalisers
+(log-sum-exp). A position attends to itself only if nothing else is visible;
+causal masking uses original positions. Memory is `O(n_hashes * L *
+chunk_len)` per head, never `O(L^2)`.
+
+State (Trax's layout, rows `example * n_heads + head`): `(buckets int32
+[B * H, n_hashes * L], rng uint32 [B * H, 2])`. Every call with
+`update_state=True` splits a row's rng into `(new_rng, subkey)`, draws the
+rotations `normal(subkey, (d_qk, n_hashes, n_buckets // 2))`, stores the buckets
+(round `r` offset by `r * n_buckets`) and `new_rng`; the backward pass replays
+the stored buckets. In `mode='predict'` the per-row state is `(buckets
+[n_hashes * predict_mem_len], buckets_idx [], rng)` inside `(mem_end, mem,
+...)`, and hashing uses the stored rng itself.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from retrax.layers.efficient_attention import attention_kernel_init
+from retrax.layers.efficient_attention import check_count
+from retrax.layers.efficient_attention import check_mode
+from retrax.layers.efficient_attention import check_width
+from retrax.layers.efficient_attention import normalize_mask
+from retrax.layers.efficient_attention_base import EfficientAttentionBase
+from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
+from retrax.layers.efficient_attention_ops import attend
+from retrax.layers.efficient_attention_ops import hash_vecs
+from retrax.layers.efficient_attention_ops import inverse_permutation
+from retrax.layers.efficient_attention_ops import length_normalized
+from retrax.layers.efficient_attention_ops import mask_self_attention
+from retrax.layers.efficient_attention_ops import permute_via_gather
+
+
+def default_n_buckets(length, chunk_len):
+  """Trax's bucket count for a length: `2 * max(1, length // chunk_len)`.
+
+  Above 128 buckets the hash is factorised into two even factors, the first a
+  power of two near the square root (e.g. 1024 -> [32, 32]).
+  """
+  n_buckets = 2 * max(1, length // chunk_len)
+  if n_buckets <= 128:
+    return n_buckets
+  first = 2**math.ceil(math.log2(math.sqrt(n_buckets)))
+  return [first, 2 * (n_buckets // (2 * first))]
+
+
+def _check_n_buckets(name, n_buckets):
+  factors = [n_buckets] if isinstance(n_buckets, int) else n_buckets
+  if n_buckets is None:
+    return
+  if (not isinstance(factors, (list, tuple)) or not factors or
+      any(not isinstance(f, int) or f <= 0 or f % 2 for f in factors)):
+    raise ValueError(f'{name}: n_buckets must be None, a positive even int or '
+                     f'a list of them; got {n_buckets!r}.')
+
+
+class LSHSelfAttention(EfficientAttentionBase):
+  """Multi-head LSH self-attention (shared queries and keys), memory-efficient.
+
+  Inputs: `x [B, L, M]`, plus `mask [B, L]` (True for real tokens) when
+  `masked=True`; padding hashes into an extra bucket. Output `[B, L, M]`.
+  Weights `(w_q [H, M, D], w_v [H, M, V], w_o [H, V, M])`, plus `(b_q, b_v)`
+  with `bias=True`. `n_hashes * L` must be a multiple of `chunk_len`.
+
+  Args follow Trax: n_heads, d_qk, d_v, share_qk (ignored: always shared),
+  causal, masked, chunk_len, n_chunks_before, n_chunks_after, n_hashes,
+  n_buckets (None: `default_n_buckets(L, chunk_len)`; an int; or a list for
+  factorised hashing), mode, predict_mem_len, predict_drop_len,
+  attention_dropout, output_dropout (train-only), max_length_for_buckets (pad
+  the stored buckets to this length, for inputs of varying length), bias,
+  n_parallel_heads (default 1: one head of one example at a time),
+  use_python_loop, use_reference_code.
+  """
+
+  def __init__(self, n_heads=2, d_qk=64, d_v=64, share_qk='unused',
+               causal=False, masked=False, chunk_len=128, n_chunks_before=1,
+               n_chunks_after=0, n_hashes=1, n_buckets=None, mode='train',
+               predict_mem_len=2048, predict_drop_len=256,
+               attention_dropout=0.0, output_dropout=0.0,
+               max_length_for_buckets=None, bias=False, n_parallel_heads=1,
+               use_python_loop=False, use_reference_code=False):
+    del share_qk
+    name = type(self).__name__
+    check_mode(name, mode)
+    check_count(name, 'chunk_len', chunk_len, 1)
+    check_count(name, 'n_chunks_before', n_chunks_before)
+    check_count(name, 'n_chunks_after', n_chunks_after)
+    check_count(name, 'n_hashes', n_hashes, 1)
+    check_count(name, 'max_length_for_buckets', max_length_for_buckets, 1,
+                allow_none=True)
+    _check_n_buckets(name, n_buckets)
+    incremental = mode == 'predict'
+    if incremental:
+      if not causal:
+        raise ValueError(f'{name}: mode="predict" (fast inference) needs '
+                         f'causal=True.')
+      if masked:
+        raise ValueError(f'{name}: mode="predict" does not support '
+                         f'masked=True; decode without a padding mask.')
+      if n_chunks_after:
+        raise ValueError(f'{name}: mode="predict" needs n_chunks_after=0; got '
+                         f'{n_chunks_after}.')
+      predict_mem_len = predict_mem_len or chunk_len * (1 + n_chunks_before)
+      predict_drop_len = predict_drop_len or chunk_len
+    super().__init__(n_heads, n_in=2 if masked else 1,
+                     n_parallel_heads=n_parallel_heads, incremental=incremental,
+                     predict_mem_len=predict_mem_len,
+                     predict_drop_len=predict_drop_len,
+                     use_python_loop=use_python_loop,
+                     use_reference_code=use_reference_code)
+    self._d_qk = d_qk
+    self._d_v = d_v
+    self._share_qk = True
+    self._causal = causal
+    self._masked = masked
+    self._chunk_len = chunk_len
+    self._n_chunks_before = n_chunks_before
+    self._n_chunks_after = n_chunks_after
+    self._bias = bias
+    self._mode = mode
+    train = mode == 'train'
+    self._attention_dropout = attention_dropout if train else 0.0
+    self._output_dropout = output_dropout if train else 0.0
+    self._n_hashes = n_hashes
+    self._n_buckets = n_buckets
+    self._max_length_for_buckets = max_length_for_buckets
+
+  def _kernel_initializer(self, shape, rng):
+    return attention_kernel_init(shape, rng, self._n_heads)
+
+  def _predict_mem_signature(self, input_signature):
+    return input_signature[:1]
+
+  def _check_inputs(self, inputs, weights):
+    inputs = super()._check_inputs(inputs, weights)
+    x = inputs[0]
+    check_width(self.name, x, weights[0])
+    length = x.shape[1]
+    if not self._incremental:
+      if (self._n_hashes * length) % self._chunk_len:
+        raise ValueError(
+            f'{self.name}: n_hashes * length = {self._n_hashes} * {length} '
+            f'must be a multiple of chunk_len={self._chunk_len}; pad the '
+            f'input (and use masked=True with a padding mask) or pick a '
+            f'chunk_len that divides it.')
+      if self._max_length_for_buckets and length > self._max_length_for_buckets:
+        raise ValueError(f'{self.name}: input length {length} exceeds '
+                         f'max_length_for_buckets={self._max_length_for_buckets}.')
+    if self._masked:
+      inputs = (x, normalize_mask(self.name, inputs[1], x))
+    return inputs
+
+  def create_weights_unbatched(self, input_signature, rng):
+    if isinstance(input_signature, (tuple, list)):
+      input_signature = input_signature[0]
+    d_model = input_signature.shape[-1]
+    rng_q, _, rng_v, rng_o = jax.random.split(rng, 4)
+    w_q = self._kernel_initializer((d_model, self._d_qk), rng_q)
+    w_v = self._kernel_initializer((d_model, self._d_v), rng_v)
+    w_o = jnp.transpose(self._kernel_initializer((d_model, self._d_v), rng_o))
+    if self._bias:
+      return (w_q, w_v, w_o, jnp.zeros(self._d_qk), jnp.zeros(self._d_v))
+    return (w_q, w_v, w_o)
+
+  def create_state_unbatched(self, input_signature, rng):
+    if isinstance(input_signature, (tuple, list)):
+      input_signature = input_signature[0]
+    if self._incremental:
+      buckets = jnp.zeros(self._n_hashes * self._predict_mem_len, jnp.int32)
+      return (buckets, jnp.zeros((), jnp.int32), rng)
+    length = self._max_length_for_buckets or input_signature.shape[0]
+    return (jnp.zeros(self._n_hashes * length, jnp.int32), rng)
+
+  def _unpack_weights(self, weights):
+    expected = 5 if self._bias else 3
+    if len(weights) != expected:
+      raise ValueError(f'{self.name}: expected {expected} weight arrays '
+                       f'(bias={self._bias}); got {len(weights)}.')
+    if self._bias:
+      return weights
+    return tuple(weights) + (None, None)
+
+  def _project(self, x, weights):
+    w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
+    q = jnp.matmul(x, w_q)
+    v = jnp.matmul(x, w_v)
+    if self._bias:
+      q, v = q + b_q, v + b_v
+    return q, v
+
+  def hash_vectors(self, vecs, rng, mask=None):
+    """Bucket ids `[n_hashes * L]` of `vecs [L, D]`, rounds offset apart.
+
+    With a mask, padding goes to an extra last bucket. With `n_buckets=None`
+    the count follows the length (in predict mode: `predict_mem_len`, so that
+    all calls hash alike).
+    """
+    n_buckets_in = self._n_buckets
+    if n_buckets_in is None:
+      length = self._predict_mem_len if self._incremental else vecs.shape[0]
+      n_buckets_in = default_n_buckets(length, self._chunk_len)
+    buckets, n_buckets = hash_vecs(vecs, n_buckets_in, self._n_hashes, rng)
+    if mask is not None:
+      n_buckets += 1
+      buckets = jnp.where(mask[None, :], buckets, n_buckets - 1)
+    offsets = jnp.arange(self._n_hashes, dtype=jnp.int32) * n_buckets
+    return jnp.reshape(buckets + offsets[:, None], (-1,))
+
+  def forward_unbatched(self, x, mask=None, *, weights, state, rng,
+                        update_state):
+    """LSH attention of one head over one example `x [L, M]`."""
+    if (mask is not None) != self._masked:
+      raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
+                       f'{"given" if mask is not None else "not given"}.')
+    attend_rng, output_rng = jax.random.split(rng)
+    q, v = self._project(x, weights)
+    seqlen = x.shape[0]
+    n_rows = self._n_hashes * seqlen
+    if update_state:
+      _, old_hash_rng = state
+      hash_rng, hash_subrng = jax.random.split(old_hash_rng)
+      buckets = self.hash_vectors(q, hash_subrng, mask)
+      stored = buckets
+      if self._max_length_for_buckets:
+        full = self._n_hashes * self._max_length_for_buckets
+        stored = jnp.pad(buckets, (0, full - n_rows))
+      state = (stored, hash_rng)
+    else:
+      buckets = state[0][:n_rows]
+      if buckets.shape[0] != n_rows:
+        raise ValueError(f'{self.name}: the state holds {buckets.shape[0]} '
+                         f'buckets per head but n_hashes * length = {n_rows}; '
+                         f'the state comes from inputs of another length.')
+    buckets = lax.stop_gradient(buckets)
+
+    # Sort by (round, bucket, position): rounds are offset apart in `buckets`
+    # and a stable sort keeps positions in order ("s" prefix = sorted order).
+    sticker = jnp.argsort(buckets, stable=True).astype(jnp.int32)  # [H*L]
+    undo_sort = inverse_permutation(sticker)
+    st = sticker % seqlen
+    sq = permute_via_gather(jnp.tile(q, (self._n_hashes, 1)), sticker,
+                            undo_sort)  # [H*L, D]
+    sv = permute_via_gather(jnp.tile(v, (self._n_hashes, 1)), sticker,
+                            undo_sort)  # [H*L, V]
+    kv_info = None
+    if self._masked:
+      smask = jnp.take(mask, st, axis=0)
+      kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
+    mask_fn = functools.partial(mask_self_attention, causal=self._causal,
+                                exclude_self=True, masked=self._masked)
+    so, slogits = attend(sq, k=None, v=sv, q_chunk_len=self._chunk_len,
+                         n_chunks_before=self._n_chunks_before,
+                         n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
+                         q_info=st, kv_info=kv_info,
+                         dropout=self._attention_dropout, rng=attend_rng)
+    o = permute_via_gather(so, undo_sort, sticker)  # [H*L, V]
+    logits = permute_via_gather(slogits, undo_sort, sticker)  # [H*L]
+    if self._n_hashes > 1:
+      o = jnp.reshape(o, (self._n_hashes, seqlen, o.shape[-1]))
+      logits = jnp.reshape(logits, (self._n_hashes, seqlen, 1))
+      probs = jnp.exp(logits - jax.nn.logsumexp(logits, axis=0, keepdims=True))
+      o = jnp.sum(o * probs, axis=0)
+    out = jnp.matmul(o, self._unpack_weights(weights)[2])
+    return apply_broadcasted_dropout(out, self._output_dropout,
+                                     output_rng), state
+
+  def _roll_buckets(self, buckets, buckets_idx, q_start):
+    """Shifts stored buckets like the memory when it dropped old positions."""
+    def roll(b):
+      b = jnp.reshape(b, (self._n_hashes, -1))
+      padded = jnp.concatenate(
+          [b, jnp.zeros((self._n_hashes, self._predict_drop_len), b.dtype)],
+          axis=1)
+      b = lax.dynamic_slice_in_dim(padded, buckets_idx - q_start, b.shape[-1],
+                                   axis=1)
+      return jnp.reshape(b, (-1,))
+    return lax.cond(buckets_idx > q_start, roll, lambda b: b, buckets)
+
+  def _incremental_forward_unbatched(self, x, *, q_start, q_len, weights,
+                                     state, rng, update_state):
+    """Fast inference over the memory `x [mem_len, M]` (Trax's algorithm).
+
+    Several positions (a prompt): LSH attention over the memory with the
+    stored rng's hash, keeping their buckets. One position: it attends to the
+    `n_hashes * chunk_len * (1 + n_chunks_before)` most recent earlier positions
+    that share a bucket with it in some round (then to the most recent others).
+    """
+    del update_state
+    buckets, buckets_idx, hash_rng = state
+    buckets = self._roll_buckets(buckets, buckets_idx, q_start)
+    mem_len = self._predict_mem_len
+    if q_len > 1:
+      pad = -x.shape[0] % self._chunk_len
+      x_padded = jnp.pad(x, ((0, pad), (0, 0)))
+      new_buckets = self.hash_vectors(self._project(x_padded, weights)[0],
+                                      hash_rng)
+      out, _ = self.forward_unbatched(
+          x_padded, weights=weights, state=(new_buckets, hash_rng), rng=rng,
+          update_state=False)
+      out = lax.dynamic_slice_in_dim(out, q_start, q_len, axis=0)
+      new_buckets = jnp.reshape(new_buckets, (self._n_hashes, -1))
+      new_buckets = lax.dynamic_slice_in_dim(new_buckets, q_start, q_len,
+                                             axis=1)
+      if q_len > mem_len:  # A prompt longer than the memory (q_start == 0).
+        new_buckets = new_buckets[:, q_len - mem_len:]
+      buckets = lax.dynamic_update_slice_in_dim(
+          jnp.reshape(buckets, (self._n_hashes, -1)), new_buckets, q_start,
+          axis=1)
+      new_idx = jnp.asarray(q_start + min(q_len, mem_len), jnp.int32)
+      return out, (jnp.reshape(buckets, (-1,)), new_idx, hash_rng)
+
+    attend_rng, output_rng = jax.random.split(rng)
+    w_q, w_v, w_o, b_q, b_v = self._unpack_weights(weights)
+    q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
+    # Duplicate the row so the matmul matches a longer call (as Trax does).
+    q = jnp.matmul(jnp.concatenate([jnp.take(x, q_range, axis=0)] * 2, 0), w_q)
+    if self._bias:
+      q = q + b_q
+    q_buckets = jnp.reshape(self.hash_vectors(q, hash_rng),
+                            (self._n_hashes, 2))[:, :q_len]
+    all_buckets = lax.dynamic_update_slice_in_dim(
+        jnp.reshape(buckets, (self._n_hashes, -1)), q_buckets, q_start, axis=1)
+    is_valid_target = jnp.any(all_buckets == q_buckets, axis=0)
+    seqlen = x.shape[0]
+    positions = jnp.arange(seqlen, dtype=jnp.int32)
+    priorities = jnp.where(positions > q_start + q_len,
+                           -(seqlen + positions), positions)
+    priorities = priorities + seqlen * is_valid_target.astype(jnp.int32)
+    _, kv_indices = lax.sort_key_val(priorities, positions)
+    n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
+    kv_indices = kv_indices[-n_keys:]
+    x_kv = jnp.take(x, kv_indices, axis=0)
+    k = jnp.matmul(x_kv, w_q)
+    v = jnp.matmul(x_kv, w_v)
+    if self._bias:
+      k, v = k + b_q, v + b_v
+    mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
+                                exclude_self=True)
+    o, _ = attend(q, length_normalized(k), v, mask_fn=mask_fn, q_info=q_range,
+                  kv_info=kv_indices, dropout=self._attention_dropout,
+                  rng=attend_rng)
+    out = jnp.matmul(o, w_o)[:1]
+    out = apply_broadcasted_dropout(out, self._output_dropout, output_rng)
+    new_idx = jnp.asarray(q_start + q_len, jnp.int32)
+    return out, (jnp.reshape(all_buckets, (-1,)), new_idx, hash_rng)

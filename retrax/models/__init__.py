@@ -1,0 +1,24 @@
+"""retrax.models: Trax's models, at Trax's module paths."""
+
+from retrax.models import mlp as mlp
+from retrax.models import reformer as reformer
+from retrax.models import transformer as transformer
+from retrax.models.mlp import MLP as MLP
+from retrax.models.reformer.reformer import Reformer as Reformer
+from retrax.models.reformer.reformer import ReformerLM as ReformerLM
+from retrax.models.reformer.reformer import ReformerShortenLM as ReformerShortenLM
+from retrax.models.transformer import Transformer as Transformer
+from retrax.models.transformer import TransformerDecoder as TransformerDecoder
+from retrax.models.transformer import TransformerEncoder as TransformerEncoder
+from retrax.models.transformer import TransformerLM as TransformerLM
+
+MODELS = {
+    'MLP': MLP,
+    'Reformer': Reformer,
+    'ReformerLM': ReformerLM,
+    'ReformerShortenLM': ReformerShortenLM,
+    'Transformer': Transformer,
+    'TransformerDecoder': TransformerDecoder,
+    'TransformerEncoder': TransformerEncoder,
+    'TransformerLM': TransformerLM,
+}

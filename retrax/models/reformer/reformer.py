@@ -1,0 +1,288 @@
+"""Reformer models (Kitaev, Kaiser & Levskaya 2020): ReformerLM, Reformer, ReformerShortenLM.
+
+Each builds the same layer tree as Trax 1.4.1, so Trax checkpoints map leaf for
+leaf. The residual stream is split in two halves of width `d_model` that run
+through reversible blocks; LSH attention is chosen with
+`attention_type=tl.LSHSelfAttention`.
+"""
+
+from retrax import layers as tl
+from retrax.fastmath import numpy as jnp
+from retrax.models.research import configurable_transformer as ct
+
+# Trax 1.2 exported the half-residual layer from this module (the RevNet lab imports it).
+ReversibleHalfResidualV2 = tl.ReversibleHalfResidual
+
+
+def DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,  # pylint: disable=invalid-name
+                 attention_type, dropout, ff_activation, ff_dropout, ff_use_sru,
+                 ff_chunk_size, ff_sparsity, attention_chunk_size,
+                 n_attention_layers=1, n_feedforward_layers=1,
+                 center_layernorm=True, use_bfloat16=False, mode='train'):
+  """Reversible decoder block: [attention half-residual, swap] + [feed-forward half-residual, swap]."""
+
+  def attention_half():
+    attn = ct.ApplyAttentionLayer(attention_type, d_model, n_heads,
+                                  d_attention_key, d_attention_value, True,
+                                  False, dropout, dropout,
+                                  attention_chunk_size, mode)
+    return [tl.ReversibleHalfResidual(tl.LayerNorm(center=center_layernorm),
+                                      attention_layer=attn,
+                                      name='ReversibleHalfResidualDecoderAttn'),
+            tl.ReversibleSwap()]
+
+  def feed_forward_half():
+    ff = ct.FeedForwardWithOptions(d_model, d_ff, dropout, [-2], ff_activation,
+                                   ff_dropout, ff_chunk_size, ff_use_sru,
+                                   ff_sparsity, center_layernorm, mode,
+                                   use_bfloat16)
+    return [tl.ReversibleHalfResidual(ff, name='ReversibleHalfResidualDecoderFF'),
+            tl.ReversibleSwap()]
+
+  return ([attention_half() for _ in range(n_attention_layers)] +
+          [feed_forward_half() for _ in range(n_feedforward_layers)])
+
+
+def _attention_types(attention_type, n_layers):
+  types = (list(attention_type) if isinstance(attention_type, (list, tuple))
+           else [attention_type])
+  if n_layers % len(types):
+    raise ValueError(f'n_layers ({n_layers}) must be a multiple of the number '
+                     f'of attention types ({len(types)}).')
+  return [types[i % len(types)] for i in range(n_layers)]
+
+
+def _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob):
+  if loss_sparsity or loss_d_lowrank or loss_sparsity_prob is not None:
+    raise ValueError('Sparse output layers (loss_sparsity, loss_d_lowrank, '
+                     'loss_sparsity_prob) are not supported by retrax; leave '
+                     'them at their defaults.')
+
+
+def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,  # pylint: disable=invalid-name
+               d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
+               max_len=2048, attention_type=None, pos_type=None,
+               pos_axial_shape=(), pos_d_axial_embs=None,
+               pos_start_from_zero_prob=1.0, pos_max_offset_to_add=0,
+               ff_activation=None, ff_use_sru=0, ff_chunk_size=0, ff_sparsity=0,
+               loss_sparsity_type='mult', loss_sparsity=0, loss_d_lowrank=0,
+               loss_sparsity_prob=None, attention_chunk_size=0, mode='train'):
+  """Reversible Transformer language model (decoder only); outputs logits.
+
+  Args:
+    vocab_size: vocabulary size.
+    d_model: depth of *each half* of the two-part residual stream.
+    d_ff: depth of the feed-forward layer.
+    d_attention_key, d_attention_value: per-head key and value depth.
+    n_layers, n_heads: number of decoder blocks and attention heads.
+    dropout: dropout rate.
+    max_len: maximum length for positional encodings (and predict caches).
+    attention_type: attention class (default `tl.SelfAttention`), e.g.
+      `tl.LSHSelfAttention` or a `functools.partial` of it, or a list cycled
+      over layers.
+    pos_type: None (learned table), 'sin-cos', 'fixed-base', 'axial', 'no';
+      `pos_axial_shape`/`pos_d_axial_embs` select axial encoding.
+    ff_activation: activation layer class (default `tl.FastGelu`).
+    ff_chunk_size: if > 0, the feed-forward runs in chunks of this many
+      positions (bounded memory at long lengths).
+    attention_chunk_size: if > 0, attention runs over batch chunks.
+    mode: 'train', 'eval' or 'predict'.
+  """
+  attention_type = tl.SelfAttention if attention_type is None else attention_type
+  ff_activation = tl.FastGelu if ff_activation is None else ff_activation
+  _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob)
+  del loss_sparsity_type
+  positional_embedder = [
+      tl.Embedding(vocab_size, d_model),
+      tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
+      ct.PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
+                           pos_d_axial_embs, pos_start_from_zero_prob,
+                           pos_max_offset_to_add),
+  ]
+  decoder_blocks = [
+      DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
+                   attention_type=attn, dropout=dropout,
+                   ff_activation=ff_activation, ff_dropout=dropout,
+                   ff_use_sru=ff_use_sru, ff_chunk_size=ff_chunk_size,
+                   ff_sparsity=ff_sparsity,
+                   attention_chunk_size=attention_chunk_size, mode=mode)
+      for attn in _attention_types(attention_type, n_layers)]
+  return tl.Serial(
+      tl.ShiftRight(mode=mode),
+      positional_embedder,
+      tl.Dup(),
+      tl.ReversibleSerial(decoder_blocks),
+      tl.Concatenate(),
+      tl.LayerNorm(),
+      tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
+      tl.AssertFunction('...a->...b', tl.Dense(vocab_size)),
+  )
+
+
+def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,  # pylint: disable=invalid-name
+                      d_model=512, d_ff=2048, d_attention_key=64,
+                      d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
+                      max_len=2048, attention_type=None, pos_type=None,
+                      pos_axial_shape=(), pos_d_axial_embs=None,
+                      ff_activation=None, ff_use_sru=0, ff_chunk_size=0,
+                      ff_sparsity=0, attention_chunk_size=0, mode='train'):
+  """ReformerLM that groups `shorten_factor` positions into one inside the reversible stack."""
+  if mode == 'predict':
+    raise ValueError("ReformerShortenLM has no predict mode (as in Trax); use "
+                     "mode='eval' or ReformerLM.")
+  if not hasattr(tl, 'SRU') or not hasattr(tl, 'CausalConv'):
+    raise ValueError('ReformerShortenLM needs tl.SRU and tl.CausalConv, which '
+                     'this retrax build lacks.')
+  attention_type = tl.SelfAttention if attention_type is None else attention_type
+  ff_activation = tl.FastGelu if ff_activation is None else ff_activation
+  positional_embedder = [
+      tl.Embedding(vocab_size, d_embedding),
+      tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
+      ct.PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
+                           pos_d_axial_embs),
+  ]
+  decoder_blocks = [
+      DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
+                   attention_type=attn, dropout=dropout,
+                   ff_activation=ff_activation, ff_dropout=dropout,
+                   ff_use_sru=ff_use_sru, ff_chunk_size=ff_chunk_size,
+                   ff_sparsity=ff_sparsity,
+                   attention_chunk_size=attention_chunk_size, mode=mode)
+      for attn in _attention_types(attention_type, n_layers)]
+  return tl.Serial(
+      tl.ShiftRight(),
+      positional_embedder,
+      tl.Dup(),
+      tl.ShiftRight(n_positions=shorten_factor - 1),
+      tl.Fn('Shorten', lambda x: jnp.reshape(
+          x, (x.shape[0], x.shape[1] // shorten_factor, -1)), n_out=1),
+      tl.Dense(d_model),
+      tl.Dup(),
+      tl.ReversibleSerial(decoder_blocks),
+      tl.Select([0], n_in=2),
+      tl.LayerNorm(),
+      tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
+      tl.Dense(shorten_factor * d_embedding),
+      tl.Fn('ProlongBack', lambda x: jnp.reshape(
+          x, (x.shape[0], x.shape[1] * shorten_factor, -1)), n_out=1),
+      tl.Concatenate(),
+      tl.CausalConv(d_embedding),
+      tl.Relu(),
+      tl.SRU(d_embedding),
+      tl.Dense(vocab_size),
+  )
+
+
+def EncoderBlock(d_model, d_ff, n_heads, attention_type, dropout, ff_activation,  # pylint: disable=invalid-name
+                 ff_dropout, ff_use_sru=0, ff_chunk_size=0, ff_sparsity=0,
+                 attention_chunk_size=0, center_layernorm=True,
+                 use_bfloat16=False, use_two_swaps_per_block=True,
+                 mode='train'):
+  """Reversible encoder block on (activations, mask) with masked self-attention."""
+  if mode == 'predict':
+    mode = 'eval'
+  attention = ct.ApplyAttentionLayer(
+      attention_type=attention_type, d_model=d_model, n_heads=n_heads,
+      d_qk=d_model // n_heads, d_v=d_model // n_heads, masked=True,
+      causal=False, attention_dropout=dropout, output_dropout=dropout,
+      attention_chunk_size=attention_chunk_size, mode=mode)
+  if attention.n_out == 2:
+    attention = tl.Serial(tl.Parallel([], _InsertAxes12()), attention,
+                          tl.Select([0], n_in=2))
+  ff = ct.FeedForwardWithOptions(d_model, d_ff, dropout, [-2], ff_activation,
+                                 ff_dropout, ff_chunk_size, ff_use_sru,
+                                 ff_sparsity, center_layernorm, mode,
+                                 use_bfloat16)
+  layers = [
+      tl.ReversibleHalfResidual(tl.LayerNorm(center=center_layernorm),
+                                attention_layer=attention,
+                                name='ReversibleHalfResidualEncoderAttn'),
+      tl.ReversibleSwap(),
+      tl.ReversibleHalfResidual(ff, name='ReversibleHalfResidualEncoderFF'),
+  ]
+  if use_two_swaps_per_block:
+    layers.append(tl.ReversibleSwap())
+  return layers
+
+
+def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, ff_activation,  # pylint: disable=invalid-name
+                        ff_dropout, mode, ff_use_sru=0, ff_chunk_size=0,
+                        ff_sparsity=0):
+  """Reversible decoder block with causal self-attention and encoder-decoder attention."""
+  d_head = d_model // n_heads
+  enc_dec_attention = tl.EncDecAttention(
+      n_heads=n_heads, d_qk=d_head, d_v=d_head, attention_dropout=dropout,
+      output_dropout=dropout, mode=mode)
+  causal_attention = tl.SelfAttention(
+      n_heads=n_heads, d_qk=d_head, d_v=d_head, causal=True,
+      attention_dropout=dropout, output_dropout=dropout, mode=mode)
+  feed_forward = ct.FeedForwardWithOptions(
+      d_model, d_ff, dropout, [-2], ff_activation, ff_dropout, ff_chunk_size,
+      ff_use_sru, ff_sparsity, True, mode)
+  return [
+      tl.ReversibleHalfResidual(tl.LayerNorm(), attention_layer=causal_attention),
+      tl.ReversibleSwap(),
+      tl.ReversibleHalfResidual(tl.LayerNorm(), attention_layer=enc_dec_attention),
+      tl.ReversibleSwap(),
+      tl.ReversibleHalfResidual(feed_forward),
+      tl.ReversibleSwap(),
+  ]
+
+
+def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,  # pylint: disable=invalid-name
+             n_encoder_layers=6, n_decoder_layers=6, n_heads=8, dropout=0.1,
+             max_len=2048, ff_activation=None, ff_dropout=None, mode='train',
+             pos_type=None, pos_axial_shape=None, pos_d_axial_embs=None,
+             ff_use_sru=0, ff_chunk_size=0, ff_sparsity=0):
+  """Reversible encoder-decoder Transformer: (source ids, target ids) -> target logits.
+
+  In predict mode the encoder runs once (`tl.Cache`) and the decoder decodes
+  one token per call.
+  """
+  ff_activation = tl.Relu if ff_activation is None else ff_activation
+  in_encoder, out_encoder, output_vocab_size = (
+      ct.EmbeddingAndPositionalEncodings(
+          input_vocab_size, d_model, mode, dropout, [-2], max_len,
+          output_vocab_size=output_vocab_size, pos_type=pos_type,
+          pos_axial_shape=pos_axial_shape, pos_d_axial_embs=pos_d_axial_embs))
+  encoder_blocks = [
+      EncoderBlock(d_model, d_ff, n_heads, tl.SelfAttention, dropout,
+                   ff_activation, ff_dropout, mode=mode, ff_use_sru=ff_use_sru,
+                   ff_chunk_size=ff_chunk_size, ff_sparsity=ff_sparsity)
+      for _ in range(n_encoder_layers)]
+  encoder = tl.Serial([in_encoder, tl.Dup(), tl.ReversibleSerial(encoder_blocks),
+                       _XYAvg(), tl.LayerNorm()])
+  if mode == 'predict':
+    encoder = tl.Cache(encoder)
+  encoder_decoder_blocks = [
+      EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, ff_activation,
+                          ff_dropout, mode, ff_use_sru=ff_use_sru,
+                          ff_chunk_size=ff_chunk_size, ff_sparsity=ff_sparsity)
+      for _ in range(n_decoder_layers)]
+  return tl.Serial(
+      tl.Select([0, 1, 1]),                                    # tok_e tok_d tok_d
+      tl.Branch([], [tl.PaddingMask(), _RemoveAxes12()]),      # tok_e mask tok_d .....
+      encoder,                                                 # vec_e mask tok_d .....
+      tl.Select([2, 0, 1]),                                    # tok_d vec_e mask .....
+      tl.ShiftRight(mode=mode),
+      out_encoder,                                             # vec_d vec_e mask .....
+      tl.Dup(),
+      tl.ReversibleSerial(encoder_decoder_blocks),
+      _XYAvg(),
+      tl.LayerNorm(),
+      tl.Select([0], n_in=3),                                  # vec_d .....
+      tl.Dense(output_vocab_size),
+  )
+
+
+def _InsertAxes12():  # pylint: disable=invalid-name
+  return tl.Fn('InsertAxes12',
+               lambda x: jnp.reshape(x, (x.shape[0], 1, 1, x.shape[1])))
+
+
+def _RemoveAxes12():  # pylint: disable=invalid-name
+  return tl.Fn('RemoveAxes12', lambda x: jnp.squeeze(x, (1, 2)))
+
+
+def _XYAvg():  # pylint: disable=invalid-name
+  return tl.Fn('XYAvg', lambda x, y: (x + y) / 2.0)

@@ -1,0 +1,1 @@
+"""Research model building blocks (Trax module path `trax.models.research`)."""

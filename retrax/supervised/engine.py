@@ -1,0 +1,287 @@
+"""The one jitted training step (and the jitted eval step) under Loop and Trainer.
+
+    train_step(weights, slots, state, batch, rng, step, opt_params)
+        -> (new_weights, new_slots, new_state, loss, stats)
+
+`weights`/`state` are those of `Serial(model, loss_layer)` (Trax's layout:
+`(model_weights, loss_weights)`), `slots` the optimizer's, `batch` a tuple
+`(inputs..., targets[, weights])`. The weights, slots and state buffers are
+donated: after a call, the arrays passed in are gone and only the returned
+ones are valid. The step runs over a data-parallel mesh (see `devices`):
+batch split across devices, everything else replicated.
+
+Options:
+* `loss_chunk_size > 0`: the model's final `Dense` (plus any `LogSoftmax`
+  after it) and the loss run over chunks of that many positions inside a
+  rematerialized `lax.scan`, so the `[positions, vocab]` logits never exist
+  whole, in the forward or the backward pass. The loss layer must take
+  `(output, targets, weights)` and return the weights-weighted mean of a
+  per-position loss (Trax's CrossEntropyLoss, WeightedCategoryCrossEntropy,
+  L2Loss ...): the chunk means are recombined with the chunks' weight sums,
+  which gives the unchunked value.
+* `adasum=True`: gradients are computed per device share of the batch and
+  merged with Adasum (https://arxiv.org/abs/2006.02924) as Trax does.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from retrax import fastmath
+from retrax.layers import combinators
+from retrax.layers import core
+from retrax.layers.assert_shape import AssertShape
+
+
+def _forward_fn(model_with_loss):
+  """`(weights, state, batch, rng) -> (loss, new_state)` of a model+loss layer."""
+
+  def forward(weights, state, batch, rng):
+    return model_with_loss.pure_fn(batch, weights, state, rng)
+  return forward
+
+
+# --- the chunked final dense + loss ------------------------------------------------
+
+
+def _head_dense_path(layer):
+  """For a head sublayer: index path to its Dense inside AssertShape wrappers."""
+  if isinstance(layer, core.Dense):
+    return ()
+  if isinstance(layer, combinators.Serial):
+    inner = [i for i, l in enumerate(layer.sublayers)
+             if not isinstance(l, AssertShape)]
+    if len(inner) == 1:
+      sub = _head_dense_path(layer.sublayers[inner[0]])
+      if sub is not None:
+        return (inner[0],) + sub
+  return None
+
+
+def _split_head(model):
+  """Returns `(head_start, [(index, dense_path or None), ...])` for chunking.
+
+  The head is the model's last `Dense` (possibly wrapped by `assert_shape`)
+  followed only by `LogSoftmax`/`Softmax`.
+  """
+  if not isinstance(model, combinators.Serial) or not model.sublayers:
+    raise ValueError(
+        'loss_chunk_size > 0 needs a model that is a Serial ending in a Dense '
+        f'layer (optionally followed by LogSoftmax); got {model.name}.')
+  subs = model.sublayers
+  head = []
+  for index in range(len(subs) - 1, -1, -1):
+    layer = subs[index]
+    if layer.name in ('LogSoftmax', 'Softmax'):
+      head.append((index, None))
+      continue
+    path = _head_dense_path(layer)
+    if path is None:
+      break
+    head.append((index, path))
+    return index, head[::-1]
+  names = [l.name for l in subs[-3:]]
+  raise ValueError(
+      'loss_chunk_size > 0 needs the model to end in a Dense layer, optionally '
+      f'followed by LogSoftmax/Softmax; its last layers are {names}.')
+
+
+def _get_path(tree, path):
+  for i in path:
+    tree = tree[i]
+  return tree
+
+
+def _get_sublayer(layer, path):
+  for i in path:
+    layer = layer.sublayers[i]
+  return layer
+
+
+def _chunked_forward_fn(model, loss_layer, chunk_size):
+  """Forward of `Serial(model, loss_layer)` with the head and loss in chunks."""
+  if loss_layer.n_in != 3:
+    raise ValueError(
+        f'loss_chunk_size > 0 needs a loss layer taking (output, targets, '
+        f'weights); {loss_layer.name} takes {loss_layer.n_in} inputs.')
+  if model.n_out != 1:
+    raise ValueError(
+        f'loss_chunk_size > 0 needs a model with one output; {model.name} has '
+        f'{model.n_out}.')
+  head_start, head = _split_head(model)
+  subs = model.sublayers
+
+  def apply_head(x, model_weights, model_state, rngs):
+    for index, path in head:
+      layer = subs[index]
+      w, s = model_weights[index], model_state[index]
+      if path:  # The Dense inside assert_shape's Serial(AssertShape, ...).
+        layer = _get_sublayer(layer, path)
+        w, s = _get_path(w, path), _get_path(s, path)
+      x, _ = layer.pure_fn(x, w, s, rngs[index])
+    return x
+
+  def forward(weights, state, batch, rng):
+    (model_w, loss_w), (model_s, loss_s) = weights, state
+    saved = model.weights, model.state
+    try:
+      model_rng, loss_rng = fastmath.random.split(rng, 2)
+      rngs = fastmath.random.split(model_rng, len(subs))
+      stack = combinators.inputs_from_stack(batch, model.n_in)
+      new_states = []
+      for i in range(head_start):  # The body, exactly as Serial.forward runs it.
+        layer = subs[i]
+        inputs = combinators.inputs_from_stack(stack, layer.n_in)
+        outputs, s = layer.pure_fn(inputs, model_w[i], model_s[i], rngs[i],
+                                   use_cache=True)
+        stack = combinators.outputs_onto_stack(outputs, stack, layer.n_in)
+        new_states.append(s)
+      x = stack
+      targets, loss_weights = batch[model.n_in], batch[model.n_in + 1]
+      n = int(np.prod(targets.shape))
+      pad = (-n) % chunk_size
+      x = jnp.pad(x.reshape((n, x.shape[-1])), ((0, pad), (0, 0)))
+      t = jnp.pad(targets.reshape((n,)), (0, pad))
+      w = jnp.pad(loss_weights.reshape((n,)), (0, pad))
+      n_chunks = (n + pad) // chunk_size
+      xs = (x.reshape((n_chunks, chunk_size, x.shape[-1])),
+            t.reshape((n_chunks, chunk_size)),
+            w.reshape((n_chunks, chunk_size)))
+
+      @jax.checkpoint
+      def chunk(carry, chunk_xs):
+        xc, tc, wc = chunk_xs
+        w_sum = jnp.sum(wc)
+        # An all-zero chunk gets weights 1 so its mean stays finite; its
+        # contribution (and gradient) is then multiplied by 0.
+        safe_wc = jnp.where(w_sum > 0, wc, jnp.ones_like(wc))
+        out = apply_head(xc, model_w, model_s, rngs)
+        mean, _ = loss_layer.pure_fn((out, tc, safe_wc), loss_w, loss_s,
+                                     loss_rng)
+        contribution = jnp.where(w_sum > 0, mean * w_sum, 0.0).astype(
+            jnp.float32)
+        return (carry[0] + contribution,
+                carry[1] + w_sum.astype(jnp.float32)), None
+
+      zero = jnp.zeros((), jnp.float32)
+      (total, w_total), _ = jax.lax.scan(chunk, (zero, zero), xs)
+      loss = total / w_total
+      new_state = (tuple(new_states) + tuple(model_s[head_start:]), loss_s)
+      return loss, new_state
+    finally:
+      model.state, model.weights = saved[1], saved[0]
+
+  return forward
+
+
+# --- Adasum --------------------------------------------------------------------
+
+
+def _adasum(grads, n):
+  """Merges per-device gradients (leading axis n) with Trax's Adasum butterfly."""
+  if n & (n - 1):
+    raise ValueError(f'adasum needs a power-of-two number of devices; got {n}.')
+  shift = 1
+  while shift < n:
+    partner = np.array([i + shift if i % (2 * shift) < shift else i - shift
+                        for i in range(n)])
+
+    def merge(g, partner=partner):
+      gp = g[partner]
+      axes = tuple(range(1, g.ndim))
+      dot = jnp.sum(g * gp, axis=axes, keepdims=True)
+      frac1 = dot / (2 * jnp.sum(g * g, axis=axes, keepdims=True) + 1e-30)
+      frac2 = dot / (2 * jnp.sum(gp * gp, axis=axes, keepdims=True) + 1e-30)
+      return (1 - frac1) * g + (1 - frac2) * gp
+    grads = jax.tree_util.tree_map(merge, grads)
+    shift *= 2
+  return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), grads)
+
+
+# --- the steps -----------------------------------------------------------------------
+
+
+class TrainStep:
+  """The jitted, buffer-donating training step of one model+loss and optimizer.
+
+  Args:
+    model: the model layer (already initialized).
+    loss_layer: the loss layer (initialized on the model's output signature).
+    optimizer: a retrax `Optimizer` (its `tree_update` is traced).
+    parallel: a `devices.DataParallel` (mesh and shardings).
+    loss_chunk_size: if > 0, compute the final dense + loss in chunks.
+    adasum: merge per-device gradients with Adasum.
+  """
+
+  def __init__(self, model, loss_layer, optimizer, parallel, loss_chunk_size=0,
+               adasum=False):
+    self.model_with_loss = combinators.Serial(model, loss_layer)
+    self._optimizer = optimizer
+    self._parallel = parallel
+    if loss_chunk_size and loss_chunk_size > 0:
+      forward = _chunked_forward_fn(model, loss_layer, int(loss_chunk_size))
+    else:
+      forward = _forward_fn(self.model_with_loss)
+    self._forward = forward
+    self._n_shares = parallel.n_global_devices if adasum else 1
+    rep, shard = parallel.replicated, parallel.batch
+    self._jitted = jax.jit(
+        self._step, donate_argnums=(0, 1, 2),
+        in_shardings=(rep, rep, rep, shard, rep, rep, rep),
+        out_shardings=(rep, rep, rep, rep, rep))
+
+  def _grads(self, weights, state, batch, rng):
+    grad_fn = jax.value_and_grad(self._forward, has_aux=True)
+    if self._n_shares == 1:
+      (loss, new_state), grads = grad_fn(weights, state, batch, rng)
+      return loss, new_state, grads
+    n = self._n_shares
+    shares = tuple(x.reshape((n, x.shape[0] // n) + x.shape[1:]) for x in batch)
+    rngs = fastmath.random.split(rng, n)
+    (losses, states), grads = jax.vmap(
+        lambda b, r: grad_fn(weights, state, b, r))(shares, rngs)
+    new_state = jax.tree_util.tree_map(lambda s: s[0], states)
+    return jnp.mean(losses), new_state, _adasum(grads, n)
+
+  def _step(self, weights, slots, state, batch, rng, step, opt_params):
+    loss, new_state, grads = self._grads(weights, state, batch, rng)
+    new_weights, new_slots, stats = self._optimizer.tree_update(
+        step, grads, weights, slots, opt_params, store_slots=False)
+    stats = dict(stats)
+    stats['loss'] = loss
+    return new_weights, new_slots, new_state, loss, stats
+
+  def __call__(self, weights, slots, state, batch, rng, step, opt_params):
+    """Runs one step; see the module docstring. `batch` is a tuple of arrays."""
+    return self._jitted(weights, slots, state, tuple(batch), rng,
+                        np.int32(step), opt_params)
+
+  def loss_signature(self, weights, state, batch_signature, rng):
+    """Shape/dtype of the loss for a batch signature (no compute)."""
+    structs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype)
+                    for s in batch_signature)
+    return jax.eval_shape(self._forward, weights, state, structs, rng)[0]
+
+
+class EvalStep:
+  """The jitted metrics step: `(weights, state, batch, rng) -> metric values`.
+
+  `weights`/`state` are those of `Serial(eval_model, Branch(*metrics))`; the
+  result is a float32 vector with one value per metric layer.
+  """
+
+  def __init__(self, model_with_metrics, parallel):
+    self._model = model_with_metrics
+    rep, shard = parallel.replicated, parallel.batch
+    self._jitted = jax.jit(self._eval, in_shardings=(rep, rep, shard, rep),
+                           out_shardings=rep)
+
+  def _eval(self, weights, state, batch, rng):
+    outputs, _ = self._model.pure_fn(batch, weights, state, rng)
+    if not isinstance(outputs, (tuple, list)):
+      outputs = (outputs,)
+    return jnp.stack([jnp.asarray(o, jnp.float32).reshape(()) for o in outputs])
+
+  def __call__(self, weights, state, batch, rng):
+    return self._jitted(weights, state, tuple(batch), rng)
+

@@ -1,0 +1,364 @@
+"""Where training metrics go: JSONL, TensorBoard event files, a progress bar.
+
+* `JsonlWriter`: one JSON object per line in `output_dir/metrics.jsonl`,
+  `{"step": 100, "mode": "eval", "metric": "metrics/Accuracy", "value": 0.9,
+  "time": 1700000000.0}`. On resume the file is cut back to the restored step,
+  so after any number of restarts it reads like an uninterrupted run's.
+* `EventWriter` / `read_events`: TensorBoard's `events.out.tfevents.*` files,
+  written without TensorFlow. Each record is
+  `uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)`
+  where `data` is a serialized `tensorflow.Event` protobuf (wall_time = 1,
+  step = 2, file_version = 3, summary = 5; `Summary.Value` has tag = 1 and
+  simple_value = 2). TensorBoard reads these files as written by TensorFlow.
+* `ProgressBar`: a tqdm bar with steps/s and tokens/s, shown only on a
+  terminal (or when asked).
+"""
+
+import json
+import math
+import os
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+
+from retrax.checkpoints.atomic import atomic_write
+
+METRICS_FILE = 'metrics.jsonl'
+
+
+# --- JSONL ---------------------------------------------------------------------
+
+
+def read_jsonl(path):
+  """Returns the records of a metrics JSONL file; a torn last line is skipped."""
+  records = []
+  if not os.path.exists(path):
+    return records
+  with open(path, 'rb') as f:
+    for line in f:
+      try:
+        records.append(json.loads(line.decode('utf-8')))
+      except (UnicodeDecodeError, json.JSONDecodeError):
+        continue  # A line cut short by a kill.
+  return records
+
+
+class JsonlWriter:
+  """Appends metric records to a JSON-lines file."""
+
+  def __init__(self, path):
+    self._path = path
+    self._file = None
+
+  @property
+  def path(self):
+    return self._path
+
+  def truncate(self, last_step):
+    """Keeps only the well-formed records with `step <= last_step` (atomically)."""
+    self.close()
+    if not os.path.exists(self._path):
+      return
+    kept = [r for r in read_jsonl(self._path)
+            if isinstance(r, dict) and r.get('step', math.inf) <= last_step]
+    with atomic_write(self._path) as f:
+      for record in kept:
+        f.write((json.dumps(record) + '\n').encode('utf-8'))
+
+  def write(self, step, mode, metric, value):
+    """Appends one record (scalars only; other values are skipped)."""
+    if np.ndim(value) != 0:
+      return
+    if self._file is None:
+      self._file = open(self._path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+    record = {'step': int(step), 'mode': mode, 'metric': metric,
+              'value': float(value), 'time': time.time()}
+    self._file.write(json.dumps(record) + '\n')
+
+  def flush(self):
+    if self._file is not None:
+      self._file.flush()
+
+  def close(self):
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+# --- TensorBoard event files ------------------------------------------------------
+
+
+def _crc32c_table():
+  table = []
+  for i in range(256):
+    crc = i
+    for _ in range(8):
+      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    table.append(crc)
+  return table
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+  """CRC-32C (Castagnoli), as TFRecord framing uses."""
+  crc = 0xFFFFFFFF
+  for byte in data:
+    crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data):
+  crc = crc32c(data)
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n):
+  if n < 0:
+    n += 1 << 64
+  out = bytearray()
+  while True:
+    byte = n & 0x7F
+    n >>= 7
+    if n:
+      out.append(byte | 0x80)
+    else:
+      out.append(byte)
+      return bytes(out)
+
+
+def _field(number, wire_type):
+  return _varint((number << 3) | wire_type)
+
+
+def _length_delimited(number, payload):
+  return _field(number, 2) + _varint(len(payload)) + payload
+
+
+def encode_event(wall_time, step, file_version=None, scalars=None):
+  """Serializes a `tensorflow.Event` holding a file version or scalar values."""
+  out = _field(1, 1) + struct.pack('<d', wall_time)
+  out += _field(2, 0) + _varint(int(step))
+  if file_version is not None:
+    out += _length_delimited(3, file_version.encode('utf-8'))
+  if scalars:
+    summary = b''
+    for tag, value in scalars:
+      value_msg = (_length_delimited(1, tag.encode('utf-8')) +
+                   _field(2, 5) + struct.pack('<f', float(value)))
+      summary += _length_delimited(1, value_msg)
+    out += _length_delimited(5, summary)
+  return out
+
+
+def frame_record(data):
+  """Frames bytes as one TFRecord."""
+  header = struct.pack('<Q', len(data))
+  return (header + struct.pack('<I', masked_crc32c(header)) + data +
+          struct.pack('<I', masked_crc32c(data)))
+
+
+class EventWriter:
+  """Writes scalar summaries to a TensorBoard event file in `log_dir`."""
+
+  def __init__(self, log_dir):
+    os.makedirs(log_dir, exist_ok=True)
+    name = (f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.'
+            f'{os.getpid()}.retrax')
+    self._path = os.path.join(log_dir, name)
+    self._file = open(self._path, 'ab')  # pylint: disable=consider-using-with
+    self._file.write(frame_record(
+        encode_event(time.time(), 0, file_version='brain.Event:2')))
+    self._file.flush()
+
+  @property
+  def path(self):
+    return self._path
+
+  def scalar(self, tag, value, step):
+    """Records one scalar under `tag` at `step` (non-scalars are skipped)."""
+    if np.ndim(value) != 0:
+      return
+    self._file.write(frame_record(
+        encode_event(time.time(), step, scalars=[(tag, float(value))])))
+
+  def flush(self):
+    self._file.flush()
+
+  def close(self):
+    if not self._file.closed:
+      self._file.close()
+
+
+def _read_varint(buf, pos):
+  result, shift = 0, 0
+  while True:
+    byte = buf[pos]
+    pos += 1
+    result |= (byte & 0x7F) << shift
+    shift += 7
+    if not byte & 0x80:
+      return result, pos
+
+
+def _parse_message(buf):
+  """Yields `(field_number, wire_type, value)` of a protobuf message."""
+  pos = 0
+  while pos < len(buf):
+    key, pos = _read_varint(buf, pos)
+    number, wire_type = key >> 3, key & 7
+    if wire_type == 0:
+      value, pos = _read_varint(buf, pos)
+    elif wire_type == 1:
+      value, pos = buf[pos:pos + 8], pos + 8
+    elif wire_type == 2:
+      length, pos = _read_varint(buf, pos)
+      value, pos = buf[pos:pos + length], pos + length
+    elif wire_type == 5:
+      value, pos = buf[pos:pos + 4], pos + 4
+    else:
+      raise ValueError(f'Unsupported protobuf wire type {wire_type}.')
+    yield number, wire_type, value
+
+
+def decode_event(data):
+  """Parses a serialized Event into a dict: wall_time, step, file_version, scalars."""
+  event = {'wall_time': None, 'step': 0, 'file_version': None, 'scalars': []}
+  for number, _, value in _parse_message(data):
+    if number == 1:
+      event['wall_time'] = struct.unpack('<d', value)[0]
+    elif number == 2:
+      event['step'] = value - (1 << 64) if value >= 1 << 63 else value
+    elif number == 3:
+      event['file_version'] = value.decode('utf-8')
+    elif number == 5:
+      for v_number, _, v_value in _parse_message(value):
+        if v_number != 1:
+          continue
+        tag, simple = None, None
+        for f_number, _, f_value in _parse_message(v_value):
+          if f_number == 1:
+            tag = f_value.decode('utf-8')
+          elif f_number == 2:
+            simple = struct.unpack('<f', f_value)[0]
+        event['scalars'].append((tag, simple))
+  return event
+
+
+def read_events(path):
+  """Reads an event file back, checking every CRC; returns a list of event dicts.
+
+  Raises:
+    ValueError: a truncated record or a CRC mismatch (naming the offset).
+  """
+  with open(path, 'rb') as f:
+    buf = f.read()
+  events, pos = [], 0
+  while pos < len(buf):
+    if pos + 12 > len(buf):
+      raise ValueError(f'{path}: truncated record header at byte {pos}.')
+    header = buf[pos:pos + 8]
+    (length,) = struct.unpack('<Q', header)
+    (header_crc,) = struct.unpack('<I', buf[pos + 8:pos + 12])
+    if header_crc != masked_crc32c(header):
+      raise ValueError(f'{path}: length CRC mismatch at byte {pos}.')
+    start, end = pos + 12, pos + 12 + length
+    if end + 4 > len(buf):
+      raise ValueError(f'{path}: truncated record at byte {pos}.')
+    data = buf[start:end]
+    (data_crc,) = struct.unpack('<I', buf[end:end + 4])
+    if data_crc != masked_crc32c(data):
+      raise ValueError(f'{path}: data CRC mismatch at byte {pos}.')
+    events.append(decode_event(data))
+    pos = end + 4
+  return events
+
+
+def truncate_event_file(path, last_step):
+  """Rewrites an event file keeping its records up to `last_step` (atomically).
+
+  Reading stops at the first damaged record (e.g. one cut short by a kill).
+  """
+  with open(path, 'rb') as f:
+    buf = f.read()
+  kept, pos, changed = [], 0, False
+  while pos < len(buf):
+    header = buf[pos:pos + 8]
+    end = pos + 12 + (struct.unpack('<Q', header)[0] if len(header) == 8 else 0)
+    data = buf[pos + 12:end]
+    if (len(header) < 8 or end + 4 > len(buf) or
+        struct.unpack('<I', buf[pos + 8:pos + 12])[0] != masked_crc32c(header)
+        or struct.unpack('<I', buf[end:end + 4])[0] != masked_crc32c(data)):
+      changed = True  # A torn or damaged tail: dropped.
+      break
+    event = decode_event(data)
+    if event['step'] <= last_step or event['file_version'] is not None:
+      kept.append(buf[pos:end + 4])
+    else:
+      changed = True
+    pos = end + 4
+  if changed:
+    with atomic_write(path) as f:
+      f.write(b''.join(kept))
+
+
+# --- the progress bar ---------------------------------------------------------------
+
+
+class ProgressBar:
+  """A tqdm bar over `n_steps` showing steps/s and tokens/s.
+
+  Args:
+    n_steps: the number of steps the bar counts.
+    enabled: True/False, or None to show it only when stderr is a terminal
+      and the run has at least `min_steps` steps.
+    min_steps: the shortest run that gets an automatic bar.
+    initial: the step count the bar starts from.
+  """
+
+  def __init__(self, n_steps, enabled=None, min_steps=100, initial=0):
+    if enabled is None:
+      enabled = sys.stderr.isatty() and n_steps >= min_steps
+    self._bar = None
+    self._tokens = 0
+    self._steps = 0
+    self._start = time.time()
+    self._last_postfix = 0.0
+    if enabled:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm.tqdm(total=initial + n_steps, initial=initial,
+                            unit='step', dynamic_ncols=True, leave=False)
+
+  def update(self, n_tokens, loss=None):
+    """Advances one step that processed `n_tokens` tokens."""
+    if self._bar is None:
+      return
+    self._steps += 1
+    self._tokens += n_tokens
+    self._bar.update(1)
+    now = time.time()
+    if now - self._last_postfix > 0.5:
+      elapsed = max(now - self._start, 1e-9)
+      postfix = {'steps/s': f'{self._steps / elapsed:.1f}',
+                 'tokens/s': f'{self._tokens / elapsed:.0f}'}
+      if loss is not None:
+        postfix['loss'] = f'{loss:.4f}'
+      self._bar.set_postfix(postfix, refresh=False)
+      self._last_postfix = now
+
+  def write(self, message):
+    """Prints a line without breaking the bar (plain print when no bar)."""
+    if self._bar is None:
+      print(message)
+      sys.stdout.flush()
+    else:
+      self._bar.write(message)
+
+  def close(self):
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None

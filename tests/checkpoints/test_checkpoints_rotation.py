@@ -1,0 +1,45 @@
+"""Tests for a directory of native checkpoints: rotation and fallback."""
+
+import os
+
+import numpy as np
+import pytest
+
+from retrax.checkpoints import native
+from retrax.checkpoints import rotation
+
+
+def _arrays_file(path):
+  [name] = [n for n in os.listdir(path) if n.endswith('.safetensors')]
+  return os.path.join(path, name)
+
+
+def test_rotation_and_latest_valid(tmp_path):
+  for step in (1, 2, 3, 10, 11):
+    native.save_native(rotation.checkpoint_path(tmp_path, step),
+                       {'w': [np.full(2, step)]}, {'step': step})
+  (tmp_path / 'unrelated').mkdir()
+  assert [s for s, _ in rotation.list_checkpoints(tmp_path)] == [1, 2, 3, 10, 11]
+  removed = rotation.rotate_checkpoints(tmp_path, keep=3)
+  assert [os.path.basename(p) for p in removed] == ['ckpt_000000001',
+                                                    'ckpt_000000002']
+  assert [s for s, _ in rotation.list_checkpoints(tmp_path)] == [3, 10, 11]
+  assert rotation.latest_valid_checkpoint(tmp_path) == rotation.checkpoint_path(
+      tmp_path, 11)
+  # Newest corrupted, the one before left incomplete: fall back to step 3.
+  arrays = _arrays_file(rotation.checkpoint_path(tmp_path, 11))
+  with open(arrays, 'r+b') as f:
+    f.truncate(10)
+  os.remove(os.path.join(rotation.checkpoint_path(tmp_path, 10),
+                         native.METADATA_FILE))
+  with pytest.warns(UserWarning) as record:
+    latest = rotation.latest_valid_checkpoint(tmp_path)
+  messages = [str(w.message) for w in record]
+  assert len(messages) == 2
+  assert 'step 11' in messages[0] and 'truncated' in messages[0]
+  assert 'step 10' in messages[1] and 'metadata.json' in messages[1]
+  assert latest == rotation.checkpoint_path(tmp_path, 3)
+  assert native.load_native(latest).metadata['step'] == 3
+  with pytest.raises(ValueError, match='keep'):
+    rotation.rotate_checkpoints(tmp_path, keep=0)
+  assert rotation.latest_valid_checkpoint(tmp_path / 'nothing_here') is None

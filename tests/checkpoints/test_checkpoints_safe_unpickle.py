@@ -1,0 +1,143 @@
+"""Tests for the restricted unpickler: golden files load, malicious ones never run."""
+
+import collections
+import gzip
+import io
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from checkpoint_testlib import ALL_MODELS
+from checkpoint_testlib import ReferenceUnpickler
+from retrax.checkpoints import records
+from retrax.checkpoints.errors import CheckpointCorruptedError
+from retrax.checkpoints.errors import UnsafeCheckpointError
+from retrax.checkpoints.safe_unpickle import safe_load
+from retrax.checkpoints.safe_unpickle import safe_loads
+from retrax.checkpoints.trax_format import read_trax_checkpoint
+
+
+def _assert_same(ours, ref, path='<root>'):
+  """Deep equality: arrays bitwise with dtype, records by their fields."""
+  if isinstance(ref, np.ndarray):
+    assert type(ours) is np.ndarray, path
+    assert ours.dtype == ref.dtype and ours.shape == ref.shape, path
+    assert ours.tobytes() == ref.tobytes(), path
+  elif isinstance(ref, np.generic):
+    assert type(ours) is type(ref) and ours.tobytes() == ref.tobytes(), path
+  elif type(ref).__name__ == 'ShapeDtype':
+    assert isinstance(ours, records.TraxShapeDtype), path
+    assert ours.shape == ref.shape and ours.dtype == ref.dtype, path
+  elif type(ref).__name__ == 'History':
+    assert isinstance(ours, records.TraxHistory), path
+    _assert_same(ours._values, ref._values, path + '._values')  # pylint: disable=protected-access
+  elif isinstance(ref, dict):
+    assert type(ours) is type(ref) and list(ours) == list(ref), path
+    for k in ref:
+      _assert_same(ours[k], ref[k], f'{path}[{k!r}]')
+  elif isinstance(ref, (list, tuple)):
+    assert type(ours) is type(ref) and len(ours) == len(ref), path
+    for i, (a, b) in enumerate(zip(ours, ref)):
+      _assert_same(a, b, f'{path}[{i}]')
+  else:
+    assert type(ours) is type(ref) and ours == ref, path
+
+
+@pytest.mark.parametrize('model', ALL_MODELS)
+def test_golden_pickles_match_unrestricted_reference(golden, fake_trax, model):
+  data = gzip.open(golden / model / 'model.pkl.gz').read()
+  ours = safe_loads(data)
+  ref = ReferenceUnpickler(io.BytesIO(data)).load()
+  _assert_same(ours, ref)
+
+
+class _RunsCommand:
+  """Pickles as a call of os.system: what a booby-trapped checkpoint holds."""
+
+  def __init__(self, command):
+    self.command = command
+
+  def __reduce__(self):
+    return (os.system, (self.command,))
+
+
+class _WritesFile:
+  """Pickles as a call of builtins.exec that writes a file."""
+
+  def __init__(self, target):
+    self.target = target
+
+  def __reduce__(self):
+    return (exec, (f'with open({self.target!r}, "w") as f: f.write("pwned")',))
+
+
+def _evil_checkpoint(payload):
+  # A Trax-looking dict with the payload hidden among the weights.
+  return pickle.dumps({'flat_weights': [np.zeros(3), payload],
+                       'flat_state': [], 'input_signature': None},
+                      protocol=pickle.HIGHEST_PROTOCOL)
+
+
+@pytest.mark.parametrize('make', [
+    lambda p: _RunsCommand(f'touch {p}'),
+    lambda p: _WritesFile(str(p)),
+])
+def test_malicious_pickle_is_refused_without_side_effect(tmp_path, make):
+  marker = tmp_path / 'side_effect'
+  data = _evil_checkpoint(make(marker))
+  with pytest.raises(UnsafeCheckpointError) as e:
+    safe_loads(data)
+  assert 'refused global' in str(e.value)
+  assert ('system' in str(e.value)) or ('exec' in str(e.value))
+  assert not marker.exists()
+  # The same through the file reader, gzipped like a real checkpoint.
+  path = tmp_path / 'model.pkl.gz'
+  with gzip.open(path, 'wb') as f:
+    f.write(data)
+  with pytest.raises(UnsafeCheckpointError):
+    read_trax_checkpoint(path)
+  assert not marker.exists()
+  # Control: the stdlib unpickler would have run it.
+  pickle.loads(data)
+  assert marker.exists()
+
+
+def test_admitted_names_cannot_be_steered():
+  # An object array (its dtype) is refused even with only admitted globals.
+  with pytest.raises(UnsafeCheckpointError, match='dtype'):
+    safe_loads(pickle.dumps(np.array([1, 'a'], dtype=object)))
+  # defaultdict may only default to builtin containers/numbers.
+  bad = collections.defaultdict(np.dtype)
+  with pytest.raises(UnsafeCheckpointError, match='defaultdict'):
+    safe_loads(pickle.dumps(bad))
+  # bytes(n) would allocate n bytes: refused.
+  with pytest.raises(UnsafeCheckpointError, match='bytes'):
+    safe_loads(b'\x80\x04cbuiltins\nbytes\nJ\x00\xe1\xf5\x05\x85R.')
+  # numpy.ndarray may only appear as _reconstruct's argument, never be called.
+  with pytest.raises(UnsafeCheckpointError, match='ndarray'):
+    safe_loads(b'\x80\x04cnumpy\nndarray\nK\x03\x85R.')
+  # BUILD on an admitted function (to rewrite its defaults) is refused.
+  build_on_global = (b'\x80\x04\x8c\x05numpy\x8c\x05dtype\x93N}'
+                     b'\x8c\x0c__defaults__)s\x86b.')
+  with pytest.raises(UnsafeCheckpointError, match='BUILD'):
+    safe_loads(build_on_global)
+
+
+def test_plain_values_and_records_load():
+  obj = {'a': (1, 2.5, 'x', b'y', None, True), 's': {1, 2},
+         'od': collections.OrderedDict(k=[np.float32(1.5)]),
+         'dd': collections.defaultdict(list, {'m': [(1, np.arange(3))]})}
+  out = safe_loads(pickle.dumps(obj, protocol=5))
+  assert out['a'] == obj['a'] and out['s'] == {1, 2}
+  assert out['od'] == obj['od'] and type(out['od']) is collections.OrderedDict
+  assert type(out['dd']) is collections.defaultdict
+  np.testing.assert_array_equal(out['dd']['m'][0][1], np.arange(3))
+  assert type(out['dd']['m'][0][1]) is np.ndarray
+
+
+def test_truncated_pickle_is_reported_as_corrupted():
+  data = pickle.dumps({'flat_weights': [np.arange(100.0)]})
+  with pytest.raises(CheckpointCorruptedError, match='truncated'):
+    safe_load(io.BytesIO(data[:len(data) // 2]))

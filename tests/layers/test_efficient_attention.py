@@ -1,0 +1,386 @@
+"""Tests of the efficient-attention array functions, SelfAttention and EncDecAttention."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.test_util import check_grads
+import numpy as np
+import pytest
+
+from retrax.layers import efficient_attention as ea
+from retrax.layers.base import LayerError
+from retrax.shapes import signature
+
+import efficient_attention_refs as refs
+
+
+def _normal(seed, shape):
+  return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)
+
+
+def _init(layer, x, seed=1):
+  return layer.init(signature(x), rng=jax.random.PRNGKey(seed))
+
+
+# --- array functions -------------------------------------------------------------
+
+
+def test_length_normalized_gives_unit_rms():
+  x = np.asarray(_normal(0, (5, 7)))
+  got = ea.length_normalized(x)
+  want = x / np.sqrt(np.mean(x**2, -1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_look_adjacent_wraps_around():
+  x = np.arange(4 * 2).reshape(4, 2)  # 4 chunks of 2
+  got = np.asarray(ea.look_adjacent(x, 1, 1))
+  for c in range(4):
+    want = np.concatenate([x[(c - 1) % 4], x[c], x[(c + 1) % 4]])
+    np.testing.assert_array_equal(got[c], want)
+  assert ea.look_adjacent(x, 0, 0) is x
+
+
+@pytest.mark.parametrize('n_buckets', [6, [4, 6]])
+def test_hash_vecs_is_argmax_of_rotations(n_buckets):
+  vecs = np.asarray(_normal(0, (10, 5)))
+  rng = jax.random.PRNGKey(3)
+  buckets, total = ea.hash_vecs(vecs, n_buckets, 3, rng)
+  factors = [n_buckets] if isinstance(n_buckets, int) else n_buckets
+  rot = np.asarray(jax.random.normal(rng, (5, 3, sum(factors) // 2)))
+  want, start, radix = 0, 0, 1
+  for f in factors:
+    r = np.einsum('tf,fhb->htb', vecs, rot[..., start:start + f // 2])
+    want = want + radix * np.argmax(np.concatenate([r, -r], -1), -1)
+    start, radix = start + f // 2, radix * f
+  assert total == int(np.prod(factors))
+  assert buckets.shape == (3, 10) and buckets.dtype == jnp.int32
+  np.testing.assert_array_equal(buckets, want)
+
+
+def test_hash_vecs_rejects_odd_bucket_counts():
+  with pytest.raises(ValueError, match='even'):
+    ea.hash_vecs(np.ones((2, 3), np.float32), 5, 1, jax.random.PRNGKey(0))
+
+
+def test_mask_self_attention_penalties():
+  dots = np.zeros((1, 3), np.float32)
+  q_info = np.array([[1]])
+  kv_info = np.array([[0, 1, -2]])
+  got = np.asarray(ea.mask_self_attention(dots, q_info, kv_info, causal=True,
+                                          exclude_self=True, masked=True))
+  np.testing.assert_allclose(got, [[0., -1e5, -1e9]])
+  got = ea.mask_self_attention(dots, np.array([[0]]), np.array([[1, 0, 2]]))
+  np.testing.assert_allclose(got, [[-1e9, -1e5, -1e9]])
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_attend_chunked_shared_qk_matches_reference(causal):
+  q = np.asarray(_normal(0, (12, 4)))
+  v = np.asarray(_normal(1, (12, 3)))
+  mask_fn = functools.partial(ea.mask_self_attention, causal=causal,
+                              exclude_self=True)
+  out, lse = ea.attend(q, None, v, q_chunk_len=4, n_chunks_before=1,
+                       mask_fn=mask_fn)
+  k = refs.rms_normalize(q.astype(np.float64)) / 2.0
+  for i in range(12):
+    c = i // 4
+    idx = np.concatenate([np.arange(4) + ((c - 1) % 3) * 4,
+                          np.arange(4) + c * 4])
+    o_i, lse_i = refs.attend_one(q[i], k[idx], v[idx], i, idx, causal, True)
+    np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+
+
+def test_attend_rejects_bad_chunking():
+  with pytest.raises(ValueError, match='divisible'):
+    ea.attend(np.ones((5, 2)), np.ones((5, 2)), np.ones((5, 2)),
+              q_chunk_len=2, kv_chunk_len=2)
+
+
+def test_apply_broadcasted_dropout_shares_mask_across_rows():
+  x = np.ones((6, 50), np.float32)
+  y = np.asarray(ea.apply_broadcasted_dropout(x, 0.4, jax.random.PRNGKey(0)))
+  assert set(np.unique(y)) <= {0.0, np.float32(1 / 0.6)}
+  np.testing.assert_array_equal(y, np.broadcast_to(y[:1], y.shape))
+  assert ea.apply_broadcasted_dropout(x, 0.0, None) is x
+
+
+@pytest.mark.parametrize('permute', ['gather', 'sort'])
+def test_permutations_and_their_gradients(permute):
+  perm = np.array([2, 0, 3, 1], np.int32)
+  inv = np.argsort(perm).astype(np.int32)
+  val = np.asarray(_normal(0, (4, 3)))
+  w = np.asarray(_normal(1, (4, 3)))
+  if permute == 'gather':
+    f = lambda x: ea.permute_via_gather(x, perm, inv)
+  else:  # sorting by keys `inv` puts element perm[i] at i.
+    f = lambda x: ea.permute_via_sort(x.T, inv, perm, axis=-1).T
+  np.testing.assert_allclose(f(val), val[perm])
+  grad = jax.grad(lambda x: jnp.sum(w * f(x)))(val)
+  np.testing.assert_allclose(grad, w[inv])
+
+
+# --- SelfAttention -----------------------------------------------------------------
+
+SA_CASES = [
+    dict(causal=True),
+    dict(causal=False, share_qk=True, bias=True),
+    dict(causal=True, chunk_len=4, n_chunks_before=1),
+    dict(causal=False, chunk_len=4, n_chunks_before=1, n_chunks_after=1),
+    dict(causal=True, chunk_len=4, n_chunks_before=2, share_qk=True),
+    dict(causal=False, chunk_len=5, n_chunks_before=1, masked=True),
+    dict(causal=True, chunk_len=4, n_chunks_before=1, masked=True, bias=True),
+]
+
+
+@pytest.mark.parametrize('case', SA_CASES)
+def test_self_attention_matches_local_window_reference(case):
+  x = _normal(0, (2, 12, 6))
+  layer = ea.SelfAttention(n_heads=3, d_qk=4, d_v=5, mode='eval', **case)
+  inputs = x
+  mask = None
+  if case.get('masked'):
+    mask = np.ones((2, 12), bool)
+    mask[0, 9:] = False
+    mask[1, [1, 5]] = False  # (Trax leaves padding at positions 0, 1 unmasked)
+    inputs = (x, mask)
+  weights, state = _init(layer, inputs)
+  got, _ = jax.jit(layer.pure_fn)(inputs, weights, state, jax.random.PRNGKey(0))
+  ref_kwargs = {k: v for k, v in case.items() if k != 'masked'}
+  want = refs.local_self_attention(np.asarray(x), weights, mask=mask,
+                                   **ref_kwargs)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_self_attention_weight_layout_and_init():
+  x = jnp.zeros((3, 8, 32))
+  layer = ea.SelfAttention(n_heads=2, d_qk=16, d_v=16)
+  (w_q, w_k, w_v, w_o), state = _init(layer, x)
+  assert state == ()
+  assert w_q.shape == w_k.shape == w_v.shape == (2, 32, 16)
+  assert w_o.shape == (2, 16, 32)
+  lim = np.sqrt(6.0 / (32 + 16 * 2))
+  for w in (w_q, w_k, w_v, w_o):
+    assert w.dtype == jnp.float32 and float(jnp.max(jnp.abs(w))) <= lim
+  # Trax's per-head keys: split(rng, n_heads), then split(head_rng, 4).
+  head_rng = jax.random.split(jax.random.PRNGKey(1), 2)[1]
+  rng_v = jax.random.split(head_rng, 4)[2]
+  want = jax.random.uniform(rng_v, (32, 16), jnp.float32, -lim, lim)
+  np.testing.assert_array_equal(w_v[1], want)
+  shared = ea.SelfAttention(n_heads=2, d_qk=16, d_v=8, share_qk=True,
+                            bias=True)
+  shapes = [w.shape for w in _init(shared, x)[0]]
+  assert shapes == [(2, 32, 16), (2, 32, 8), (2, 8, 32), (2, 16), (2, 8)]
+
+
+def _forward_backward(layer, x, weights, state):
+  def f(x, w):
+    return layer.pure_fn(x, w, state, jax.random.PRNGKey(7))
+  out, vjp, new_state = jax.vjp(f, x, weights, has_aux=True)
+  ct = _normal(9, out.shape)
+  return out, new_state, vjp(ct)
+
+
+_BATCHING_KWARGS = dict(n_heads=6, d_qk=7, d_v=5, causal=True, chunk_len=5,
+                        n_chunks_before=1, attention_dropout=0.2,
+                        output_dropout=0.1, mode='train')
+
+
+@pytest.fixture(scope='module')
+def batching_reference():
+  """Output, state and gradients of the reference code (plain autodiff)."""
+  x = _normal(0, (2, 10, 13))
+  ref = ea.SelfAttention(use_reference_code=True, **_BATCHING_KWARGS)
+  weights, state = _init(ref, x)
+  assert not ref.has_backward
+  want = jax.jit(functools.partial(_forward_backward, ref))(x, weights, state)
+  return x, weights, state, want
+
+
+@pytest.mark.parametrize('n_parallel_heads,python_loop', [
+    (None, False), (1, False), (3, True), (12, False)])
+def test_self_attention_batching_matches_reference_code(
+    batching_reference, n_parallel_heads, python_loop):
+  x, weights, state, want = batching_reference
+  layer = ea.SelfAttention(n_parallel_heads=n_parallel_heads,
+                           use_python_loop=python_loop, **_BATCHING_KWARGS)
+  assert layer.has_backward
+  got = jax.jit(functools.partial(_forward_backward, layer))(x, weights, state)
+  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def test_self_attention_custom_backward_check_grads():
+  layer = ea.SelfAttention(n_heads=2, d_qk=3, d_v=3, causal=True, chunk_len=3,
+                           n_chunks_before=1, share_qk=True, mode='eval')
+  with jax.enable_x64(True):
+    x = np.random.RandomState(0).normal(size=(2, 9, 4))
+    weights, state = _init(layer, x.astype(np.float32))
+    weights = tuple(np.asarray(w, np.float64) for w in weights)
+    f = jax.jit(lambda x, w: layer.pure_fn(x, w, state,
+                                           jax.random.PRNGKey(0))[0])
+    check_grads(f, (x, weights), order=1, modes=['rev'])
+
+
+def test_self_attention_grad_keeps_masks_non_differentiable():
+  layer = ea.SelfAttention(n_heads=2, d_qk=3, d_v=3, masked=True, chunk_len=4)
+  x = _normal(0, (1, 8, 4))
+  mask = np.array([[1, 1, 1, 1, 1, 0, 0, 0]], np.int32)
+  weights, state = _init(layer, (x, mask))
+  f = lambda x: jnp.sum(layer.pure_fn((x, mask), weights, state,
+                                      jax.random.PRNGKey(0))[0])
+  grad = jax.jit(jax.grad(f))(x)
+  assert grad.shape == x.shape and np.all(np.isfinite(grad))
+
+
+@pytest.mark.parametrize('kwargs,length,step', [
+    (dict(chunk_len=5, n_chunks_before=1), 23, 1),
+    (dict(chunk_len=4, n_chunks_before=2, share_qk=True), 14, 1),
+    (dict(predict_mem_len=16, predict_drop_len=4), 12, 1),
+    (dict(chunk_len=4, n_chunks_before=1), 12, 2),
+])
+def test_self_attention_eval_equals_predict(kwargs, length, step):
+  x = _normal(0, (2, length, 6))
+  common = dict(n_heads=2, d_qk=4, d_v=3, causal=True, **kwargs)
+  eval_layer = ea.SelfAttention(mode='eval', **common)
+  weights, state = _init(eval_layer, x)
+  want, _ = jax.jit(eval_layer.pure_fn)(x, weights, state,
+                                        jax.random.PRNGKey(0))
+  got = refs.predict_outputs(ea.SelfAttention(mode='predict', **common), x,
+                             weights, jax.random.PRNGKey(0), step)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_self_attention_predict_prompt_then_tokens():
+  x = _normal(0, (1, 12, 6))
+  common = dict(n_heads=2, d_qk=4, d_v=3, causal=True, chunk_len=4,
+                n_chunks_before=1)
+  eval_layer = ea.SelfAttention(mode='eval', **common)
+  weights, state = _init(eval_layer, x)
+  want, _ = jax.jit(eval_layer.pure_fn)(x, weights, state,
+                                        jax.random.PRNGKey(0))
+  layer = ea.SelfAttention(mode='predict', **common)
+  _, state = layer.init(signature(x[:, :1]))
+  call = jax.jit(layer.pure_fn)
+  outs = []
+  y, state = call(x[:, :6], weights, state, jax.random.PRNGKey(0))
+  outs.append(y)
+  for t in range(6, 12):
+    y, state = call(x[:, t:t + 1], weights, state, jax.random.PRNGKey(0))
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), want, rtol=1e-4,
+                             atol=1e-4)
+
+
+def test_self_attention_errors_are_clear():
+  with pytest.raises(ValueError, match='causal=True'):
+    ea.SelfAttention(mode='predict')
+  with pytest.raises(ValueError, match='mode must be one of'):
+    ea.SelfAttention(mode='test')
+  with pytest.raises(ValueError, match='multiple or a divisor'):
+    ea.SelfAttention(n_heads=4, n_parallel_heads=3)
+  with pytest.raises(ValueError, match='need chunk_len'):
+    ea.SelfAttention(n_chunks_before=1)
+  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=4)
+  weights, state = _init(layer, jnp.zeros((1, 4, 8)))
+  with pytest.raises(LayerError, match='d_model 6 but the weights expect 8'):
+    layer.pure_fn(jnp.zeros((1, 4, 6)), weights, state, jax.random.PRNGKey(0))
+  with pytest.raises(LayerError, match=r'shape \[batch, length, d_model\]'):
+    layer.pure_fn(jnp.zeros((4, 8)), weights, state, jax.random.PRNGKey(0))
+  masked = ea.SelfAttention(n_heads=2, d_qk=4, d_v=4, masked=True)
+  weights, state = _init(masked, (jnp.zeros((1, 4, 8)), jnp.ones((1, 4))))
+  with pytest.raises(LayerError, match=r'mask must have shape \(batch, length'):
+    masked.pure_fn((jnp.zeros((1, 4, 8)), jnp.ones((1, 5))), weights, state,
+                   jax.random.PRNGKey(0))
+
+
+def test_self_attention_subclass_forward_unbatched_is_used():
+  """The Coursera lab overrides forward_unbatched; both code paths call it."""
+  calls = []
+
+  class Doubled(ea.SelfAttention):
+
+    def forward_unbatched(self, x, mask=None, *, weights, state, rng,
+                          update_state):
+      calls.append((self._n_heads, self._d_qk, self._causal, update_state))
+      out, state = super().forward_unbatched(
+          x, mask, weights=weights, state=state, rng=rng,
+          update_state=update_state)
+      return 2 * out, state
+
+  x = _normal(0, (1, 6, 4))
+  for reference in (True, False):
+    plain = ea.SelfAttention(n_heads=2, d_qk=3, d_v=3, causal=True)
+    weights, state = _init(plain, x)
+    layer = Doubled(n_heads=2, d_qk=3, d_v=3, causal=True,
+                    use_reference_code=reference)
+    _init(layer, x)
+    want, _ = jax.jit(plain.pure_fn)(x, weights, state, jax.random.PRNGKey(0))
+    got, _ = jax.jit(layer.pure_fn)(x, weights, state, jax.random.PRNGKey(0))
+    np.testing.assert_allclose(got, 2 * want, rtol=1e-6)
+  assert calls and all(c == (2, 3, True, True) for c in calls)
+
+
+def test_self_attention_memory_is_linear_in_length():
+  """Chunked attention's compiled fwd+bwd temp memory grows ~linearly."""
+  def temp_bytes(length):
+    layer = ea.SelfAttention(n_heads=2, d_qk=16, d_v=16, causal=True,
+                             chunk_len=64, n_chunks_before=1)
+    x = jax.ShapeDtypeStruct((1, length, 32), jnp.float32)
+    weights, state = layer.init(x)
+    loss = lambda x, w: jnp.sum(layer.pure_fn(x, w, state,
+                                              jax.random.PRNGKey(0))[0])
+    compiled = jax.jit(jax.grad(loss, (0, 1))).lower(x, weights).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+  ratio = temp_bytes(8192) / temp_bytes(2048)
+  assert ratio < 4.5, ratio
+
+
+def test_self_attention_matches_golden_reformerlm_copy():
+  """Trax 1.4.1's ReformerLM (default SelfAttention) logits, layer under test."""
+  weights, state, data = refs.read_golden('reformerlm_copy')
+  layer = ea.SelfAttention(n_heads=2, d_qk=16, d_v=16, causal=True,
+                           mode='eval')
+
+  def attention(h, w, s):
+    layer.init(signature(h.astype(np.float32)))
+    return np.asarray(jax.jit(layer.pure_fn)(h.astype(np.float32), w, s,
+                                             jax.random.PRNGKey(0))[0])
+
+  logits = refs.reformer_lm_logits(weights, state, data['inputs'], attention,
+                                   n_attn_weights=4, n_attn_state=0)
+  np.testing.assert_allclose(logits, data['logits'], rtol=1e-4, atol=1e-4)
+
+
+# --- EncDecAttention ---------------------------------------------------------------
+
+
+def test_enc_dec_attention_matches_reference():
+  q_in, kv_in = _normal(0, (2, 5, 6)), _normal(1, (2, 7, 4))
+  mask = np.ones((2, 7), bool)
+  mask[0, 4:] = False
+  mask[1, 0] = False
+  layer = ea.EncDecAttention(n_heads=2, d_qk=3, d_v=3, mode='eval')
+  weights, state = _init(layer, (q_in, kv_in, mask))
+  assert [w.shape for w in weights] == [(2, 6, 3), (2, 4, 3), (2, 4, 3),
+                                        (2, 3, 6)]
+  got, _ = jax.jit(layer.pure_fn)((q_in, kv_in, mask), weights, state,
+                                  jax.random.PRNGKey(0))
+  want = np.zeros((2, 5, 6))
+  for w_q, w_k, w_v, w_o in zip(*[np.asarray(w, np.float64) for w in weights]):
+    for b in range(2):
+      q = np.asarray(q_in[b]) @ w_q
+      k = np.asarray(kv_in[b]) @ w_k / np.sqrt(3)
+      v = np.asarray(kv_in[b]) @ w_v
+      for i in range(5):
+        o, _ = refs.attend_one(q[i], k, v, 0, np.zeros(7), False, False,
+                               mask[b])
+        want[b, i] += o @ w_o
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # Unmasked: padding keys now count.
+  unmasked = ea.EncDecAttention(n_heads=2, d_qk=3, d_v=3, masked=False)
+  got2, _ = jax.jit(unmasked.pure_fn)((q_in, kv_in), weights, state,
+                                      jax.random.PRNGKey(0))
+  assert not np.allclose(got2, got)

@@ -1,0 +1,130 @@
+"""Checkpoints: exact resume (also after SIGKILL), corruption fallback, formats."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import resume_worker
+import supervised_toys as toys
+from retrax.checkpoints import CheckpointCorruptedError
+from retrax.supervised import metrics_log
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+def _metrics(output_dir):
+  return [(r['step'], r['mode'], r['metric'], r['value'])
+          for r in metrics_log.read_jsonl(os.path.join(output_dir,
+                                                        'metrics.jsonl'))]
+
+
+def _assert_same_run(loop, ref):
+  for a, b in zip(toys.leaves(loop.model.weights),
+                  toys.leaves(ref.model.weights)):
+    np.testing.assert_array_equal(a, b)
+  assert loop.history.to_dict() == ref.history.to_dict()
+  assert loop.step == ref.step
+
+
+def test_resume_in_process_continues_exactly(tmp_path, capsys):
+  ref = resume_worker.run(str(tmp_path / 'ref'), 14)
+  # Run to step 8, then drop the loop without saving (as if killed): the
+  # newest checkpoint is step 6; a new loop resumes there and redoes 7, 8.
+  first = resume_worker.run(str(tmp_path / 'run'), 8)
+  del first
+  second = resume_worker.make_loop(str(tmp_path / 'run'))
+  assert second.step == 6
+  assert 'Resumed from checkpoint' in capsys.readouterr().out
+  second.run(14 - second.step)
+  _assert_same_run(second, ref)
+  assert _metrics(tmp_path / 'run') == _metrics(tmp_path / 'ref')
+  # Rolling checkpoints keep the newest 2; permanent ones (1, 10) stay.
+  assert sorted(n for n in os.listdir(tmp_path / 'run') if n[0] in 'cm') == [
+      'ckpt_000000012', 'ckpt_000000014', 'metrics.jsonl', 'model_000000001',
+      'model_000000010']
+
+
+def test_corrupted_checkpoint_is_reported_and_the_previous_one_used(
+    tmp_path, capsys):
+  out = str(tmp_path)
+  resume_worker.run(out, 6)
+  arrays = [f for f in os.listdir(os.path.join(out, 'ckpt_000000006'))
+            if f.endswith('.safetensors')][0]
+  path = os.path.join(out, 'ckpt_000000006', arrays)
+  with open(path, 'r+b') as f:  # Truncate the newest checkpoint's arrays.
+    f.truncate(os.path.getsize(path) // 2)
+  capsys.readouterr()
+  loop = resume_worker.make_loop(out)
+  report = capsys.readouterr().out
+  assert 'Checkpoint of step 6' in report and 'skipped' in report
+  assert loop.step == 3
+  with pytest.raises(CheckpointCorruptedError):
+    loop.load_checkpoint(filename='ckpt_000000006')
+  assert loop.step == 3  # Nothing of the damaged checkpoint was loaded.
+
+
+def test_trax_format_export_and_native_init_from_file(tmp_path):
+  out = str(tmp_path)
+  loop = resume_worker.run(out, 3)
+  pkl = loop.export_trax_checkpoint('model')
+  assert pkl.endswith('model.pkl.gz')
+  other = resume_worker.make_loop(None)
+  other.load_checkpoint(directory=out, filename='model')
+  assert other.step == 3
+  for a, b in zip(toys.leaves(other.model.weights),
+                  toys.leaves(loop.model.weights)):
+    np.testing.assert_array_equal(a, b)
+  assert other.history.to_dict() == loop.history.to_dict()
+  # A native training checkpoint is a layer file too.
+  fresh = toys.mlp(mode='eval')
+  fresh.init_from_file(os.path.join(out, 'ckpt_000000003'))
+  for a, b in zip(toys.leaves(fresh.weights), toys.leaves(loop.model.weights)):
+    np.testing.assert_array_equal(a, b)
+
+
+def _run_killed(output_dir, n_steps, kill_at_steps, result, env):
+  """Runs the worker, SIGKILLing it right after each step in `kill_at_steps`."""
+  cmd = [sys.executable, os.path.join(_HERE, 'resume_worker.py'), output_dir,
+         str(n_steps), result]
+  rng = random.Random(0)
+  for kill_at in kill_at_steps:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+    for line in proc.stdout:
+      if line.startswith('step ') and int(line.split()[1]) >= kill_at:
+        if rng.random() < 0.5:  # Sometimes let it get into the next step.
+          for _ in range(rng.randint(1, 30000)):
+            pass
+        proc.send_signal(signal.SIGKILL)
+        break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize('kill_at_steps', [
+    pytest.param([4], id='one-kill'),
+    pytest.param([2, 6, 9, 13], id='four-kills', marks=pytest.mark.slow),
+])
+def test_sigkilled_run_resumes_with_the_same_weights_and_history(
+    tmp_path, kill_at_steps):
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT,
+                                       env.get('PYTHONPATH', '')])
+  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  n_steps = 16
+  result = str(tmp_path / 'killed.npz')
+  _run_killed(str(tmp_path / 'run'), n_steps, kill_at_steps, result, env)
+  ref = resume_worker.run(str(tmp_path / 'ref'), n_steps)
+  got = np.load(result)
+  assert json.loads(str(got['history'])) == json.loads(
+      json.dumps(ref.history.to_dict()))
+  for i, want in enumerate(toys.leaves(ref.model.weights)):
+    np.testing.assert_array_equal(got[f'arr_{i}'], want)
+  assert _metrics(tmp_path / 'run') == _metrics(tmp_path / 'ref')
