@@ -5,6 +5,16 @@
 
 from retrax import fastmath as fastmath
 from retrax import layers as layers
+from retrax import lr as lr
+from retrax import optimizers as optimizers
 from retrax import shapes as shapes
 
 __version__ = '0.1.0'
+
+
+def __getattr__(name):
+  # Heavier subpackages load on first use (`trax.models`, `trax.supervised`, `trax.data`).
+  import importlib  # pylint: disable=g-import-not-at-top
+  if name in ('models', 'supervised', 'data'):
+    return importlib.import_module(f'retrax.{name}')
+  raise AttributeError(f'module retrax has no attribute {name!r}')

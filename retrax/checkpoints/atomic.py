@@ -10,6 +10,23 @@ import os
 import tempfile
 
 
+def _read_umask():
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+# mkstemp creates files readable by the owner only; finished files get the
+# permissions an ordinary open() would give them.
+_FILE_MODE = 0o666 & ~_read_umask()
+
+
+def set_default_permissions(fd):
+  """Gives a file made by `tempfile.mkstemp` the usual umask-based mode."""
+  with contextlib.suppress(OSError):
+    os.fchmod(fd, _FILE_MODE)
+
+
 def fsync_dir(path):
   """Flushes a directory entry (a rename or create in it) to disk."""
   try:
@@ -36,6 +53,7 @@ def atomic_write(path):
       dir=directory, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
   try:
     with os.fdopen(fd, 'wb') as f:
+      set_default_permissions(f.fileno())
       yield f
       f.flush()
       os.fsync(f.fileno())

@@ -46,6 +46,7 @@ import safetensors.numpy as st_numpy
 
 from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints.atomic import fsync_dir
+from retrax.checkpoints.atomic import set_default_permissions
 from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
@@ -247,11 +248,13 @@ def save_native(path, trees, metadata=None):
       message names its path.
   """
   path = os.fspath(path)
-  if not isinstance(trees, dict) or not all(
-      isinstance(k, str) and k and '/' not in k for k in trees):
-    raise TypeError(
-        f'trees must be a dict keyed by non-empty names without "/"; got '
-        f'{type(trees).__name__} with keys {list(trees)[:5] if isinstance(trees, dict) else ""}.')
+  if not isinstance(trees, dict):
+    raise TypeError(f'trees must be a dict of named trees; got '
+                    f'{type(trees).__name__}.')
+  bad = [k for k in trees if not (isinstance(k, str) and k and '/' not in k)]
+  if bad:
+    raise TypeError(f'tree names must be non-empty str without "/"; got '
+                    f'{bad!r}.')
   encoder = _Encoder()
   nodes = {name: encoder.encode(tree, name) for name, tree in trees.items()}
   user_metadata = _jsonable(dict(metadata or {}), 'metadata')
@@ -267,6 +270,7 @@ def save_native(path, trees, metadata=None):
   try:
     st_numpy.save_file(encoder.arrays, tmp)
     with open(tmp, 'rb+') as f:
+      set_default_permissions(f.fileno())
       os.fsync(f.fileno())
     digest = _file_sha256(tmp)
     size = os.path.getsize(tmp)

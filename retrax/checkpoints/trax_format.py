@@ -299,7 +299,9 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
     flat_eval_state: list of the eval model's state arrays.
     history_dict: `{mode: {metric: [(step, value), ...]}}` or Trax's
       `History.to_dict()` form.
-    slots_per_task: list (one per task) of flat lists of slot arrays.
+    slots_per_task: list (one per task) of flat lists of slot arrays; an
+      empty list is stored inline (no slot files), so Trax restores weights and
+      state and keeps fresh optimizer slots.
     input_signature: ShapeDtype or tuple of them (the model's inputs).
     compresslevel: gzip level of the npy files (Trax: 2, or 0 for the
       memory-efficient trainer); recorded in the pickle as Trax does.
@@ -323,7 +325,7 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
       'flat_state': _arrays(flat_state, 'flat_state'),
       'flat_eval_state': _arrays(flat_eval_state, 'flat_eval_state'),
       'history': _trax_history(history_dict),
-      'slots_per_task': compresslevel,
+      'slots_per_task': compresslevel if slots_per_task else [],
       'input_signature': _signature(input_signature),
       'version_timestamp': LOOP_VERSION_TIMESTAMP,
   }

@@ -29,7 +29,6 @@ import jax
 import numpy as np
 
 from retrax import checkpoints as ckpt_lib
-from retrax.checkpoints import native
 
 ROLLING_PREFIX = 'ckpt_'
 PERMANENT_PREFIX = 'model_'
@@ -58,11 +57,11 @@ def save_training_checkpoint(path, trees, step, history_dict, batches, kind):
 
 
 def rolling_path(output_dir, step):
-  return native.checkpoint_path(output_dir, step, ROLLING_PREFIX)
+  return ckpt_lib.checkpoint_path(output_dir, step, ROLLING_PREFIX)
 
 
 def permanent_path(output_dir, step):
-  return native.checkpoint_path(output_dir, step, PERMANENT_PREFIX)
+  return ckpt_lib.checkpoint_path(output_dir, step, PERMANENT_PREFIX)
 
 
 def rotate(output_dir, keep):

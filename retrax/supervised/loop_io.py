@@ -7,9 +7,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from retrax.checkpoints import native
-from retrax.checkpoints import tree as ckpt_tree
-from retrax.checkpoints.errors import TreeStructureError
+from retrax import checkpoints as ckpt_lib
 from retrax.supervised import checkpointing
 from retrax.supervised import history as trax_history
 from retrax.supervised import metrics_log
@@ -182,7 +180,7 @@ class LoopIO:
         return self._load_trax(trax_path) if trax_path else None
     else:
       path = os.path.join(directory, filename)
-      if not native.is_native_checkpoint(path):
+      if not ckpt_lib.is_native_checkpoint(path):
         trax_path = checkpointing.trax_checkpoint_path(directory, filename)
         if trax_path is None:
           raise FileNotFoundError(
@@ -196,7 +194,7 @@ class LoopIO:
     restore = checkpointing.restore_like
     states = self._task_states
     if len(trees['slots']) != len(states):
-      raise TreeStructureError(
+      raise ckpt_lib.TreeStructureError(
           f'{path} holds {len(trees["slots"])} training task(s); this loop has '
           f'{len(states)}.')
     replicate = self._parallel.replicate
@@ -222,24 +220,24 @@ class LoopIO:
   def _load_trax(self, path):
     """Loads weights, state, slots, step and history from a Trax checkpoint."""
     d = checkpointing.read_trax_checkpoint(path)
-    self._weights = self._parallel.replicate(ckpt_tree.unflatten_like(
+    self._weights = self._parallel.replicate(ckpt_lib.unflatten_like(
         d['flat_weights'], self._weights, what='weights'))
     if d['flat_state'] is not None:
-      self._state = self._parallel.replicate(ckpt_tree.unflatten_like(
+      self._state = self._parallel.replicate(ckpt_lib.unflatten_like(
           d['flat_state'], self._state, what='state'))
     if d['flat_eval_state'] is not None:
-      self._eval_state = self._parallel.replicate(ckpt_tree.unflatten_like(
+      self._eval_state = self._parallel.replicate(ckpt_lib.unflatten_like(
           d['flat_eval_state'], self._eval_state, what='eval_state'))
     for t, flat in zip(self._task_states, d['slots']):
-      leaves = ckpt_tree.tree_leaves(t.slots)
+      leaves = ckpt_lib.tree_leaves(t.slots)
       present = [i for i, x in enumerate(leaves) if x is not None]
       if len(present) != len(flat):
-        raise TreeStructureError(
+        raise ckpt_lib.TreeStructureError(
             f'{path}: {len(flat)} optimizer slot arrays for an optimizer with '
             f'{len(present)}; was it written with another optimizer?')
       for i, x in zip(present, flat):
         leaves[i] = x
-      t.slots = self._parallel.replicate(ckpt_tree.unflatten_like(
+      t.slots = self._parallel.replicate(ckpt_lib.unflatten_like(
           leaves, t.slots, what='slots'))
     history = trax_history.History.from_dict(d['history'])
     self._restore_position(int(d['step'] or 0), history, {})
@@ -282,7 +280,7 @@ class LoopIO:
     self._check_pending()
     if self._output_dir is None or not self._is_chief:
       return None
-    leaves = ckpt_tree.tree_leaves
+    leaves = ckpt_lib.tree_leaves
     return checkpointing.write_trax_checkpoint(
         os.path.join(self._output_dir, basename), self._step,
         leaves(self._weights), leaves(self._state), leaves(self._eval_state),

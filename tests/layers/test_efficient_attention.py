@@ -23,6 +23,18 @@ def _init(layer, x, seed=1):
   return layer.init(signature(x), rng=jax.random.PRNGKey(seed))
 
 
+def _weights(n_heads, d_model, d_qk, d_v, share_qk=False, bias=False, seed=0):
+  """Random SelfAttention weights in Trax's layout (cheaper than init)."""
+  rng = np.random.RandomState(seed)
+  shapes = [(d_model, d_qk)] + ([] if share_qk else [(d_model, d_qk)]) + [
+      (d_model, d_v), (d_v, d_model)]
+  if bias:
+    shapes += [(d_qk,)] + ([] if share_qk else [(d_qk,)]) + [(d_v,)]
+  return tuple(
+      (rng.normal(size=(n_heads,) + shp) / np.sqrt(shp[0])).astype(np.float32)
+      for shp in shapes)
+
+
 # --- array functions -------------------------------------------------------------
 
 
@@ -138,7 +150,7 @@ SA_CASES = [
 @pytest.mark.parametrize('case', SA_CASES)
 def test_self_attention_matches_local_window_reference(case):
   x = _normal(0, (2, 12, 6))
-  layer = ea.SelfAttention(n_heads=3, d_qk=4, d_v=5, mode='eval', **case)
+  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, mode='eval', **case)
   inputs = x
   mask = None
   if case.get('masked'):
@@ -146,8 +158,9 @@ def test_self_attention_matches_local_window_reference(case):
     mask[0, 9:] = False
     mask[1, [1, 5]] = False  # (Trax leaves padding at positions 0, 1 unmasked)
     inputs = (x, mask)
-  weights, state = _init(layer, inputs)
-  got, _ = jax.jit(layer.pure_fn)(inputs, weights, state, jax.random.PRNGKey(0))
+  weights = _weights(2, 6, 4, 3, case.get('share_qk', False),
+                     case.get('bias', False))
+  got, _ = jax.jit(layer.pure_fn)(inputs, weights, (), jax.random.PRNGKey(0))
   ref_kwargs = {k: v for k, v in case.items() if k != 'masked'}
   want = refs.local_self_attention(np.asarray(x), weights, mask=mask,
                                    **ref_kwargs)
@@ -156,7 +169,7 @@ def test_self_attention_matches_local_window_reference(case):
 
 def test_self_attention_weight_layout_and_init():
   x = jnp.zeros((3, 8, 32))
-  layer = ea.SelfAttention(n_heads=2, d_qk=16, d_v=16)
+  layer = ea.SelfAttention(n_heads=2, d_qk=16, d_v=16)  # the golden sizes
   (w_q, w_k, w_v, w_o), state = _init(layer, x)
   assert state == ()
   assert w_q.shape == w_k.shape == w_v.shape == (2, 32, 16)
@@ -183,7 +196,7 @@ def _forward_backward(layer, x, weights, state):
   return out, new_state, vjp(ct)
 
 
-_BATCHING_KWARGS = dict(n_heads=6, d_qk=7, d_v=5, causal=True, chunk_len=5,
+_BATCHING_KWARGS = dict(n_heads=6, d_qk=4, d_v=3, causal=True, chunk_len=5,
                         n_chunks_before=1, attention_dropout=0.2,
                         output_dropout=0.1, mode='train')
 
@@ -191,9 +204,9 @@ _BATCHING_KWARGS = dict(n_heads=6, d_qk=7, d_v=5, causal=True, chunk_len=5,
 @pytest.fixture(scope='module')
 def batching_reference():
   """Output, state and gradients of the reference code (plain autodiff)."""
-  x = _normal(0, (2, 10, 13))
+  x = _normal(0, (2, 10, 6))
   ref = ea.SelfAttention(use_reference_code=True, **_BATCHING_KWARGS)
-  weights, state = _init(ref, x)
+  weights, state = _weights(6, 6, 4, 3), ()
   assert not ref.has_backward
   want = jax.jit(functools.partial(_forward_backward, ref))(x, weights, state)
   return x, weights, state, want
@@ -213,23 +226,22 @@ def test_self_attention_batching_matches_reference_code(
 
 
 def test_self_attention_custom_backward_check_grads():
-  layer = ea.SelfAttention(n_heads=2, d_qk=3, d_v=3, causal=True, chunk_len=3,
+  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, causal=True, chunk_len=3,
                            n_chunks_before=1, share_qk=True, mode='eval')
   with jax.enable_x64(True):
-    x = np.random.RandomState(0).normal(size=(2, 9, 4))
-    weights, state = _init(layer, x.astype(np.float32))
-    weights = tuple(np.asarray(w, np.float64) for w in weights)
-    f = jax.jit(lambda x, w: layer.pure_fn(x, w, state,
+    x = np.random.RandomState(0).normal(size=(2, 9, 6))
+    weights = tuple(w.astype(np.float64) for w in _weights(2, 6, 4, 3, True))
+    f = jax.jit(lambda x, w: layer.pure_fn(x, w, (),
                                            jax.random.PRNGKey(0))[0])
     check_grads(f, (x, weights), order=1, modes=['rev'])
 
 
 def test_self_attention_grad_keeps_masks_non_differentiable():
-  layer = ea.SelfAttention(n_heads=2, d_qk=3, d_v=3, masked=True, chunk_len=4)
-  x = _normal(0, (1, 8, 4))
+  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, masked=True, chunk_len=4)
+  x = _normal(0, (1, 8, 6))
   mask = np.array([[1, 1, 1, 1, 1, 0, 0, 0]], np.int32)
-  weights, state = _init(layer, (x, mask))
-  f = lambda x: jnp.sum(layer.pure_fn((x, mask), weights, state,
+  weights = _weights(2, 6, 4, 3)
+  f = lambda x: jnp.sum(layer.pure_fn((x, mask), weights, (),
                                       jax.random.PRNGKey(0))[0])
   grad = jax.jit(jax.grad(f))(x)
   assert grad.shape == x.shape and np.all(np.isfinite(grad))
@@ -245,9 +257,8 @@ def test_self_attention_eval_equals_predict(kwargs, length, step):
   x = _normal(0, (2, length, 6))
   common = dict(n_heads=2, d_qk=4, d_v=3, causal=True, **kwargs)
   eval_layer = ea.SelfAttention(mode='eval', **common)
-  weights, state = _init(eval_layer, x)
-  want, _ = jax.jit(eval_layer.pure_fn)(x, weights, state,
-                                        jax.random.PRNGKey(0))
+  weights = _weights(2, 6, 4, 3, kwargs.get('share_qk', False))
+  want, _ = jax.jit(eval_layer.pure_fn)(x, weights, (), jax.random.PRNGKey(0))
   got = refs.predict_outputs(ea.SelfAttention(mode='predict', **common), x,
                              weights, jax.random.PRNGKey(0), step)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -258,9 +269,8 @@ def test_self_attention_predict_prompt_then_tokens():
   common = dict(n_heads=2, d_qk=4, d_v=3, causal=True, chunk_len=4,
                 n_chunks_before=1)
   eval_layer = ea.SelfAttention(mode='eval', **common)
-  weights, state = _init(eval_layer, x)
-  want, _ = jax.jit(eval_layer.pure_fn)(x, weights, state,
-                                        jax.random.PRNGKey(0))
+  weights = _weights(2, 6, 4, 3)
+  want, _ = jax.jit(eval_layer.pure_fn)(x, weights, (), jax.random.PRNGKey(0))
   layer = ea.SelfAttention(mode='predict', **common)
   _, state = layer.init(signature(x[:, :1]))
   call = jax.jit(layer.pure_fn)
@@ -283,14 +293,13 @@ def test_self_attention_errors_are_clear():
     ea.SelfAttention(n_heads=4, n_parallel_heads=3)
   with pytest.raises(ValueError, match='need chunk_len'):
     ea.SelfAttention(n_chunks_before=1)
-  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=4)
-  weights, state = _init(layer, jnp.zeros((1, 4, 8)))
+  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3)
+  weights, state = _weights(2, 8, 4, 3), ()
   with pytest.raises(LayerError, match='d_model 6 but the weights expect 8'):
     layer.pure_fn(jnp.zeros((1, 4, 6)), weights, state, jax.random.PRNGKey(0))
   with pytest.raises(LayerError, match=r'shape \[batch, length, d_model\]'):
     layer.pure_fn(jnp.zeros((4, 8)), weights, state, jax.random.PRNGKey(0))
-  masked = ea.SelfAttention(n_heads=2, d_qk=4, d_v=4, masked=True)
-  weights, state = _init(masked, (jnp.zeros((1, 4, 8)), jnp.ones((1, 4))))
+  masked = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, masked=True)
   with pytest.raises(LayerError, match=r'mask must have shape \(batch, length'):
     masked.pure_fn((jnp.zeros((1, 4, 8)), jnp.ones((1, 5))), weights, state,
                    jax.random.PRNGKey(0))
@@ -310,17 +319,16 @@ def test_self_attention_subclass_forward_unbatched_is_used():
           update_state=update_state)
       return 2 * out, state
 
-  x = _normal(0, (1, 6, 4))
+  x = _normal(0, (1, 6, 6))
+  weights = _weights(2, 6, 4, 3)
+  plain = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, causal=True)
+  want, _ = jax.jit(plain.pure_fn)(x, weights, (), jax.random.PRNGKey(0))
   for reference in (True, False):
-    plain = ea.SelfAttention(n_heads=2, d_qk=3, d_v=3, causal=True)
-    weights, state = _init(plain, x)
-    layer = Doubled(n_heads=2, d_qk=3, d_v=3, causal=True,
+    layer = Doubled(n_heads=2, d_qk=4, d_v=3, causal=True,
                     use_reference_code=reference)
-    _init(layer, x)
-    want, _ = jax.jit(plain.pure_fn)(x, weights, state, jax.random.PRNGKey(0))
-    got, _ = jax.jit(layer.pure_fn)(x, weights, state, jax.random.PRNGKey(0))
+    got, _ = jax.jit(layer.pure_fn)(x, weights, (), jax.random.PRNGKey(0))
     np.testing.assert_allclose(got, 2 * want, rtol=1e-6)
-  assert calls and all(c == (2, 3, True, True) for c in calls)
+  assert calls and all(c == (2, 4, True, True) for c in calls)
 
 
 def test_self_attention_memory_is_linear_in_length():
@@ -345,7 +353,6 @@ def test_self_attention_matches_golden_reformerlm_copy():
                            mode='eval')
 
   def attention(h, w, s):
-    layer.init(signature(h.astype(np.float32)))
     return np.asarray(jax.jit(layer.pure_fn)(h.astype(np.float32), w, s,
                                              jax.random.PRNGKey(0))[0])
 

@@ -20,9 +20,14 @@ except ImportError:  # tests/ is not a package: import the sibling module.
 RNG = jax.random.PRNGKey(0)
 
 
+_JITTED = {}
+
+
 def fwd(layer, x, rng=RNG):
   """Runs `layer` on `x` under jit with its own weights and state."""
-  return jax.jit(layer.pure_fn)(x, layer.weights, layer.state, rng)[0]
+  if layer not in _JITTED:
+    _JITTED[layer] = jax.jit(layer.pure_fn)
+  return _JITTED[layer](x, layer.weights, layer.state, rng)[0]
 
 
 def randn(*shape, seed=0):

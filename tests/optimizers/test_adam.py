@@ -2,6 +2,7 @@
 
 import glob
 import gzip
+import pathlib
 
 import numpy as np
 import pytest
@@ -67,11 +68,13 @@ def _read_npy_records(path):
         return arrays
 
 
-_GOLDEN = sorted(glob.glob('/work/shared/golden/*/model.opt_slots0.npy.gz'))
+_GOLDEN_DIR = pathlib.Path(__file__).parents[1] / 'fixtures' / 'golden'
+_GOLDEN = sorted(glob.glob(str(_GOLDEN_DIR / '*' / 'model.opt_slots0.npy.gz')))
 
 
 @pytest.mark.skipif(not _GOLDEN, reason='Trax golden checkpoints not present')
-@pytest.mark.parametrize('slots_path', _GOLDEN)
+@pytest.mark.parametrize('slots_path', _GOLDEN,
+                         ids=[pathlib.Path(p).parent.name for p in _GOLDEN])
 def test_slot_layout_maps_onto_trax_adam_checkpoint(slots_path):
   weights = _read_npy_records(slots_path.replace('opt_slots0', 'weights'))
   trax_slots = _read_npy_records(slots_path)

@@ -1,0 +1,83 @@
+"""Converting between Trax checkpoints and retrax native checkpoints.
+
+`retrax convert SRC DST [--to native|trax]` calls `convert`.
+
+Trax -> native writes the trees `weights`, `state`, `eval_state` (flat lists
+in Trax's order), `trax_slots` (Trax's flat optimizer slots per task) and
+`input_signature`, with `step`, `history` and `converted_from` in the
+metadata. `Layer.init_from_file` reads the result.
+
+native -> Trax writes the `Loop` layout (`DST.pkl.gz`, `DST.weights.npy.gz`,
+and `DST.opt_slots{i}.npy.gz` when the checkpoint has `trax_slots`). A
+retrax training checkpoint's optax state is not in Trax's slot layout, so it
+is left out: Trax then restores weights and state and starts fresh slots.
+"""
+
+import os
+
+from retrax.checkpoints import native
+from retrax.checkpoints import trax_format
+from retrax.checkpoints.tree import tree_leaves
+
+FORMATS = ('native', 'trax')
+
+
+def _shape_dtype():
+  from retrax.shapes import ShapeDtype  # pylint: disable=g-import-not-at-top
+  return ShapeDtype
+
+
+def trax_to_native(src, dst):
+  """Converts a Trax `.pkl.gz` (any layout) to a native checkpoint directory."""
+  ckpt = trax_format.read_trax_checkpoint(src, restore_bfloat16=True,
+                                          shape_dtype_factory=_shape_dtype())
+  trees = {'weights': ckpt['flat_weights'],
+           'state': ckpt['flat_state'] or [],
+           'eval_state': ckpt['flat_eval_state'] or [],
+           'trax_slots': ckpt['slots']}
+  if ckpt['input_signature'] is not None:
+    trees['input_signature'] = ckpt['input_signature']
+  metadata = {'step': ckpt['step'], 'history': ckpt['history'],
+              'converted_from': {'format': f'trax-{ckpt["format"]}',
+                                 'file': os.path.basename(os.fspath(src))}}
+  return native.save_native(dst, trees, metadata)
+
+
+def native_to_trax(src, dst):
+  """Converts a native checkpoint to Trax's `Loop` layout; returns the .pkl.gz."""
+  ckpt = native.load_native(src, shape_dtype_factory=_shape_dtype())
+  trees, meta = ckpt.trees, ckpt.metadata
+  if 'weights' not in trees:
+    raise ValueError(f'{src} has no "weights" tree; trees: {sorted(trees)}.')
+  state = tree_leaves(trees.get('state', ()))
+  eval_state = tree_leaves(trees['eval_state']) if 'eval_state' in trees else (
+      state)
+  slots = [tree_leaves(s) for s in trees.get('trax_slots', [])]
+  step = meta.get('step')
+  return trax_format.write_trax_loop_checkpoint(
+      dst, 0 if step is None else step, tree_leaves(trees['weights']), state,
+      eval_state, meta.get('history') or {}, slots,
+      trees.get('input_signature'))
+
+
+def convert(src, dst, to=None):
+  """Converts `src` into the other format (or `to`), written at `dst`.
+
+  Args:
+    src: a Trax checkpoint file or a native checkpoint directory.
+    dst: the native directory, or the Trax basename (`.pkl.gz` optional).
+    to: 'native' or 'trax'; by default the format `src` is not in.
+
+  Returns:
+    The path written (native directory or `.pkl.gz` file).
+  """
+  src, dst = os.fspath(src), os.fspath(dst)
+  if not os.path.exists(src):
+    raise FileNotFoundError(f'no checkpoint at {src}')
+  source = 'native' if native.is_native_checkpoint(src) else 'trax'
+  to = to or ('trax' if source == 'native' else 'native')
+  if to not in FORMATS:
+    raise ValueError(f'to must be one of {FORMATS}; got {to!r}.')
+  if to == source:
+    raise ValueError(f'{src} is already a {source} checkpoint.')
+  return native_to_trax(src, dst) if to == 'trax' else trax_to_native(src, dst)
