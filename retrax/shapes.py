@@ -79,9 +79,10 @@ def splice_signatures(*sigs):
 
 
 def assert_shape_equals(array, shape):
-  """Raises AssertionError unless `array.shape == shape`."""
-  assert array.shape == tuple(shape), (
-      f'Invalid shape {array.shape}; expected {tuple(shape)}.')
+  """Raises AssertionError unless `array.shape == shape` (also under `python -O`)."""
+  if tuple(array.shape) != tuple(shape):
+    raise AssertionError(
+        f'Invalid shape {tuple(array.shape)}; expected {tuple(shape)}.')
 
 
 def assert_same_shape(array1, array2):

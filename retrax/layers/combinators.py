@@ -7,8 +7,6 @@ needs; `Residual(F)` is `Serial(Branch(None, F), Add())`.
 
 import copy
 
-import jax
-
 from retrax import fastmath
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
@@ -330,7 +328,7 @@ class Scan(base.Layer):
       x_and_carry = x_and_carry[0] if len(x_and_carry) == 1 else x_and_carry
       with in_sublayer(self, 0):
         res, new_state = self.sublayer.pure_fn(
-            x_and_carry, weights, state, jax.random.fold_in(rng, i))
+            x_and_carry, weights, state, fastmath.random.fold_in(rng, i))
       res = _make_tuple(res)
       if n_carry > 0:
         return (res[-n_carry:], new_state, i + 1), res[:-n_carry]
@@ -344,10 +342,10 @@ class Scan(base.Layer):
     else:
       xs, carry = inputs, ()
     if self._remat:
-      step = jax.checkpoint(step)
+      step = fastmath.remat(step)
     xs = tuple(jnp.moveaxis(x, self._axis, 0) for x in xs)
     init = (tuple(carry), self.state[0], jnp.array(0, dtype=jnp.int32))
-    (carry, new_state, _), ys = jax.lax.scan(step, init, xs)
+    (carry, new_state, _), ys = fastmath.scan(step, init, xs)
     ys = tuple(jnp.moveaxis(y, 0, self._axis) for y in ys)
     res = ys + tuple(carry)
     state_carry = tuple(carry) if self._mode == 'predict' and n_carry else ()
@@ -432,7 +430,7 @@ class Cond(base.Layer):
         out, s2 = self._false.pure_fn(ins, weights[2], s2, rngs[2])
       return out, (s1, s2)
 
-    out, (s1, s2) = jax.lax.cond(jnp.reshape(c, ()).astype(bool), run_true,
+    out, (s1, s2) = fastmath.cond(jnp.reshape(c, ()).astype(bool), run_true,
                                  run_false, (ins, (state[1], state[2])))
     self.state = (s0, s1, s2)
     return outputs_onto_stack(out, stack, n)

@@ -344,5 +344,5 @@ def EncoderDecoderMask():  # pylint: disable=invalid-name
                        ' with shape (batch_size, decoder_sequence_length, '
                        f'd_model); got shape {decoder_input.shape}.')
     mask = mask.reshape((mask.shape[0], 1, 1, mask.shape[-1]))
-    return mask + jnp.zeros((1, 1, decoder_input.shape[1], 1))
+    return mask + jnp.zeros((1, 1, decoder_input.shape[1], 1), jnp.float32)
   return Fn('EncoderDecoderMask', f)

@@ -46,9 +46,9 @@ def _weight_sum(weights):
   return jnp.sum(weights)
 
 
-def _non_nan(x):
-  """Replaces NaNs (from 0/0) by 0."""
-  return jnp.where(jnp.isnan(x), 0., x)
+def _div_or_zero(num, den):
+  """num / den, and 0 where den is 0 (Trax computes 0/0 = NaN, then sets 0)."""
+  return jnp.where(den == 0, 0., num / jnp.where(den == 0, 1, den))
 
 
 # --- category metrics (model outputs are activation vectors) -----------------
@@ -316,15 +316,15 @@ def _precision_recall(predictions, targets, k):
   """Per-category counts, precision and recall, summed over axis 0 as in Trax."""
   n_correct = jnp.sum((predictions == k) & (targets == k), axis=0)
   n_k_predictions = jnp.sum(predictions == k, axis=0)
-  precision = _non_nan(n_correct / n_k_predictions)
+  precision = _div_or_zero(n_correct, n_k_predictions)
   n_k_targets = jnp.sum(targets == k, axis=0)
-  recall = _non_nan(n_correct / n_k_targets)
+  recall = _div_or_zero(n_correct, n_k_targets)
   return n_correct, n_k_predictions, n_k_targets, precision, recall
 
 
 def _f_score(precision, recall, beta2):
-  return _non_nan(
-      (beta2 + 1) * (precision * recall) / ((beta2 * precision) + recall))
+  return _div_or_zero((beta2 + 1) * (precision * recall),
+                      (beta2 * precision) + recall)
 
 
 def _per_category_f_scores(model_output, targets, beta, initial_category_index):

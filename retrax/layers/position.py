@@ -2,10 +2,11 @@
 
 Each layer adds position information to `(batch, length, d)` activations.
 In 'predict' mode a layer keeps the index of the next position in `state`
-and each call encodes the next `length` positions. Going past the last
-position a layer can encode raises a ValueError when the call runs eagerly;
-under `jax.jit` (the index is traced) the read is clamped to the last
-positions instead (as in Trax).
+and each call encodes the next `length` positions. For the tables of
+`PositionalEncoding` and `AxialPositionalEncoding`, going past their last
+position raises a ValueError when the call runs eagerly; under `jax.jit`
+(the index is traced) the read is clamped to the last rows instead, as in
+Trax.
 """
 
 import functools

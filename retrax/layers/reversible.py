@@ -121,33 +121,47 @@ def _sequence_point(tree):
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _tie_key_to(rng, data):
-  """Returns `rng` made (formally) data-dependent on `data`, with the same value.
+def _tie_to(tree, data):
+  """Returns `tree` (weights, rng) made data-dependent on `data`, values unchanged.
 
-  XLA:CPU drops optimization barriers before scheduling, so without a data
-  dependency it generates every layer's random bits (e.g. all dropout masks)
-  up front and keeps them alive: O(depth) memory. XORing the key with
-  `probe != probe` (0 unless a probed element of `data` is NaN, one element
-  per array) forces each layer's randomness to wait for its inputs.
+  XLA:CPU drops optimization barriers before it schedules, and then runs
+  work that depends only on weights or rngs (bias broadcasts, dropout
+  masks) for all layers up front, keeping it alive: O(depth) memory. Here
+  every float leaf is multiplied by `1 + (e - e)` and every uint32 key is
+  XORed with `(e - e) != 0`, where `e` ranges over one element of each float
+  array in `data`: exactly the same values unless `data` holds a NaN or inf
+  at a probed element (then the result is NaN anyway), but the layer's work
+  can now start only once `data` exists.
   """
-  if rng is None or not isinstance(rng, jax.core.Tracer):
-    return rng
+  if not any(isinstance(x, jax.core.Tracer)
+             for x in jax.tree_util.tree_leaves((tree, data))):
+    return tree
   probes = [x for x in jax.tree_util.tree_leaves(data)
             if isinstance(x, jax.Array) and x.size and
             jnp.issubdtype(x.dtype, jnp.floating)]
   if not probes:
-    return rng
-  flag = None
-  for x in probes:
-    e = jax.lax.slice(jnp.reshape(x, (-1,)), (0,), (1,))[0]
-    flag = (e != e) if flag is None else (flag | (e != e))
-  if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    data_ = jax.random.key_data(rng)
-    data_ = data_ ^ flag.astype(data_.dtype)
-    return jax.random.wrap_key_data(data_, impl=jax.random.key_impl(rng))
-  if not jnp.issubdtype(rng.dtype, jnp.unsignedinteger):
-    return rng
-  return rng ^ flag.astype(rng.dtype)
+    return tree
+  zero = sum(_probe(x) for x in probes)  # 0.0, or NaN for a non-finite probe
+  one, flag = 1.0 + zero, zero != 0.0
+
+  def tie(x):
+    if not isinstance(x, jax.Array):
+      return x
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      data_ = jax.random.key_data(x)
+      return jax.random.wrap_key_data(data_ ^ flag.astype(data_.dtype),
+                                      impl=jax.random.key_impl(x))
+    if jnp.issubdtype(x.dtype, jnp.floating):
+      return x * one.astype(x.dtype)
+    if x.dtype == jnp.uint32:
+      return x ^ flag.astype(x.dtype)
+    return x
+  return jax.tree_util.tree_map(tie, tree)
+
+
+def _probe(x):
+  e = jax.lax.slice(jnp.reshape(x, (-1,)), (0,), (1,))[0].astype(jnp.float32)
+  return e - e
 
 
 def _as_tuple(xs):
@@ -636,7 +650,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     stack, new_state = xs, []
     for i, layer in enumerate(self.sublayers):
       w, s, r, stack = _sequence_point((weights[i], state[i], rngs[i], stack))
-      r = _tie_key_to(r, stack)
+      w, r = _tie_to((w, r), stack)
       with in_sublayer(self, i):
         _check_depth(layer, stack, layer.n_in, 'inputs')
         inputs = cb.inputs_from_stack(stack, layer.n_in)
@@ -667,7 +681,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
             (w, s, ns, r, stack, stack_ct, prev_w_ct))
         if i + 1 < n:
           weights_ct[i + 1] = prev_w_ct
-        r = _tie_key_to(r, (stack, stack_ct))
+        w, r = _tie_to((w, r), (stack, stack_ct, prev_w_ct))
       with in_sublayer(self, i):
         _check_depth(layer, stack, layer.n_out, 'outputs to reverse')
         y = cb.inputs_from_stack(stack, layer.n_out)

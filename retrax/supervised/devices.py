@@ -22,6 +22,7 @@ import random
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -120,5 +121,13 @@ class DataParallel:
                  for x in batch)
 
   def replicate(self, tree):
-    """Copies every array of `tree` to every device of the mesh."""
-    return jax.device_put(tree, self.replicated)
+    """Copies every array of `tree` to every device of the mesh.
+
+    The result never shares buffers with `tree`, so donating it to a training
+    step deletes nothing the caller still holds.
+    """
+    try:
+      return jax.device_put(tree, self.replicated, may_alias=False)
+    except TypeError:  # JAX before 0.4.36: no may_alias.
+      return jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True),
+                                    jax.device_put(tree, self.replicated))

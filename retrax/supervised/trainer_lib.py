@@ -108,7 +108,7 @@ def _with_weights(stream, has_weights, id_to_mask):
   """Appends loss weights (1, or 0 where targets == id_to_mask) when missing."""
   for batch in stream:
     batch = tuple(batch)
-    if not has_weights:
+    if has_weights is False:
       targets = np.asarray(batch[-1])
       weights = (np.ones(targets.shape, np.float32) if id_to_mask is None else
                  (targets != id_to_mask).astype(np.float32))
@@ -145,9 +145,10 @@ class Trainer:
     checkpoint_highest, checkpoint_lowest: eval metric names for extra
       `highest_<name>` / `lowest_<name>` checkpoints.
     init_checkpoint: a checkpoint file whose weights start training.
-    has_weights: whether batches carry loss weights; if False, weights of 1
-      (0 at targets equal to `id_to_mask`) are appended.
-    id_to_mask: target id whose positions get weight 0 (with has_weights False).
+    has_weights: Trax 1.2's flag: False appends loss weights to each batch
+      (1, or 0 where the targets equal `id_to_mask`); True or None (Trax 1.4,
+      which has no such flag) take batches as they are.
+    id_to_mask: target id whose positions get weight 0 (with has_weights=False).
     progress_bar: show a progress bar while training (default off, as Trax).
   """
 
@@ -156,7 +157,7 @@ class Trainer:
                checkpoints_at=None, should_save_checkpoints=True,
                should_write_summaries=True, metrics=None,
                checkpoint_highest=None, checkpoint_lowest=None,
-               init_checkpoint=None, has_weights=False, id_to_mask=None,
+               init_checkpoint=None, has_weights=None, id_to_mask=None,
                nontrainable_param_map=None, *, keep_checkpoints=3,
                progress_bar=False):
     del nontrainable_param_map  # Trax 1.2 RL-era option; schedules set lr only.
@@ -190,7 +191,7 @@ class Trainer:
     model_eval = _make_model(self._model_fn, 'eval')
     shapes_, dtypes = self._inputs.example_shape_dtype
     sample = tuple(np.zeros(s, d) for s, d in zip(shapes_, dtypes))
-    if not self._has_weights:
+    if self._has_weights is False:
       sample = sample + (np.ones(np.shape(sample[-1]), np.float32),)
     if init_checkpoint:
       signature = tuple(ShapeDtype(x.shape, x.dtype) for x in sample)

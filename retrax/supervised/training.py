@@ -238,6 +238,13 @@ class Loop(loop_io.LoopIO):
     loss_sig = step_fn.loss_signature(
         weights, (self._model.state, loss_layer.state),
         shapes.signature(tuple(task.sample_batch)), self._rng)
+    if isinstance(loss_sig, (tuple, list)):
+      raise ValueError(
+          f'The model and loss layer {loss_layer.name} leave '
+          f'{len(loss_sig)} items on the stack for a batch of '
+          f'{len(task.sample_batch)} items; the batch must hold the model\'s '
+          f'{self._model.n_in} input(s) plus the {loss_layer.n_in - 1} '
+          'other input(s) of the loss (targets, weights).')
     if loss_sig.shape:
       raise ValueError(
           f'The loss layer {loss_layer.name} must return a scalar; it returns '

@@ -19,23 +19,32 @@ def rms_normalize(x, eps=1e-6):
   return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + eps)
 
 
-def logsumexp(a):
+def logsumexp32(a):
+  """Log-sum-exp of float32 values, the result rounded to float32 (as XLA's)."""
+  a = np.asarray(a, np.float32)
   m = np.max(a)
-  return m + np.log(np.sum(np.exp(a - m)))
+  return np.float32(m) + np.float32(
+      np.log(np.sum(np.exp(a.astype(np.float64) - np.float64(m)))))
 
 
 def attend_one(q, keys, values, q_pos, k_pos, causal, exclude_self,
                k_valid=None):
-  """Softmax attention of one query; returns (output, logsumexp of logits)."""
-  logits = keys @ q
+  """Softmax attention of one query; returns (output, logsumexp of logits).
+
+  Logits, Trax's additive penalties and the log-normaliser are float32, as in
+  Trax: near -1e5 float32 resolves only 1/128, so a query that sees nothing
+  but (copies of) itself gets weights that sum to 1 only within ~0.4%.
+  """
+  logits = np.asarray(keys @ q, np.float32)
   if causal:
-    logits = logits - 1e9 * (k_pos > q_pos)
+    logits = logits - np.float32(1e9) * (k_pos > q_pos)
   if exclude_self:
-    logits = logits - 1e5 * (k_pos == q_pos)
+    logits = logits - np.float32(1e5) * (k_pos == q_pos)
   if k_valid is not None:
-    logits = logits - 1e9 * (~k_valid)
-  lse = logsumexp(logits)
-  return np.exp(logits - lse) @ values, lse
+    logits = logits - np.float32(1e9) * (~k_valid)
+  lse = logsumexp32(logits)
+  probs = np.exp(logits.astype(np.float64) - np.float64(lse))
+  return probs @ values, lse
 
 
 def _heads(weights):
@@ -127,8 +136,10 @@ def lsh_attention(x, weights, buckets, *, n_heads, n_hashes, chunk_len,
                               valid[k_pos] if mask is not None else None)
         round_out[item // length, p] = o_s
         round_lse[item // length, p] = lse
-      w = np.exp(round_lse - round_lse.max(0))
-      w = w / w.sum(0)
+      # Rounds merge by softmax over their float32 log-normalisers (Trax).
+      round_lse = round_lse.astype(np.float32)
+      total = np.array([logsumexp32(round_lse[:, p]) for p in range(length)])
+      w = np.exp(round_lse.astype(np.float64) - total.astype(np.float64))
       out[b] += np.sum(w[..., None] * round_out, axis=0) @ w_o
   return out
 

@@ -87,7 +87,7 @@ def test_dot_product_attention_matches_numpy_with_mask():
   q, k, v = randn(3, 5, 4, seed=1), randn(3, 7, 4, seed=2), randn(3, 7, 6, seed=3)
   mask = np.random.RandomState(4).rand(3, 5, 7) > 0.3
   mask[..., 0] = True  # every query sees at least one key
-  out, weights = attn.dot_product_attention(q, k, v, mask)
+  out, weights = jax.jit(attn.dot_product_attention)(q, k, v, mask)
   want_out, want_w = np_attention(q, k, v, mask)
   close(out, want_out)
   close(weights, want_w)
@@ -98,7 +98,8 @@ def test_dot_product_attention_matches_numpy_with_mask():
 
 def test_per_head_attention_is_trax_positional_signature():
   q = randn(2, 3, 4)
-  out, _ = attn._per_head_attention(q, q, q, None, 0.0, 'eval', None)
+  per_head = jax.jit(attn._per_head_attention, static_argnums=(3, 4, 5, 6))
+  out, _ = per_head(q, q, q, None, 0.0, 'eval', None)
   close(out, np_attention(q, q, q)[0])
 
 
@@ -132,8 +133,9 @@ def test_attention_dropout_train_uses_bernoulli_keep_mask():
 
 def test_attention_dropout_rate_is_respected_statistically():
   x = randn(4, 64, 8)
-  _, w = attn.dot_product_attention(x, x, x, None, dropout=0.25, mode='train',
-                                    rng=RNG)
+  attend = jax.jit(attn.dot_product_attention,
+                   static_argnames=('dropout', 'mode'))
+  _, w = attend(x, x, x, None, dropout=0.25, mode='train', rng=RNG)
   dropped = float(np.mean(np.asarray(w) == 0.0))
   assert abs(dropped - 0.25) < 0.02
 
@@ -174,7 +176,7 @@ def _padding_mask(batch, length, n_pad):
   return mask
 
 
-@pytest.mark.parametrize('n_heads', [1, 2, 4])
+@pytest.mark.parametrize('n_heads', [1, 4])
 def test_attention_matches_numpy(n_heads):
   x = randn(2, 6, 8)
   mask = _padding_mask(2, 6, 2)
@@ -317,16 +319,29 @@ def test_causal_attention_eval_equals_predict(n_heads, first_chunk):
                                            first_chunk=first_chunk)
 
 
-@pytest.mark.parametrize('first_chunk', [1, 13])
-def test_blockwise_cache_attention_eval_equals_predict(first_chunk):
-  # 30 cache slots in blocks of 8: the last block is clamped (overlaps).
+@pytest.mark.parametrize('first_chunk', [1, 5])
+def test_dot_product_causal_attention_eval_equals_predict(first_chunk):
   def make(mode):
     return cb.Serial(
         cb.Branch(core.Dense(4), core.Dense(4), core.Dense(4)),
-        attn.DotProductCausalAttention(max_inference_length=30,
-                                       predict_block_len=8, mode=mode))
-  predict_utils.assert_eval_equals_predict(make, randn(3, 30, 4), atol=1e-5,
+        attn.DotProductCausalAttention(max_inference_length=11, mode=mode))
+  predict_utils.assert_eval_equals_predict(make, randn(3, 11, 4), atol=1e-5,
                                            first_chunk=first_chunk)
+
+
+def test_attention_qkv_cached_kv_eval_equals_predict():
+  # Encoder-decoder attention: queries arrive one by one, keys and values
+  # (the encoder output) are computed on the first call and cached.
+  xq, xkv = randn(2, 6, 8, seed=1), randn(2, 4, 8, seed=2)
+  mask = _padding_mask(2, 4, 1)
+  make = functools.partial(attn.AttentionQKV, 8, n_heads=2,
+                           cache_KV_in_predict=True)
+  predict_utils.assert_eval_equals_predict(make, (xq, xkv, xkv, mask),
+                                           atol=1e-5, seq_input=0)
+  layer = make(mode='predict')
+  w, _ = layer.init((ShapeDtype(xq.shape), ShapeDtype(xkv.shape),
+                     ShapeDtype(xkv.shape), ShapeDtype(mask.shape, bool)))
+  assert _shapes(w[1][0][1]) == (((8, 8), (8,)),)  # Cache(Dense)
 
 
 def test_causal_attention_with_dconv_eval_equals_predict():
@@ -456,3 +471,26 @@ def test_causal_attention_weight_tree_matches_trax_layout():
   # weights 4-11: the first decoder block's attention).
   flat = [tuple(a.shape) for a in jax.tree_util.tree_leaves(w)]
   assert flat == [(32, 32), (32,)] * 4
+
+
+# --- the eval-vs-predict helper itself -------------------------------------------
+
+
+def test_predict_helper_detects_a_predict_mode_mismatch():
+  # ShiftRight shifts in eval mode but is the identity in predict mode, so
+  # feeding predict mode the unshifted inputs must be caught.
+  def make(mode):
+    return cb.Serial(attn.ShiftRight(mode=mode), core.Dense(3))
+  x = randn(1, 4, 3)
+  with pytest.raises(AssertionError, match='predict mode differs'):
+    predict_utils.assert_eval_equals_predict(make, x)
+  predict_utils.assert_eval_equals_predict(
+      make, x, predict_inputs=predict_utils.shift_right(x))
+
+
+def test_predict_helper_eval_on_prefixes_and_partial_decode():
+  make = functools.partial(attn.CausalAttention, 4, n_heads=2,
+                           max_inference_length=8)
+  worst = predict_utils.assert_eval_equals_predict(
+      make, randn(2, 8, 4), n_steps=5, first_chunk=2, eval_on_prefixes=True)
+  assert worst < 1e-5

@@ -196,7 +196,7 @@ def _forward_backward(layer, x, weights, state):
   return out, new_state, vjp(ct)
 
 
-_BATCHING_KWARGS = dict(n_heads=6, d_qk=4, d_v=3, causal=True, chunk_len=5,
+_BATCHING_KWARGS = dict(n_heads=4, d_qk=4, d_v=3, causal=True, chunk_len=5,
                         n_chunks_before=1, attention_dropout=0.2,
                         output_dropout=0.1, mode='train')
 
@@ -206,14 +206,14 @@ def batching_reference():
   """Output, state and gradients of the reference code (plain autodiff)."""
   x = _normal(0, (2, 10, 6))
   ref = ea.SelfAttention(use_reference_code=True, **_BATCHING_KWARGS)
-  weights, state = _weights(6, 6, 4, 3), ()
+  weights, state = _weights(4, 6, 4, 3), ()
   assert not ref.has_backward
   want = jax.jit(functools.partial(_forward_backward, ref))(x, weights, state)
   return x, weights, state, want
 
 
 @pytest.mark.parametrize('n_parallel_heads,python_loop', [
-    (None, False), (1, False), (3, True), (12, False)])
+    (None, False), (1, False), (2, True), (4, False)])
 def test_self_attention_batching_matches_reference_code(
     batching_reference, n_parallel_heads, python_loop):
   x, weights, state, want = batching_reference
@@ -248,7 +248,7 @@ def test_self_attention_grad_keeps_masks_non_differentiable():
 
 
 @pytest.mark.parametrize('kwargs,length,step', [
-    (dict(chunk_len=5, n_chunks_before=1), 23, 1),
+    (dict(chunk_len=5, n_chunks_before=1), 13, 1),
     (dict(chunk_len=4, n_chunks_before=2, share_qk=True), 14, 1),
     (dict(predict_mem_len=16, predict_drop_len=4), 12, 1),
     (dict(chunk_len=4, n_chunks_before=1), 12, 2),
@@ -327,7 +327,7 @@ def test_self_attention_subclass_forward_unbatched_is_used():
     layer = Doubled(n_heads=2, d_qk=4, d_v=3, causal=True,
                     use_reference_code=reference)
     got, _ = jax.jit(layer.pure_fn)(x, weights, (), jax.random.PRNGKey(0))
-    np.testing.assert_allclose(got, 2 * want, rtol=1e-6)
+    np.testing.assert_allclose(got, 2 * want, rtol=1e-5, atol=1e-5)
   assert calls and all(c == (2, 4, True, True) for c in calls)
 
 

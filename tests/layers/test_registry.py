@@ -2,7 +2,8 @@
 
 Each case is (id, constructor, input specs). For every case the sweep checks
 that `init` works from a signature alone, that the outputs' shapes and dtypes
-equal `output_signature`, that `jax.jit(layer.pure_fn)` equals the eager call,
+equal `output_signature`, that `jax.jit(layer.pure_fn)` equals the eager call
+(op by op under `fastmath.use_backend('numpy')`, so no XLA is involved),
 and, for layers with float outputs and weights (or `grads=True`), that reverse-
 mode gradients w.r.t. the float inputs and weights match finite differences
 (`jax.test_util.check_grads`, order 1, in float64 via `jax.enable_x64`).
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from retrax import fastmath
 from retrax import shapes
 from retrax.layers import activation_fns as af
 from retrax.layers import base
@@ -216,44 +218,79 @@ def check_gradients(layer, inputs, weights, state, rng):
       return y
 
     args = (to64([inputs[i] for i in float_pos]), to64(weights))
-    jtu.check_grads(f, args, order=1, modes=('rev',), atol=1e-5, rtol=1e-5,
+    jtu.check_grads(jax.jit(f), args, order=1, modes=("rev",), atol=1e-5,
+                    rtol=1e-5,
                     eps=1e-6)
 
 
-@pytest.mark.parametrize('make, specs, grads', CASES)
-def test_layer(make, specs, grads, capsys):
+def setup_case(make, specs):
   layer = make()
   rs = np.random.RandomState(0)
   sig = pack([s.signature for s in specs]) if specs else ()
   inputs = [s.draw(rs) for s in specs]
   x = pack(inputs) if inputs else ()
-  rng = jax.random.PRNGKey(1)
-
   weights, state = layer.init(sig, rng=jax.random.PRNGKey(0))
-  expected_sig = layer.output_signature(sig)
+  return layer, sig, inputs, x, weights, state
 
-  eager, new_state = layer.pure_fn(x, weights, state, rng)
-  assert shapes.signature(eager) == expected_sig
-  jitted, jit_state = jax.jit(layer.pure_fn)(x, weights, state, rng)
-  for a, b in zip(jax.tree_util.tree_leaves((eager, new_state)),
-                  jax.tree_util.tree_leaves((jitted, jit_state))):
-    np.testing.assert_allclose(np.asarray(a, np.float64),
-                               np.asarray(b, np.float64), rtol=1e-5, atol=1e-6)
-  # __call__ gives the same outputs as pure_fn with the layer's own weights.
-  layer.state = state
-  called = layer(x, rng=rng)
-  for a, b in zip(jax.tree_util.tree_leaves(eager),
-                  jax.tree_util.tree_leaves(called)):
-    np.testing.assert_allclose(np.asarray(a, np.float64),
-                               np.asarray(b, np.float64), rtol=1e-6)
 
+def wants_grads(grads, weights, outputs):
+  """Gradient check for layers with weights and float outputs, or if asked."""
+  if grads is not None:
+    return grads
   has_weights = any(is_float(w) for w in jax.tree_util.tree_leaves(weights))
-  float_out = all(is_float(y) for y in jax.tree_util.tree_leaves(eager))
-  if grads is None:
-    grads = has_weights and float_out
-  if grads:
-    check_gradients(layer, inputs, weights, state, rng)
+  return has_weights and all(
+      is_float(y) for y in jax.tree_util.tree_leaves(outputs))
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+  leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_allclose(np.asarray(x, np.float64),
+                               np.asarray(y, np.float64), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize('make, specs, grads', CASES)
+def test_signature_jit_and_eager_agree(make, specs, grads, capsys):
+  """Output signature == jitted outputs' signature; jit == eager (NumPy backend)."""
+  del grads
+  layer, sig, _, x, weights, state = setup_case(make, specs)
+  rng = jax.random.PRNGKey(1)
+  expected_sig = layer.output_signature(sig)
+  jitted, jit_state = jax.jit(layer.pure_fn)(x, weights, state, rng)
+  assert shapes.signature(jitted) == expected_sig
+  # Eager, op by op, on NumPy: the same numbers without XLA.
+  with fastmath.use_backend('numpy'):
+    eager, new_state = layer.pure_fn(x, weights, state, rng)
+    assert_trees_close((eager, new_state), (jitted, jit_state))
+    # __call__ gives pure_fn's outputs with the layer's own weights and
+    # stores the new state.
+    layer.state = state
+    called = layer(x, rng=rng)
+    assert_trees_close(called, eager, rtol=0, atol=0)
+    assert_trees_close(layer.state, new_state, rtol=0, atol=0)
   capsys.readouterr()  # PrintShape output
+
+
+WEIGHTED = [c for c in CASES if c.values[2] is None]
+FORCED = [c for c in CASES if c.values[2]]
+
+
+@pytest.mark.parametrize('make, specs, grads', WEIGHTED)
+def test_gradients_of_layers_with_weights(make, specs, grads):
+  layer, _, inputs, x, weights, state = setup_case(make, specs)
+  rng = jax.random.PRNGKey(1)
+  outputs, _ = layer.pure_fn(x, weights, state, rng)
+  if wants_grads(grads, weights, outputs):
+    check_gradients(layer, inputs, weights, state, rng)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('make, specs, grads', FORCED)
+def test_gradients_of_weightless_layers(make, specs, grads):
+  layer, _, inputs, _, weights, state = setup_case(make, specs)
+  assert grads
+  check_gradients(layer, inputs, weights, state, jax.random.PRNGKey(1))
 
 
 def test_registry_covers_the_foundation_layers():

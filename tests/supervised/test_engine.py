@@ -101,9 +101,14 @@ def test_shared_layer_weights_marker_trains_both_uses():
                              rtol=1e-5, atol=1e-6)
 
 
-def _chunk_case(chunk_size, zero_weight_rows=False):
+@pytest.mark.parametrize('chunk_size, zero_weight_rows', [
+    (7, True),  # 30 positions: padded to 35; the first chunks weigh nothing.
+    (64, False),  # One chunk larger than all positions.
+])
+def test_chunked_loss_equals_unchunked_value_and_gradients(chunk_size,
+                                                           zero_weight_rows):
   batch = next(toys.copy_batches(5, batch_size=3, length=10))
-  if zero_weight_rows:  # Whole chunks with no weight at all.
+  if zero_weight_rows:
     weights = batch[2].copy()
     weights[:2] = 0.0
     batch = (batch[0], batch[1], weights)
@@ -111,26 +116,18 @@ def _chunk_case(chunk_size, zero_weight_rows=False):
   for size in (0, chunk_size):
     model = toys.mlp()
     model.rng = jax.random.PRNGKey(7)  # Same initial weights for both.
-    step_fn, weights, state, slots, opt_params = _setup(
+    step_fn, weights, state, _, _ = _setup(
         model, toys.WeightedCrossEntropy(), optimizers.SGD(0.0), batch,
         loss_chunk_size=size)
-    grads = jax.grad(lambda w: step_fn._forward(  # pylint: disable=protected-access
-        w, state, batch, jax.random.PRNGKey(1))[0])(weights)
-    loss = step_fn._forward(weights, state, batch, jax.random.PRNGKey(1))[0]  # pylint: disable=protected-access
+    forward = step_fn._forward  # pylint: disable=protected-access
+    loss, grads = jax.jit(jax.value_and_grad(
+        lambda w, f=forward: f(w, state, batch, jax.random.PRNGKey(1))[0]))(
+            weights)
     results.append((float(loss), toys.leaves(grads)))
   (loss0, grads0), (loss1, grads1) = results
   np.testing.assert_allclose(loss1, loss0, rtol=1e-6)
   for g1, g0 in zip(grads1, grads0):
     np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-7)
-
-
-@pytest.mark.parametrize('chunk_size', [4, 7, 30])
-def test_chunked_loss_equals_unchunked_value_and_gradients(chunk_size):
-  _chunk_case(chunk_size)
-
-
-def test_chunked_loss_with_weightless_chunks():
-  _chunk_case(5, zero_weight_rows=True)
 
 
 def test_chunked_loss_rejects_models_it_cannot_chunk():

@@ -1,0 +1,345 @@
+"""Tests of LSHSelfAttention against NumPy references, Trax's golden model and itself."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.test_util import check_grads
+import numpy as np
+import pytest
+
+from retrax.layers import efficient_attention_ops as ops
+from retrax.layers import lsh_attention as lsh
+from retrax.layers.base import LayerError
+from retrax.shapes import signature
+
+import efficient_attention_refs as refs
+
+N_HEADS, D_MODEL, D_QK, D_V = 2, 6, 4, 3
+
+
+def _normal(seed, shape):
+  return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)
+
+
+def _weights(seed=0, n_heads=N_HEADS):
+  rng = np.random.RandomState(seed)
+  shapes = [(D_MODEL, D_QK), (D_MODEL, D_V), (D_V, D_MODEL)]
+  return tuple((rng.normal(size=(n_heads,) + s) / np.sqrt(s[0])).astype(
+      np.float32) for s in shapes)
+
+
+def _state(batch, length, n_hashes, seed=5, n_heads=N_HEADS):
+  rngs = jax.random.split(jax.random.PRNGKey(seed), batch * n_heads)
+  return (jnp.zeros((batch * n_heads, n_hashes * length), jnp.int32), rngs)
+
+
+def _layer(**kwargs):
+  kwargs = dict(dict(n_heads=N_HEADS, d_qk=D_QK, d_v=D_V, mode='eval'),
+                **kwargs)
+  return lsh.LSHSelfAttention(**kwargs)
+
+
+def _full_attention(x, weights, causal):
+  """Shared-QK attention over the whole sequence, self masked (-1e5)."""
+  x = np.asarray(x, np.float64)
+  out = np.zeros(x.shape)
+  for w_q, w_v, w_o in zip(*[np.asarray(w, np.float64) for w in weights]):
+    for b in range(x.shape[0]):
+      q = x[b] @ w_q
+      k = refs.rms_normalize(q) / np.sqrt(q.shape[-1])
+      v = x[b] @ w_v
+      pos = np.arange(x.shape[1])
+      for i in pos:
+        o, _ = refs.attend_one(q[i], k, v, i, pos, causal, True)
+        out[b, i] += o @ w_o
+  return out
+
+
+@pytest.mark.parametrize('causal,n_hashes,n_chunks_before', [
+    (True, 1, 0), (False, 2, 1), (True, 3, 1)])
+def test_one_chunk_per_round_is_full_shared_qk_attention(causal, n_hashes,
+                                                         n_chunks_before):
+  x = _normal(0, (2, 8, D_MODEL))
+  layer = _layer(causal=causal, chunk_len=8, n_hashes=n_hashes, n_buckets=4,
+                 n_chunks_before=n_chunks_before)
+  weights = _weights()
+  got, _ = jax.jit(layer.pure_fn)(x, weights, _state(2, 8, n_hashes),
+                                  jax.random.PRNGKey(0))
+  np.testing.assert_allclose(got, _full_attention(x, weights, causal),
+                             rtol=1e-5, atol=1e-5)
+
+
+LSH_CASES = [
+    dict(causal=True, n_hashes=2, n_buckets=4, chunk_len=4),
+    dict(causal=False, n_hashes=3, n_buckets=[2, 4], chunk_len=6,
+         n_chunks_after=1),
+    dict(causal=False, n_hashes=2, n_buckets=6, chunk_len=4, masked=True),
+    dict(causal=True, n_hashes=1, n_buckets=None, chunk_len=2,
+         n_chunks_before=2),
+]
+
+
+@pytest.mark.parametrize('case', LSH_CASES)
+def test_lsh_matches_paper_algorithm_given_buckets(case):
+  length = 12
+  x = _normal(1, (2, length, D_MODEL))
+  layer = _layer(**case)
+  inputs, mask = x, None
+  if case.get('masked'):
+    mask = np.ones((2, length), bool)
+    mask[0, 9:] = False
+    mask[1, [1, 4]] = False
+    inputs = (x, mask)
+  weights = _weights()
+  got, new_state = jax.jit(layer.pure_fn)(
+      inputs, weights, _state(2, length, case['n_hashes']),
+      jax.random.PRNGKey(0))
+  buckets = np.asarray(new_state[0])
+  assert len(np.unique(buckets)) > 2 * case['n_hashes']  # several buckets
+  want = refs.lsh_attention(
+      x, weights, buckets, n_heads=N_HEADS, n_hashes=case['n_hashes'],
+      chunk_len=case['chunk_len'],
+      n_chunks_before=case.get('n_chunks_before', 1),
+      n_chunks_after=case.get('n_chunks_after', 0), causal=case['causal'],
+      mask=mask)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_state_layout_and_hashing_per_example_and_head():
+  """Row e * n_heads + h: buckets of hash_vecs(x[e] @ w_q[h], split(rng)[1])."""
+  batch, length, n_hashes, n_buckets = 3, 8, 2, 4
+  x = _normal(2, (batch, length, D_MODEL))
+  layer = _layer(causal=True, chunk_len=4, n_hashes=n_hashes,
+                 n_buckets=n_buckets, mode='train')
+  weights, state = layer.init(signature(x), rng=jax.random.PRNGKey(4))
+  assert [w.shape for w in weights] == [(2, 6, 4), (2, 6, 3), (2, 3, 6)]
+  assert state[0].shape == (batch * N_HEADS, n_hashes * length)
+  assert state[0].dtype == jnp.int32 and state[1].dtype == jnp.uint32
+  assert state[1].shape == (batch * N_HEADS, 2)
+  np.testing.assert_array_equal(
+      state[1], jax.random.split(jax.random.PRNGKey(4), batch * N_HEADS))
+  _, new_state = jax.jit(layer.pure_fn)(x, weights, state,
+                                        jax.random.PRNGKey(0))
+  for e in range(batch):
+    for h in range(N_HEADS):
+      row = e * N_HEADS + h
+      new_rng, sub = jax.random.split(state[1][row])
+      np.testing.assert_array_equal(new_state[1][row], new_rng)
+      want, _ = ops.hash_vecs(x[e] @ weights[0][h], n_buckets, n_hashes, sub)
+      want = want + n_buckets * np.arange(n_hashes)[:, None]
+      np.testing.assert_array_equal(new_state[0][row], np.ravel(want))
+
+
+def test_default_n_buckets_follows_trax():
+  assert lsh.default_n_buckets(100, 128) == 2
+  assert lsh.default_n_buckets(1024, 16) == 128
+  assert lsh.default_n_buckets(65536, 128) == [32, 32]
+  assert lsh.default_n_buckets(16384, 64) == [32, 16]
+
+
+class _FixedBuckets(lsh.LSHSelfAttention):
+  """Hashes to given buckets, so that gradients see a fixed sort."""
+
+  def __init__(self, buckets, **kwargs):
+    super().__init__(**kwargs)
+    self._fixed = buckets
+
+  def hash_vectors(self, vecs, rng, mask=None):
+    del vecs, rng, mask
+    return self._fixed
+
+
+def test_check_grads_with_fixed_buckets():
+  buckets = jnp.asarray(np.random.RandomState(0).randint(0, 4, 16) +
+                        np.repeat([0, 4], 8), jnp.int32)
+  layer = _FixedBuckets(buckets, n_heads=N_HEADS, d_qk=D_QK, d_v=D_V,
+                        causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
+                        mode='eval')
+  with jax.enable_x64(True):
+    x = np.random.RandomState(1).normal(size=(1, 8, D_MODEL))
+    weights = tuple(w.astype(np.float64) for w in _weights())
+    state = _state(1, 8, 2)
+    f = jax.jit(lambda x, w: layer.pure_fn(x, w, state,
+                                           jax.random.PRNGKey(0))[0])
+    check_grads(f, (x, weights), order=1, modes=['rev'])
+
+
+@pytest.fixture(scope='module')
+def lsh_reference():
+  """Output, new state and gradients of the reference code (plain autodiff)."""
+  kwargs = dict(n_heads=4, d_qk=D_QK, d_v=D_V, causal=True, chunk_len=5,
+                n_hashes=2, n_buckets=4, attention_dropout=0.2,
+                output_dropout=0.1, mode='train')
+  x = _normal(3, (2, 10, D_MODEL))
+  weights, state = _weights(n_heads=4), _state(2, 10, 2, n_heads=4)
+  ref = lsh.LSHSelfAttention(use_reference_code=True, **kwargs)
+  return kwargs, x, weights, state, jax.jit(
+      functools.partial(_forward_backward, ref))(x, weights, state)
+
+
+def _forward_backward(layer, x, weights, state):
+  def f(x, w):
+    return layer.pure_fn(x, w, state, jax.random.PRNGKey(7))
+  out, vjp, new_state = jax.vjp(f, x, weights, has_aux=True)
+  return out, new_state, vjp(_normal(9, out.shape))
+
+
+@pytest.mark.parametrize('n_parallel_heads,python_loop', [
+    (1, False), (2, True), (8, False)])
+def test_batching_and_bucket_replay_match_reference_code(
+    lsh_reference, n_parallel_heads, python_loop):
+  """The custom backward replays the forward's buckets and equals autodiff."""
+  kwargs, x, weights, state, want = lsh_reference
+  layer = lsh.LSHSelfAttention(n_parallel_heads=n_parallel_heads,
+                               use_python_loop=python_loop, **kwargs)
+  got = jax.jit(functools.partial(_forward_backward, layer))(x, weights, state)
+  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def test_padding_does_not_change_real_outputs():
+  layer = _layer(causal=False, masked=True, chunk_len=8, n_hashes=2,
+                 n_buckets=4)
+  x = np.asarray(_normal(4, (2, 16, D_MODEL)))
+  mask = np.ones((2, 16), bool)
+  mask[0, 10:] = False
+  mask[1, 5:] = False
+  x2 = x.copy()
+  x2[0, 10:] += 1.0
+  x2[1, 5:] -= 2.0
+  call = jax.jit(layer.pure_fn)
+  y, _ = call((x, mask), _weights(), _state(2, 16, 2), jax.random.PRNGKey(0))
+  y2, _ = call((x2, mask), _weights(), _state(2, 16, 2), jax.random.PRNGKey(0))
+  np.testing.assert_allclose(y[0, :10], y2[0, :10], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(y[1, :5], y2[1, :5], rtol=1e-5, atol=1e-6)
+  assert np.mean(np.abs(y[0, 10:] - y2[0, 10:])) > 1e-3
+
+
+def test_max_length_for_buckets_pads_the_stored_buckets():
+  x = _normal(5, (1, 8, D_MODEL))
+  layer = _layer(causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
+                 max_length_for_buckets=16)
+  plain = _layer(causal=True, chunk_len=4, n_hashes=2, n_buckets=4)
+  rngs = _state(1, 8, 2)[1]
+  state = (jnp.zeros((2, 32), jnp.int32), rngs)
+  y, new_state = jax.jit(layer.pure_fn)(x, _weights(), state,
+                                        jax.random.PRNGKey(0))
+  y2, new_state2 = jax.jit(plain.pure_fn)(x, _weights(), _state(1, 8, 2),
+                                          jax.random.PRNGKey(0))
+  np.testing.assert_allclose(y, y2, rtol=1e-6)
+  assert new_state[0].shape == (2, 32)
+  np.testing.assert_array_equal(new_state[0][:, :16], new_state2[0])
+  np.testing.assert_array_equal(new_state[0][:, 16:], 0)
+
+
+@pytest.mark.parametrize('length,chunk_len,n_chunks_before', [
+    (8, 8, 0), (12, 4, 2)])
+def test_eval_equals_predict_when_the_window_covers_the_prefix(
+    length, chunk_len, n_chunks_before):
+  """Eval == token-by-token predict where Trax's two algorithms coincide.
+
+  When every chunk's window is the whole (sorted) sequence once, eval-mode LSH
+  is full causal attention; predict mode attends to the n_hashes * chunk_len *
+  (1 + n_chunks_before) most relevant earlier positions, here all of them.
+  (With n_hashes > 1, or a window holding some position twice, Trax's float32
+  normalisers near -1e5 shift the outputs of positions that see only
+  themselves by ~0.4% in eval mode only.)
+  """
+  x = _normal(6, (2, length, D_MODEL))
+  common = dict(causal=True, chunk_len=chunk_len, n_hashes=1, n_buckets=4,
+                n_chunks_before=n_chunks_before)
+  weights = _weights()
+  want, _ = jax.jit(_layer(**common).pure_fn)(x, weights, _state(2, length, 1),
+                                              jax.random.PRNGKey(0))
+  np.testing.assert_allclose(want, _full_attention(x, weights, True),
+                             rtol=1e-5, atol=1e-5)
+  predict = _layer(mode='predict', predict_mem_len=length, predict_drop_len=4,
+                   **common)
+  got = refs.predict_outputs(predict, x, weights, jax.random.PRNGKey(0))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_predict_prompt_then_tokens_keeps_buckets():
+  x = _normal(7, (1, 12, D_MODEL))
+  layer = _layer(mode='predict', causal=True, chunk_len=4, n_hashes=2,
+                 n_buckets=4, predict_mem_len=8, predict_drop_len=4)
+  weights = _weights()
+  _, state = layer.init(signature(x[:, :1]))
+  call = jax.jit(layer.pure_fn)
+  y, state = call(x[:, :6], weights, state, jax.random.PRNGKey(0))
+  mem_end, mem, (buckets, idx, rngs) = state
+  assert int(mem_end) == 6 and np.all(np.asarray(idx) == 6)
+  np.testing.assert_array_equal(mem[0][:, :6], x[:, :6])
+  # The stored buckets are the prompt's hashes with the stored rng.
+  for h in range(N_HEADS):
+    q = jnp.pad(x[0, :6] @ weights[0][h], ((0, 2), (0, 0)))
+    want, _ = ops.hash_vecs(q, 4, 2, rngs[h])
+    want = (want + 4 * np.arange(2)[:, None])[:, :6]
+    np.testing.assert_array_equal(np.reshape(buckets[h], (2, 8))[:, :6], want)
+  for t in range(6, 12):  # rolls the memory at t = 8
+    y, state = call(x[:, t:t + 1], weights, state, jax.random.PRNGKey(0))
+    assert y.shape == (1, 1, D_MODEL) and np.all(np.isfinite(y))
+  assert int(state[0]) == 8 and np.all(np.asarray(state[2][1]) == 8)
+
+
+def test_golden_reformerlm_lsh_logits():
+  """Trax 1.4.1 logits of the golden LSH ReformerLM, attention computed here.
+
+  The checkpoint's state holds each LSH layer's per-(example, head) rngs; the
+  reference call splits them and hashes, so matching logits needs our hashing
+  to reproduce Trax's buckets bit for bit (with threefry_partitionable off).
+  """
+  weights, state, data = refs.read_golden('reformerlm_lsh')
+  layer = lsh.LSHSelfAttention(n_heads=2, d_qk=16, d_v=16, causal=True,
+                               n_hashes=2, chunk_len=8, mode='eval')
+  new_states = []
+
+  def attention(h, w, s):
+    assert s[0].shape == (8, 64) and s[1].shape == (8, 2)
+    y, new_state = jax.jit(layer.pure_fn)(h.astype(np.float32), w, s,
+                                          jax.random.PRNGKey(0))
+    new_states.append(new_state)
+    return np.asarray(y)
+
+  with jax.threefry_partitionable(False):
+    logits = refs.reformer_lm_logits(weights, state, data['inputs'], attention,
+                                     n_attn_weights=3, n_attn_state=2)
+    for new_state, old_rng in zip(new_states, (state[2], state[6])):
+      np.testing.assert_array_equal(
+          new_state[1], jax.vmap(lambda k: jax.random.split(k)[0])(old_rng))
+      assert int(jnp.max(new_state[0])) < 16  # 2 rounds x 8 buckets
+  np.testing.assert_allclose(logits, data['logits'], rtol=1e-4, atol=1e-4)
+
+
+def test_memory_grows_linearly_with_length():
+  def temp_bytes(length):
+    layer = lsh.LSHSelfAttention(n_heads=2, d_qk=16, d_v=16, causal=True,
+                                 chunk_len=64, n_hashes=2)
+    x = jax.ShapeDtypeStruct((1, length, 32), jnp.float32)
+    weights, state = layer.init(x)
+    loss = lambda x, w: jnp.sum(layer.pure_fn(x, w, state,
+                                              jax.random.PRNGKey(0))[0])
+    compiled = jax.jit(jax.grad(loss, (0, 1))).lower(x, weights).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+  ratio = temp_bytes(8192) / temp_bytes(2048)
+  assert ratio < 4.5, ratio
+
+
+def test_errors_are_clear():
+  with pytest.raises(ValueError, match='causal=True'):
+    lsh.LSHSelfAttention(mode='predict')
+  with pytest.raises(ValueError, match='n_chunks_after=0'):
+    lsh.LSHSelfAttention(mode='predict', causal=True, n_chunks_after=1)
+  with pytest.raises(ValueError, match='masked=True'):
+    lsh.LSHSelfAttention(mode='predict', causal=True, masked=True)
+  with pytest.raises(ValueError, match='even'):
+    lsh.LSHSelfAttention(n_buckets=[4, 3])
+  layer = _layer(chunk_len=4, n_hashes=1)
+  with pytest.raises(LayerError, match='must be a multiple of chunk_len=4'):
+    layer.pure_fn(jnp.zeros((1, 6, D_MODEL)), _weights(), _state(1, 6, 1),
+                  jax.random.PRNGKey(0))
+  with pytest.raises(LayerError, match='initialize the layer with inputs of '
+                     'batch size 2'):
+    layer.pure_fn(jnp.zeros((2, 8, D_MODEL)), _weights(), _state(1, 8, 1),
+                  jax.random.PRNGKey(0))
