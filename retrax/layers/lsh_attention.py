@@ -30,6 +30,7 @@ from retrax.layers.efficient_attention import attention_kernel_init
 from retrax.layers.efficient_attention import check_count
 from retrax.layers.efficient_attention import check_mode
 from retrax.layers.efficient_attention import check_width
+from retrax.layers.efficient_attention import dropout_rngs
 from retrax.layers.efficient_attention import normalize_mask
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
@@ -222,7 +223,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     if (mask is not None) != self._masked:
       raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
                        f'{"given" if mask is not None else "not given"}.')
-    attend_rng, output_rng = jax.random.split(rng)
+    attend_rng, output_rng = dropout_rngs(self, rng)
     q, v = self._project(x, weights)
     seqlen = x.shape[0]
     n_rows = self._n_hashes * seqlen
@@ -319,7 +320,7 @@ class LSHSelfAttention(EfficientAttentionBase):
       new_idx = jnp.asarray(q_start + min(q_len, mem_len), jnp.int32)
       return out, (jnp.reshape(buckets, (-1,)), new_idx, hash_rng)
 
-    attend_rng, output_rng = jax.random.split(rng)
+    attend_rng, output_rng = dropout_rngs(self, rng)
     w_q, w_v, w_o, b_q, b_v = self._unpack_weights(weights)
     q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
     # Duplicate the row so the matmul matches a longer call (as Trax does).

@@ -6,7 +6,7 @@
 """
 # pylint: disable=g-importing-member,useless-import-alias
 
-import importlib
+import importlib as _importlib
 
 from retrax.supervised import callbacks as callbacks
 from retrax.supervised import history as history
@@ -33,7 +33,7 @@ def __getattr__(name):
   module_names, attribute = _LAZY[name]
   for module_name in module_names:
     try:
-      module = importlib.import_module(module_name)
+      module = _importlib.import_module(module_name)
     except ModuleNotFoundError as e:
       if e.name != module_name:
         raise  # The module exists but one of its imports is missing.

@@ -85,7 +85,8 @@ class LoopIO:
 
   def log_summary(self, values, summary_writer, value_prefix, log_prefix,
                   stdout=True, rjust_len=None):
-    """Logs `{name: value}` to stdout, history, metrics.jsonl and TensorBoard."""
+    """Logs scalar `{name: value}`s to stdout, history, metrics.jsonl and
+    TensorBoard (other values are skipped)."""
     rjust_len = self._rjust_len if rjust_len is None else rjust_len
     for name, value in values.items():
       full_name = value_prefix + name
@@ -96,7 +97,8 @@ class LoopIO:
           summary_writer.scalar(full_name, value, self._step)
         if self._jsonl is not None:
           self._jsonl.write(self._step, log_prefix, full_name, value)
-      self._history.append(log_prefix, full_name, self._step, value)
+        # Scalars only: the history must stay JSON (it goes in checkpoints).
+        self._history.append(log_prefix, full_name, self._step, value)
     if summary_writer is not None:
       summary_writer.flush()
     if self._jsonl is not None:
@@ -253,20 +255,25 @@ class LoopIO:
     self._acc.reset(None)
     self._last_saved_step = step
     for kind, tasks in (('train', self._tasks), ('eval', self._eval_tasks)):
-      for task, n in zip(tasks, batches.get(kind, [])):
-        if n < task.n_batches:
-          raise ValueError(
-              f'Cannot resume at step {step}: a {kind} stream has already '
-              f'delivered {task.n_batches} batches, more than the {n} the '
-              f'checkpoint recorded. Resume with freshly created streams.')
-        task.skip(n - task.n_batches)
+      for i, (task, n) in enumerate(zip(tasks, batches.get(kind, []))):
+        if n >= task.n_batches:
+          task.skip(n - task.n_batches)  # Re-read the stream up to there.
+        else:
+          self._log(f'Note: {kind} stream {i} has delivered {task.n_batches} '
+                    f'batches, more than the {n} of the checkpoint; it goes on '
+                    'from where it is (a resumed run sees other data).')
+    self._truncate_logs(step)
+    self._sync_model()
+
+  def _truncate_logs(self, step):
+    """Cuts metrics.jsonl and event files back to `step` (a killed run's
+    later records, and any record torn by the kill, go)."""
     if self._jsonl is not None:
       self._jsonl.truncate(step)
     if self._output_dir is not None and self._is_chief:
       pattern = os.path.join(self._output_dir, '**', 'events.out.tfevents.*')
       for path in glob.glob(pattern, recursive=True):
         metrics_log.truncate_event_file(path, step)
-    self._sync_model()
 
   def export_trax_checkpoint(self, basename='model'):
     """Writes Trax's `Loop` checkpoint files (`<basename>.pkl.gz` ...).

@@ -9,11 +9,24 @@ from retrax import optimizers
 class _Stream:
   """Batches from an iterator, counting how many were taken (for resuming)."""
 
-  def __init__(self, labeled_data, sample_batch):
+  def __init__(self, labeled_data, sample_batch, export_prefix):
     self._labeled_data = labeled_data
     self._sample_batch = sample_batch if sample_batch is not None else next(
         labeled_data)
+    self._export_prefix = export_prefix
     self.n_batches = 0
+
+  @property
+  def labeled_data(self):
+    return self._labeled_data
+
+  @property
+  def sample_batch(self):
+    return self._sample_batch
+
+  @property
+  def export_prefix(self):
+    return self._export_prefix
 
   def next_batch(self):
     """Returns one batch: a tuple of input(s), targets and maybe weights."""
@@ -53,26 +66,13 @@ class TrainTask(_Stream):
   def __init__(self, labeled_data, loss_layer, optimizer, lr_schedule=None,
                n_steps_per_checkpoint=100, n_steps_per_permanent_checkpoint=None,
                loss_name=None, sample_batch=None, export_prefix=None):
-    super().__init__(labeled_data, sample_batch)
-    self._export_prefix = export_prefix
+    super().__init__(labeled_data, sample_batch, export_prefix)
     self._loss_layer = loss_layer
     self._optimizer = optimizers.as_optimizer(optimizer)
     self._lr_schedule = lr_schedule
     self._n_steps_per_checkpoint = n_steps_per_checkpoint
     self._n_steps_per_permanent_checkpoint = n_steps_per_permanent_checkpoint
     self._loss_name = loss_name or loss_layer.name
-
-  @property
-  def labeled_data(self):
-    return self._labeled_data
-
-  @property
-  def sample_batch(self):
-    return self._sample_batch
-
-  @property
-  def export_prefix(self):
-    return self._export_prefix
 
   @property
   def loss_layer(self):
@@ -94,10 +94,19 @@ class TrainTask(_Stream):
   def optimizer(self):
     return self._optimizer
 
+  @property
+  def lr_schedule(self):
+    return self._lr_schedule
+
   def learning_rate(self, step):
-    """The learning rate for `step` (the schedule's, else the optimizer's)."""
+    """The learning rate for `step`: the schedule's, else the optimizer's.
+
+    None when there is no schedule and the optimizer has no `learning_rate`
+    hyperparameter (e.g. a plain optax transformation).
+    """
     if self._lr_schedule is None:
-      return np.asarray(self._optimizer.opt_params['learning_rate'])
+      value = dict(self._optimizer.opt_params).get('learning_rate')
+      return None if value is None else np.asarray(value)
     with fastmath.use_backend('numpy'):
       value = self._lr_schedule(step)
     if isinstance(value, dict):  # A Trax 1.2 schedule: {'learning_rate': ...}.
@@ -122,8 +131,7 @@ class EvalTask(_Stream):
 
   def __init__(self, labeled_data, metrics, metric_names=None, n_eval_batches=1,
                sample_batch=None, export_prefix=None):
-    super().__init__(labeled_data, sample_batch)
-    self._export_prefix = export_prefix
+    super().__init__(labeled_data, sample_batch, export_prefix)
     self._metrics = list(metrics)
     self._metric_names = list(metric_names or [m.name for m in self._metrics])
     self._n_eval_batches = n_eval_batches
@@ -131,18 +139,6 @@ class EvalTask(_Stream):
       raise ValueError(
           f'Number of metrics ({len(self._metrics)}) does not equal '
           f'number of metric names ({len(self._metric_names)}).')
-
-  @property
-  def labeled_data(self):
-    return self._labeled_data
-
-  @property
-  def sample_batch(self):
-    return self._sample_batch
-
-  @property
-  def export_prefix(self):
-    return self._export_prefix
 
   @property
   def metrics(self):

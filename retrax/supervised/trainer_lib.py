@@ -20,6 +20,7 @@ import collections
 import inspect
 import itertools
 import logging
+import os
 import time
 
 import numpy as np
@@ -29,6 +30,7 @@ from retrax import lr as lr_lib
 from retrax import optimizers as trax_opt
 from retrax.layers import base
 from retrax.shapes import ShapeDtype  # Trax programs use trainer_lib.ShapeDtype.
+from retrax.supervised import history as trax_history
 from retrax.supervised import metrics_log
 from retrax.supervised import training
 
@@ -222,9 +224,11 @@ class Trainer:
         keep_checkpoints=self._keep_checkpoints,
         progress_bar=self._progress_bar, _opt_step_offset=-1)
     self._loop._checkpoint_kind = 'Trainer'  # pylint: disable=protected-access
+    self._refresh_schedule()  # The history may come from a checkpoint.
     if output_dir is not None and self._should_write_summaries:
       self._writers = {mode: metrics_log.EventWriter(
-          f'{self._loop.output_dir}/{mode}') for mode in ('train', 'eval')}
+          os.path.join(self._loop.output_dir, mode))
+                       for mode in ('train', 'eval')}
     if (self._loop.step == 0 and output_dir is not None and
         self._should_save_checkpoints):
       self.save_state(keep=False)
@@ -237,7 +241,7 @@ class Trainer:
     def schedule(step):
       # Rebuilt from the current history, as Trax 1.2 does each epoch.
       return self._history_schedule(step)['learning_rate']
-    self._history_schedule = self._lr_schedule(None)
+    self._history_schedule = self._lr_schedule(trax_history.History())
     return schedule
 
   def _refresh_schedule(self):
@@ -327,7 +331,9 @@ class Trainer:
           self.save_state(keep=False, prefix=prefix + metric)
 
   def train_step(self, batch):
-    """Runs one training step on `batch`."""
+    """Runs one training step on `batch` (weights appended if has_weights=False)."""
+    if self._has_weights is False:
+      batch = next(_with_weights([batch], False, self._id_to_mask))
     loop = self._loop
     loop._step += 1  # pylint: disable=protected-access
     loop._train_on_batch(0, batch)  # pylint: disable=protected-access

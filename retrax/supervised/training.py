@@ -152,6 +152,13 @@ class Loop(loop_io.LoopIO):
     adasum: merge per-device gradients with Adasum.
     callbacks: list of `callbacks.TrainingStepCallback` subclasses.
 
+  Differences from Trax: at a step that both evaluates and checkpoints, the
+  evals run first, so the checkpoint holds their results and a resumed run
+  matches an uninterrupted one exactly; a NaN/inf loss or a batch that does
+  not fit the model stops training (`NonFiniteLossError`, `BadBatchError`);
+  `save_checkpoint` writes retrax's native format (`export_trax_checkpoint`
+  writes Trax's files).
+
   Args (retrax's, keyword-only):
     keep_checkpoints: rolling checkpoints kept (permanent ones never deleted).
     progress_bar: True/False, or None for a bar on terminals for long runs.
@@ -215,15 +222,20 @@ class Loop(loop_io.LoopIO):
     self._eval_state = replicate(self._eval_model.state)
     self._task_states = [self._init_task(t, loss_chunk_size, adasum)
                          for t in tasks]
-    self._checkers = [self._batch_checker(t, i) if check_batches else None
-                      for i, t in enumerate(tasks)]
+    self._checkers = [
+        self._batch_checker(t.sample_batch, 'training' if len(tasks) == 1
+                            else f'task {i}') if check_batches else None
+        for i, t in enumerate(tasks)]
+    self._eval_checkers = [
+        self._batch_checker(t.sample_batch, f'eval task {i}')
+        if check_batches else None for i, t in enumerate(self._eval_tasks)]
     self._evaluators = [self._init_evaluator(t) for t in self._eval_tasks]
     self._rjust_len = max(map(len, [t.loss_name for t in tasks] + [
         n for t in self._eval_tasks for n in t.metric_names]))
     self._callbacks = [c(self) for c in (callbacks or [])]
     self._open_output_dir(output_dir)
-    if self._output_dir is not None:
-      self.load_checkpoint()
+    if self._output_dir is not None and self.load_checkpoint() is None:
+      self._truncate_logs(0)  # A fresh run: drop logs of an unsaved one.
 
   # --- set-up -------------------------------------------------------------------------
 
@@ -235,6 +247,12 @@ class Loop(loop_io.LoopIO):
                                self._parallel, loss_chunk_size, adasum)
     weights = (self._model.weights, loss_layer.weights)
     slots, opt_params = task.optimizer.tree_init(weights)
+    if task.lr_schedule is not None and 'learning_rate' not in opt_params:
+      raise ValueError(
+          f'The task has an lr_schedule but its optimizer '
+          f'{type(task.optimizer).__name__} has no learning_rate '
+          'hyperparameter to set; for optax use '
+          'retrax.optimizers.from_optax(optax.adam, learning_rate=...).')
     loss_sig = step_fn.loss_signature(
         weights, (self._model.state, loss_layer.state),
         shapes.signature(tuple(task.sample_batch)), self._rng)
@@ -254,8 +272,8 @@ class Loop(loop_io.LoopIO):
                       replicate(loss_layer.state), replicate(slots),
                       replicate(dict(opt_params)))
 
-  def _batch_checker(self, task, index):
-    signature = shapes.signature(tuple(task.sample_batch))
+  def _batch_checker(self, sample_batch, name):
+    signature = shapes.signature(tuple(sample_batch))
     vocab = None
     if np.dtype(signature[0].dtype).kind in 'iu':
       vocab = batch_checks.find_embedding_vocab(self._model)
@@ -267,7 +285,6 @@ class Loop(loop_io.LoopIO):
           targets.dtype).kind in 'iu' and len(out.shape) == len(
               targets.shape) + 1):
         n_classes = out.shape[-1]
-    name = 'training' if len(self._tasks) == 1 else f'task {index}'
     return batch_checks.BatchChecker(signature, self._model.n_in, vocab,
                                      n_classes, self._parallel, name)
 
@@ -413,10 +430,11 @@ class Loop(loop_io.LoopIO):
     step = self._step
     if self._checkers[task_index] is not None:
       self._checkers[task_index].check(batch, step)
-    lr = state.task.learning_rate(self._opt_step())
     opt_params = dict(state.opt_params)
-    opt_params['learning_rate'] = np.asarray(
-        lr, np.asarray(state.opt_params['learning_rate']).dtype)
+    lr = state.task.learning_rate(self._opt_step())
+    if lr is not None:
+      opt_params['learning_rate'] = np.asarray(
+          lr, np.asarray(opt_params['learning_rate']).dtype)
     rng = self.new_rng()
     try:
       weights, slots, new_state, loss, stats = state.step_fn(
@@ -470,6 +488,8 @@ class Loop(loop_io.LoopIO):
     for _ in range(n_batches):
       rng = self.new_rng()
       batch = eval_task.next_batch()
+      if self._eval_checkers[index] is not None:
+        self._eval_checkers[index].check(batch, self._step)
       sums += np.asarray(step_fn((self._weights, metric_weights),
                                  (self._state, metric_state),
                                  self._parallel.put_batch(batch), rng))
@@ -497,8 +517,10 @@ class Loop(loop_io.LoopIO):
     self._log_step(f'Ran {n_steps} train steps in {elapsed_time:0.2f} secs')
     writer = self._train_writer(task_index)
     self.log_summary({task.loss_name: mean_loss}, writer, 'metrics/', 'train')
-    params = {'learning_rate': float(task.learning_rate(self._opt_step())),
-              'steps per second': n_steps / max(elapsed_time, 1e-9)}
+    params = {'steps per second': n_steps / max(elapsed_time, 1e-9)}
+    learning_rate = task.learning_rate(self._opt_step())
+    if learning_rate is not None:
+      params['learning_rate'] = float(learning_rate)
     params.update(stats)
     self.log_summary(params, writer, 'training/', 'train', stdout=False)
 

@@ -28,7 +28,7 @@ class _PrintStep(callbacks.TrainingStepCallback):
     print(f'step {step}', flush=True)
 
 
-def make_loop(output_dir, extra_callbacks=()):
+def make_loop(output_dir, extra_callbacks=(), n_devices=None):
   task = training.TrainTask(toys.copy_batches(0), toys.WeightedCrossEntropy(),
                             optimizers.Adam(0.05), n_steps_per_checkpoint=3,
                             n_steps_per_permanent_checkpoint=10)
@@ -37,7 +37,7 @@ def make_loop(output_dir, extra_callbacks=()):
   return training.Loop(toys.mlp(dropout=0.2), task, eval_tasks=eval_task,
                        eval_model=toys.mlp(mode='eval'), output_dir=output_dir,
                        random_seed=0, keep_checkpoints=2,
-                       callbacks=list(extra_callbacks))
+                       callbacks=list(extra_callbacks), n_devices=n_devices)
 
 
 def run(output_dir, n_steps, extra_callbacks=()):

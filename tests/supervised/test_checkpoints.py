@@ -138,3 +138,18 @@ def test_sigkilled_run_resumes_with_the_same_weights_and_history(
   for i, want in enumerate(toys.leaves(ref.model.weights)):
     np.testing.assert_array_equal(got[f'arr_{i}'], want)
   assert _metrics(tmp_path / 'run') == _metrics(tmp_path / 'ref')
+
+
+def test_a_run_killed_before_its_first_checkpoint_leaves_no_stale_logs(
+    tmp_path):
+  out = tmp_path / 'run'
+  out.mkdir()
+  (out / 'metrics.jsonl').write_text(
+      '{"step": 2, "mode": "eval", "metric": "x", "value": 1.0, "time": 0}\n'
+      '{"step": 3, "mo')  # An unsaved run's record, and one torn by a kill.
+  loop = resume_worker.make_loop(str(out))
+  assert loop.step == 0
+  loop.run(1)
+  steps = [r['step'] for r in metrics_log.read_jsonl(out / 'metrics.jsonl')]
+  assert steps and set(steps) == {1}
+  assert (out / 'metrics.jsonl').read_text().endswith('}\n')

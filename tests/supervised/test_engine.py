@@ -101,19 +101,14 @@ def test_shared_layer_weights_marker_trains_both_uses():
                              rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('chunk_size, zero_weight_rows', [
-    (7, True),  # 30 positions: padded to 35; the first chunks weigh nothing.
-    (64, False),  # One chunk larger than all positions.
-])
-def test_chunked_loss_equals_unchunked_value_and_gradients(chunk_size,
-                                                           zero_weight_rows):
+def test_chunked_loss_equals_unchunked_value_and_gradients():
+  # 30 positions in chunks of 7: padded to 35; the first chunks weigh nothing.
   batch = next(toys.copy_batches(5, batch_size=3, length=10))
-  if zero_weight_rows:
-    weights = batch[2].copy()
-    weights[:2] = 0.0
-    batch = (batch[0], batch[1], weights)
+  weights = batch[2].copy()
+  weights[:2] = 0.0
+  batch = (batch[0], batch[1], weights)
   results = []
-  for size in (0, chunk_size):
+  for size in (0, 7):
     model = toys.mlp()
     model.rng = jax.random.PRNGKey(7)  # Same initial weights for both.
     step_fn, weights, state, _, _ = _setup(
@@ -142,25 +137,60 @@ def test_chunked_loss_rejects_models_it_cannot_chunk():
            loss_chunk_size=4)
 
 
-def test_adasum_merge_matches_numpy():
-  rng = np.random.RandomState(0)
-  grads = rng.randn(4, 3, 2).astype(np.float32)
-  g = [x.astype(np.float64) for x in grads]
-  for shift in (1, 2):
+def _adasum_reference(grads):
+  """Trax's Adasum butterfly over per-device gradient lists, in numpy."""
+  n = len(grads)
+  shift = 1
+  while shift < n:
     partner = [i + shift if i % (2 * shift) < shift else i - shift
-               for i in range(4)]
+               for i in range(n)]
     merged = []
-    for i in range(4):
-      a, b = g[i], g[partner[i]]
-      dot = np.vdot(a, b)
-      merged.append((1 - dot / (2 * np.vdot(a, a) + 1e-30)) * a +
-                    (1 - dot / (2 * np.vdot(b, b) + 1e-30)) * b)
-    g = merged
-  want = np.mean(g, axis=0)
+    for i in range(n):
+      leaves = []
+      for a, b in zip(grads[i], grads[partner[i]]):
+        dot = np.vdot(a, b)
+        leaves.append((1 - dot / (2 * np.vdot(a, a) + 1e-30)) * a +
+                      (1 - dot / (2 * np.vdot(b, b) + 1e-30)) * b)
+      merged.append(leaves)
+    grads = merged
+    shift *= 2
+  return [np.mean([g[j] for g in grads], axis=0) for j in range(len(grads[0]))]
+
+
+def test_adasum_merge_matches_numpy():
+  grads = np.random.RandomState(0).randn(4, 3, 2).astype(np.float32)
+  want = _adasum_reference([[g.astype(np.float64)] for g in grads])[0]
   got = engine._adasum({'w': jnp.asarray(grads)}, 4)['w']  # pylint: disable=protected-access
   np.testing.assert_allclose(got, want, rtol=1e-5)
   with pytest.raises(ValueError, match='power-of-two'):
     engine._adasum({'w': jnp.asarray(grads[:3])}, 3)  # pylint: disable=protected-access
+
+
+def test_adasum_step_merges_the_gradients_of_each_device_share():
+  # Adasum's numbers depend on how the batch is split, not on where the
+  # shares run: two shares on one device compute what two devices would.
+  parallel = devices.DataParallel(1)
+  parallel.n_global_devices = 2
+  model, loss = toys.mlp(), toys.WeightedCrossEntropy()
+  batch = next(toys.copy_batches(2))
+  model.init(_signature(batch))
+  loss.init(model.output_signature(_signature(batch)))
+  step_fn = engine.TrainStep(model, loss, optimizers.SGD(1.0), parallel,
+                             adasum=True)
+  weights = jax.tree_util.tree_map(np.asarray, (model.weights, loss.weights))
+  slots, opt_params = optimizers.SGD(1.0).tree_init(weights)
+  shares = [tuple(x[i * 4:(i + 1) * 4] for x in batch) for i in range(2)]
+  want = _adasum_reference([
+      [np.asarray(g, np.float64) for g in toys.leaves(
+          jax.grad(toys.mlp_reference_loss)(weights, share))]
+      for share in shares])
+  new_weights, _, _, step_loss, _ = step_fn(
+      weights, slots, (model.state, loss.state), batch, jax.random.PRNGKey(0),
+      1, opt_params)
+  for w, g, got in zip(toys.leaves(weights), want, toys.leaves(new_weights)):
+    np.testing.assert_allclose(got, w - g, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(step_loss, np.mean(
+      [toys.mlp_reference_loss(weights, share) for share in shares]), rtol=1e-6)
 
 
 def test_loss_must_be_scalar():

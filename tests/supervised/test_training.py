@@ -4,6 +4,7 @@ import os
 import re
 
 import numpy as np
+import optax
 import pytest
 
 import resume_worker
@@ -12,6 +13,7 @@ from retrax import optimizers
 from retrax.supervised import callbacks
 from retrax.supervised import metrics_log
 from retrax.supervised import training
+from retrax.supervised.batch_checks import BadBatchError
 
 
 def _loop(output_dir=None, seed=0, n_per_checkpoint=5, optimizer=None,
@@ -133,3 +135,36 @@ def test_task_argument_errors():
     training.Loop(toys.mlp(), [])
   with pytest.raises(ValueError, match='n_devices'):
     _loop(n_devices=99)
+
+
+def test_plain_optax_transformations_train_without_a_learning_rate():
+  task = training.TrainTask(toys.copy_batches(0), toys.WeightedCrossEntropy(),
+                            optax.sgd(0.5), n_steps_per_checkpoint=4)
+  evals = training.EvalTask(toys.copy_batches(9), [
+      toys.WeightedCrossEntropy(), toys.WeightedAccuracy()])
+  loop = training.Loop(toys.mlp(), task, eval_tasks=evals, random_seed=0)
+  loop.run(8)
+  losses = [v for _, v in loop.history.get('eval',
+                                           'metrics/WeightedCrossEntropy')]
+  assert losses[-1] < losses[0]
+  assert 'training/learning_rate' not in loop.history.metrics_for_mode('train')
+  with pytest.raises(ValueError, match='no learning_rate hyperparameter'):
+    training.Loop(toys.mlp(), training.TrainTask(
+        toys.copy_batches(0), toys.WeightedCrossEntropy(), optax.sgd(0.5),
+        lr_schedule=lambda step: 0.1))
+
+
+def test_eval_batches_are_checked_too():
+  def evals():
+    good = toys.copy_batches(9)
+    yield next(good)
+    x, t, w = next(good)
+    yield x + toys.VOCAB, t, w
+  loop = training.Loop(toys.mlp(), training.TrainTask(
+      toys.copy_batches(0), toys.WeightedCrossEntropy(), optimizers.SGD(0.1)),
+                       eval_tasks=training.EvalTask(
+                           evals(), [toys.WeightedCrossEntropy()]),
+                       random_seed=0)
+  with pytest.raises(BadBatchError, match=r'Step 1: eval task 0 batch: inputs '
+                     r'holds the id'):
+    loop.run(1)
