@@ -144,32 +144,40 @@ def main():
   depths = [int(d) for d in args.depths.split(',')]
   print(f'd_model {args.d_model}, d_ff {args.d_ff}, length {args.length}, '
         f'batch {args.batch}; depth = blocks of [RHR(FF), Swap, RHR(FF), Swap]')
-  header = (f'{"stack":<11}{"depth":>6}{"temp MiB":>11}{"peak RSS MiB":>14}'
-            f'{"run RSS+ MiB":>14}{"compile s":>11}{"run s":>8}')
-  print(header)
+  print('temp: compiled temp memory of jit(value_and_grad(loss)); peak RSS: '
+        'process high-water mark; run+: RSS growth while running it once; '
+        'run+ - grads: the same minus the gradient outputs (O(depth) like the '
+        'weights in any network)')
+  print(f'{"stack":<11}{"depth":>6}{"temp MiB":>10}{"peak RSS MiB":>14}'
+        f'{"run+ MiB":>10}{"run+ - grads":>14}{"compile s":>11}{"run s":>8}')
   results = {}
   for kind in ('reversible', 'plain'):
     for depth in depths:
       r = _measure(kind, depth, args)
+      r['run_mib'] = (r['peak_rss_kib'] - r['rss_before_kib']) / 1024
+      r['act_mib'] = r['run_mib'] - r['output_bytes'] / 2**20
       results[kind, depth] = r
       extra = ''
       if r['device_peak_bytes'] is not None:
         extra = f'  device peak {r["device_peak_bytes"] / 2**20:.1f} MiB'
-      print(f'{kind:<11}{depth:>6}{r["temp_bytes"] / 2**20:>11.1f}'
-            f'{r["peak_rss_kib"] / 1024:>14.1f}'
-            f'{(r["peak_rss_kib"] - r["rss_before_kib"]) / 1024:>14.1f}'
-            f'{r["compile_s"]:>11.1f}{r["run_s"]:>8.1f}{extra}', flush=True)
+      print(f'{kind:<11}{depth:>6}{r["temp_bytes"] / 2**20:>10.1f}'
+            f'{r["peak_rss_kib"] / 1024:>14.1f}{r["run_mib"]:>10.1f}'
+            f'{r["act_mib"]:>14.1f}{r["compile_s"]:>11.1f}{r["run_s"]:>8.1f}'
+            f'{extra}', flush=True)
   lo, hi = depths[0], depths[-1]
   print(f'\ngrowth {lo} -> {hi} blocks ({hi / lo:.0f}x depth):')
   for kind in ('reversible', 'plain'):
     a, b = results[kind, lo], results[kind, hi]
     line = (f'  {kind:<11} temp {b["temp_bytes"] / a["temp_bytes"]:.2f}x, '
             f'peak RSS {b["peak_rss_kib"] / a["peak_rss_kib"]:.2f}x, '
-            f'run RSS increase {(b["peak_rss_kib"] - b["rss_before_kib"]) / max(1, a["peak_rss_kib"] - a["rss_before_kib"]):.2f}x')
+            f'run+ {b["run_mib"] / max(a["run_mib"], 1e-9):.2f}x, '
+            f'run+ - grads {b["act_mib"] / max(a["act_mib"], 1e-9):.2f}x')
     if a['device_peak_bytes'] and b['device_peak_bytes']:
-      line += f', device peak {b["device_peak_bytes"] / a["device_peak_bytes"]:.2f}x'
+      line += (f', device peak '
+               f'{b["device_peak_bytes"] / a["device_peak_bytes"]:.2f}x')
     print(line)
-  rev = results['reversible', hi]['temp_bytes'] / results['reversible', lo]['temp_bytes']
+  rev = (results['reversible', hi]['temp_bytes'] /
+         results['reversible', lo]['temp_bytes'])
   print(f'\ntarget: reversible temp growth <= 1.15x: '
         f'{"met" if rev <= 1.15 else "NOT met"} ({rev:.2f}x)')
 

@@ -127,46 +127,60 @@ def lm_steps_per_second(name, make_model, length, n_steps):
   start = time.time()
   loop.run(1)  # Compiles.
   compile_time = time.time() - start
-  start = time.time()
+  start, cpu = time.time(), time.process_time()
   loop.run(n_steps)
   jax.block_until_ready(loop.model.weights)
-  elapsed = time.time() - start
+  elapsed, cpu = time.time() - start, time.process_time() - cpu
   print(f'{name:34s} L={length:5d}: {n_steps / elapsed:8.3f} steps/s '
-        f'({elapsed / n_steps * 1000:9.1f} ms/step, first step with compile '
-        f'{compile_time:.1f} s)', flush=True)
+        f'({elapsed / n_steps * 1000:9.1f} ms/step, {cpu / n_steps:7.2f} '
+        f'process CPU s/step; first step with compile {compile_time:.1f} s)',
+        flush=True)
 
 
-def big_models(lengths, n_steps):
-  common = dict(vocab_size=256, d_model=256, d_ff=1024, n_layers=6, n_heads=4,
-                dropout=0.0)
+_COMMON = dict(vocab_size=256, d_model=256, d_ff=1024, n_layers=6, n_heads=4,
+               dropout=0.0)
+BIG_MODELS = {
+    'ReformerLM-LSH': ('ReformerLM (LSH, chunk 128)', lambda n: models.ReformerLM(
+        max_len=n, d_attention_key=64, d_attention_value=64,
+        attention_type=lambda **kw: tl.LSHSelfAttention(
+            chunk_len=128, n_hashes=1, **kw), **_COMMON)),
+    'ReformerLM': ('ReformerLM (default attention)', lambda n: models.ReformerLM(
+        max_len=n, d_attention_key=64, d_attention_value=64, **_COMMON)),
+    'TransformerLM': ('TransformerLM', lambda n: models.TransformerLM(
+        max_len=n, **_COMMON)),
+}
+
+
+def big_models(names, lengths, n_steps):
   for length in lengths:
-    lm_steps_per_second(
-        'ReformerLM (LSH, chunk 128)',
-        lambda n: models.ReformerLM(
-            max_len=n, d_attention_key=64, d_attention_value=64,
-            attention_type=lambda **kw: tl.LSHSelfAttention(
-                chunk_len=128, n_hashes=1, **kw), **common),
-        length, n_steps)
-    lm_steps_per_second(
-        'ReformerLM (default attention)',
-        lambda n: models.ReformerLM(max_len=n, d_attention_key=64,
-                                    d_attention_value=64, **common),
-        length, n_steps)
-    lm_steps_per_second(
-        'TransformerLM', lambda n: models.TransformerLM(max_len=n, **common),
-        length, n_steps)
+    for key in names:
+      label, make_model = BIG_MODELS[key]
+      lm_steps_per_second(label, make_model, length, n_steps)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--blog', action='store_true',
                       help='only the blog config')
+  parser.add_argument('--no-blog', action='store_true',
+                      help='skip the blog config')
+  parser.add_argument('--models', default=','.join(BIG_MODELS),
+                      help=f'comma-separated, of {", ".join(BIG_MODELS)}')
   parser.add_argument('--lengths', default='1024,4096')
   parser.add_argument('--steps', type=int, default=5,
                       help='timed steps per large model')
   args = parser.parse_args()
   print(f'jax {jax.__version__} on {jax.devices()[0].platform} '
         f'({jax.device_count()} device(s))')
+  if not args.no_blog:
+    blog()
+  if not args.blog:
+    big_models(args.models.split(','),
+               [int(n) for n in args.lengths.split(',')], args.steps)
+
+
+def blog():
+  """Runs and prints the blog config's figures."""
   times, cpu_times, report = blog_trainer()
   print('Blog config through Trainer, 3 x train_epoch(500, 2): seconds per '
         f'500 steps {times} -> {statistics.mean(times[1:]):.2f} s after the '
@@ -177,8 +191,6 @@ def main():
   print(f'Blog config through Loop, 3 x run(500): {loop_times} -> '
         f'{statistics.mean(loop_times[1:]):.2f} s per 500 steps; process CPU '
         f'seconds {loop_cpu}')
-  if not args.blog:
-    big_models([int(n) for n in args.lengths.split(',')], args.steps)
 
 
 if __name__ == '__main__':

@@ -31,8 +31,7 @@ def _load_config(args):
   for key in ('output_dir', 'steps', 'model', 'attention', 'data'):
     value = getattr(args, key, None)
     if value is not None:
-      overrides.append(f'{key}={value}' if key == 'steps' else
-                       f'{key}="{value}"')
+      overrides.append(f'{key}={value}')
   try:
     return config_lib.load(args.config, overrides)
   except config_lib.ConfigError as e:

@@ -26,20 +26,20 @@ class RunConfig:
   attention: str = 'lsh'            # lsh | local | full (ReformerLM only)
   data: str = 'duplication'         # duplication | text:PATH
   vocab_size: int = 32
-  length: int = 64                  # sequence length (duplication: 2*(|w|+1))
+  length: int = 32                  # sequence length (duplication: 2*(|w|+1))
   d_model: int = 64
   d_ff: int = 128
   n_layers: int = 2
   n_heads: int = 2
   d_head: int = 32
   n_hashes: int = 2
-  chunk_len: int = 16
+  chunk_len: int = 8
   dropout: float = 0.0
-  batch_size: int = 16
-  steps: int = 1500
+  batch_size: int = 32
+  steps: int = 3000
   eval_every: int = 250
   checkpoint_every: int = 250
-  learning_rate: float = 1e-3
+  learning_rate: float = 2e-3
   warmup_steps: int = 200
   seed: int = 0
   output_dir: str = 'runs/duplication'
@@ -61,7 +61,10 @@ def _coerce(key, value):
     raise ConfigError(f'unknown config key {key!r}; known keys: '
                       f'{", ".join(sorted(FIELDS))}')
   kind = type(getattr(RunConfig(), key))
-  if isinstance(value, str) and kind is not str:
+  if isinstance(value, str) and kind is str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in '"\'':
+      value = value[1:-1]
+  elif isinstance(value, str):
     try:
       value = json.loads(value)
     except json.JSONDecodeError as e:

@@ -1,18 +1,61 @@
-"""Fast math on JAX under Trax's `fastmath` names; `use_backend('numpy')` for eager debugging."""
+"""Fast math on JAX under Trax's `fastmath` names; `use_backend('numpy')` runs layers eagerly on NumPy."""
+# pylint: disable=g-importing-member,useless-import-alias,redefined-builtin
 
-from retrax.fastmath import random
-from retrax.fastmath.backend import Backend
-from retrax.fastmath.backend import backend
-from retrax.fastmath.backend import backend_name
-from retrax.fastmath.backend import is_backend
-from retrax.fastmath.backend import numpy
-from retrax.fastmath.backend import set_backend
-from retrax.fastmath.backend import use_backend
-from retrax.fastmath.ops import *  # noqa: F401,F403  (the op list of trax.fastmath)
-from retrax.fastmath.tree import nested_map
-from retrax.fastmath.tree import nested_map_multiarg
-from retrax.fastmath.tree import nested_stack
-from retrax.fastmath.tree import nested_zip
-from retrax.fastmath.tree import tree_flatten
-from retrax.fastmath.tree import tree_leaves
-from retrax.fastmath.tree import tree_unflatten
+from retrax.fastmath import random as random
+from retrax.fastmath.backend import Backend as Backend
+from retrax.fastmath.backend import backend as backend
+from retrax.fastmath.backend import backend_name as backend_name
+from retrax.fastmath.backend import is_backend as is_backend
+from retrax.fastmath.backend import numpy as numpy
+from retrax.fastmath.backend import set_backend as set_backend
+from retrax.fastmath.backend import use_backend as use_backend
+from retrax.fastmath.ops import abstract_eval as abstract_eval
+from retrax.fastmath.ops import avg_pool as avg_pool
+from retrax.fastmath.ops import checkpoint as checkpoint
+from retrax.fastmath.ops import cond as cond
+from retrax.fastmath.ops import conv as conv
+from retrax.fastmath.ops import custom_grad as custom_grad
+from retrax.fastmath.ops import custom_jvp as custom_jvp
+from retrax.fastmath.ops import custom_vjp as custom_vjp
+from retrax.fastmath.ops import dataset_as_numpy as dataset_as_numpy
+from retrax.fastmath.ops import device_count as device_count
+from retrax.fastmath.ops import disable_jit as disable_jit
+from retrax.fastmath.ops import dynamic_slice as dynamic_slice
+from retrax.fastmath.ops import dynamic_slice_in_dim as dynamic_slice_in_dim
+from retrax.fastmath.ops import dynamic_update_slice as dynamic_update_slice
+from retrax.fastmath.ops import dynamic_update_slice_in_dim as dynamic_update_slice_in_dim
+from retrax.fastmath.ops import erf as erf
+from retrax.fastmath.ops import expit as expit
+from retrax.fastmath.ops import fori_loop as fori_loop
+from retrax.fastmath.ops import global_device_count as global_device_count
+from retrax.fastmath.ops import grad as grad
+from retrax.fastmath.ops import index_add as index_add
+from retrax.fastmath.ops import index_max as index_max
+from retrax.fastmath.ops import index_min as index_min
+from retrax.fastmath.ops import index_update as index_update
+from retrax.fastmath.ops import jit as jit
+from retrax.fastmath.ops import local_device_count as local_device_count
+from retrax.fastmath.ops import logsumexp as logsumexp
+from retrax.fastmath.ops import lt as lt
+from retrax.fastmath.ops import map as map
+from retrax.fastmath.ops import max_pool as max_pool
+from retrax.fastmath.ops import pmap as pmap
+from retrax.fastmath.ops import psum as psum
+from retrax.fastmath.ops import remat as remat
+from retrax.fastmath.ops import scan as scan
+from retrax.fastmath.ops import sigmoid as sigmoid
+from retrax.fastmath.ops import sort_key_val as sort_key_val
+from retrax.fastmath.ops import stop_gradient as stop_gradient
+from retrax.fastmath.ops import sum_pool as sum_pool
+from retrax.fastmath.ops import top_k as top_k
+from retrax.fastmath.ops import value_and_grad as value_and_grad
+from retrax.fastmath.ops import vjp as vjp
+from retrax.fastmath.ops import vmap as vmap
+from retrax.fastmath.ops import while_loop as while_loop
+from retrax.fastmath.tree import nested_map as nested_map
+from retrax.fastmath.tree import nested_map_multiarg as nested_map_multiarg
+from retrax.fastmath.tree import nested_stack as nested_stack
+from retrax.fastmath.tree import nested_zip as nested_zip
+from retrax.fastmath.tree import tree_flatten as tree_flatten
+from retrax.fastmath.tree import tree_leaves as tree_leaves
+from retrax.fastmath.tree import tree_unflatten as tree_unflatten

@@ -63,6 +63,10 @@ from retrax.layers.combinators import SerialWithSideOutputs as SerialWithSideOut
 from retrax.layers.combinators import Split as Split
 from retrax.layers.combinators import SubtractTop as SubtractTop
 from retrax.layers.combinators import Swap as Swap
+from retrax.layers.convolution import CausalConv as CausalConv
+from retrax.layers.convolution import CausalDepthwiseConv as CausalDepthwiseConv
+from retrax.layers.convolution import Conv as Conv
+from retrax.layers.convolution import Conv1d as Conv1d
 from retrax.layers.core import ArgMax as ArgMax
 from retrax.layers.core import Dense as Dense
 from retrax.layers.core import Dropout as Dropout
@@ -90,6 +94,7 @@ from retrax.layers.core import Sum as Sum
 from retrax.layers.core import ThresholdToBinary as ThresholdToBinary
 from retrax.layers.core import ToFloat as ToFloat
 from retrax.layers.core import Weights as Weights
+from retrax.layers.deconvolution import ConvTranspose as ConvTranspose
 from retrax.layers.efficient_attention import EncDecAttention as EncDecAttention
 from retrax.layers.efficient_attention import SelfAttention as SelfAttention
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout as apply_broadcasted_dropout
@@ -134,6 +139,9 @@ from retrax.layers.metrics import WeightedSum as WeightedSum
 from retrax.layers.normalization import BatchNorm as BatchNorm
 from retrax.layers.normalization import FilterResponseNorm as FilterResponseNorm
 from retrax.layers.normalization import LayerNorm as LayerNorm
+from retrax.layers.pooling import AvgPool as AvgPool
+from retrax.layers.pooling import MaxPool as MaxPool
+from retrax.layers.pooling import SumPool as SumPool
 from retrax.layers.position import AxialPositionalEncoding as AxialPositionalEncoding
 from retrax.layers.position import FixedBasePositionalEncoding as FixedBasePositionalEncoding
 from retrax.layers.position import PositionalEncoding as PositionalEncoding
@@ -146,3 +154,13 @@ from retrax.layers.reversible import ReversibleReshape as ReversibleReshape
 from retrax.layers.reversible import ReversibleSelect as ReversibleSelect
 from retrax.layers.reversible import ReversibleSerial as ReversibleSerial
 from retrax.layers.reversible import ReversibleSwap as ReversibleSwap
+from retrax.layers.rnn import ConvGRUCell as ConvGRUCell
+from retrax.layers.rnn import GeneralGRUCell as GeneralGRUCell
+from retrax.layers.rnn import GRU as GRU
+from retrax.layers.rnn import GRUCell as GRUCell
+from retrax.layers.rnn import InnerSRUCell as InnerSRUCell
+from retrax.layers.rnn import LSTM as LSTM
+from retrax.layers.rnn import LSTMCell as LSTMCell
+from retrax.layers.rnn import MakeZeroState as MakeZeroState
+from retrax.layers.rnn import ScanSRUCell as ScanSRUCell
+from retrax.layers.rnn import SRU as SRU

@@ -176,10 +176,12 @@ class Layer:
       name += f'_out{self.n_out}'
     subs = (self._sublayers_to_print if self._sublayers_to_print is not None
             else self.sublayers)
+    if not subs:
+      return name
+    # Invisible sublayers (empty names, e.g. AssertShape) are left out.
     strs = [str(x) for x in subs if str(x)]
-    if strs:
-      return name + '[\n' + '\n'.join(indent(s) for s in strs) + '\n]'
-    return name
+    return name + '[\n' + '\n'.join(indent(s) for s in strs) + '\n]'
+
 
   def __call__(self, x, weights=None, state=None, rng=None):
     """Runs the layer eagerly on `x` with its own weights; updates `self.state`."""
@@ -361,13 +363,16 @@ class Layer:
   def weights_and_state_signature(self, input_signature, unsafe=False):
     """Returns the `(weights, state)` signature `init` would produce, without computing it."""
     rng, state, weights = self.rng, self.state, self.weights
-    sig = fastmath.abstract_eval(lambda s: self.init(s))(signature(input_signature))
-    self._rng = rng
-    if not unsafe:
-      self.state, self.weights = state, weights
-    if self.sublayers:
-      self.rng = rng
-    return sig
+    try:
+      return fastmath.abstract_eval(lambda s: self.init(s))(
+          signature(input_signature))
+    finally:
+      # Put back what the abstract init replaced (by tracers, or on error).
+      self._rng = rng
+      if not unsafe:
+        self._restore(weights, state)
+      if self.sublayers:
+        self.rng = rng
 
   # --- running --------------------------------------------------------------
 

@@ -27,8 +27,9 @@ def check_float_input(layer, sig):
   """Raises a clear TypeError unless `sig` has a floating-point dtype."""
   if not jax.numpy.issubdtype(np.dtype(sig.dtype), jax.numpy.floating):
     raise TypeError(
-        f'{layer.name} expects floating-point inputs; got {base.signature(sig)}.'
-        ' Cast images with tl.ToFloat() or x.astype(np.float32).')
+        f'{layer.name} expects floating-point inputs; got '
+        f'{base.signature(sig)}. Cast images with tl.ToFloat() or '
+        'x.astype(np.float32).')
 
 
 def _as_tuple(x, name, n):
@@ -43,21 +44,24 @@ def _as_tuple(x, name, n):
 
 
 def check_padding(padding, n_spatial):
-  """Returns `padding` as accepted by `lax`: 'VALID', 'SAME', 'SAME_LOWER' or n (lo, hi) pairs."""
+  """`padding` for `lax`: 'VALID', 'SAME', 'SAME_LOWER' or (low, high) pairs."""
   if isinstance(padding, str):
     if padding.upper() not in ('VALID', 'SAME', 'SAME_LOWER'):
       raise ValueError(f"padding must be 'VALID', 'SAME' or 'SAME_LOWER' (or "
                        f'(low, high) pairs); got {padding!r}.')
     return padding.upper()
-  pairs = tuple(tuple(int(v) for v in p) for p in padding)
+  try:
+    pairs = tuple(tuple(int(v) for v in p) for p in padding)
+  except TypeError:
+    pairs = ()
   if len(pairs) != n_spatial or any(len(p) != 2 for p in pairs):
     raise ValueError(f'Explicit padding must be {n_spatial} (low, high) pairs;'
                      f' got {padding!r}.')
   return pairs
 
 
-def check_windows_fit(layer_name, shape, spatial_axes, window, dilation, padding,
-                      what):
+def check_windows_fit(layer_name, shape, spatial_axes, window, dilation,
+                      padding, what):
   """Raises a clear ValueError if a window is larger than the padded input."""
   if isinstance(padding, str) and padding != 'VALID':
     return  # 'SAME' pads as needed.
@@ -148,8 +152,8 @@ class Conv(base.Layer):
     check_float_input(self, sig)
     shape = self._conv_shape(sig.shape)
     spatial = [i for i, c in enumerate(self._lhs_spec) if c not in 'NC']
-    check_windows_fit(self.name, shape, spatial, self._kernel_size, self._dilation,
-                      self._padding, 'kernel')
+    check_windows_fit(self.name, shape, spatial, self._kernel_size,
+                      self._dilation, self._padding, 'kernel')
     return shape
 
   def _kernel_shape(self, input_shape):
@@ -175,8 +179,9 @@ class Conv(base.Layer):
     if c_in != w_in:
       raise ValueError(
           f'{self.name} expects inputs with {w_in} channels (its kernel has '
-          f'shape {tuple(w.shape)}, layout {self._rhs_spec!r}); got input shape'
-          f' {tuple(x.shape)} with {c_in} channels (layout {self._lhs_spec!r}).')
+          f'shape {tuple(w.shape)}, layout {self._rhs_spec!r}); got input '
+          f'shape {tuple(x.shape)} with {c_in} channels (layout '
+          f'{self._lhs_spec!r}).')
     x_shape = tuple(x.shape)
     if len(x_shape) != len(shape):
       x = jnp.reshape(x, shape)

@@ -60,6 +60,9 @@ class ConvTranspose(base.Layer):
     self._strides = tuple(strides or self._one)
     self._rhs_dilation = None if rhs_dilation is None else tuple(rhs_dilation)
     self._padding = convolution.check_padding(padding, n_spatial)
+    if self._padding == 'SAME_LOWER':
+      raise ValueError("ConvTranspose takes padding 'VALID', 'SAME' or (low, "
+                       "high) pairs; got 'SAME_LOWER'.")
     self._bias_initializer = bias_initializer
     self._kernel_initializer = kernel_initializer
     if kernel_initializer is None:

@@ -11,6 +11,14 @@ recomputing backward pass (see `efficient_attention_base`). LSH attention is in
 Shape glossary: `B` batch, `L` length, `M` d_model, `D` d_qk, `V` d_v,
 `H` n_heads. Weights are stacked over heads: `w_q [H, M, D]`, `w_k [H, M, D]`,
 `w_v [H, M, V]`, `w_o [H, V, M]` (then biases `b_q [H, D]`, `b_k`, `b_v`).
+
+Differences from Trax 1.4.1: chunked lengths that are not a multiple of
+`chunk_len` are padded with masked positions (Trax fails to reshape); padding
+at positions 0 and 1 is masked too (Trax's `-position` marks leave them
+visible); an unchunked predict-mode SelfAttention defaults to a 2048-position
+memory (Trax asserts); `EncDecAttention` penalises only padding keys (Trax's
+shifted marks subtract 1e9 from every logit, flattening attention); dropout
+keys are split only when a dropout rate is non-zero (same numbers).
 """
 
 import functools
@@ -21,13 +29,13 @@ import jax.numpy as jnp
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend
-from retrax.layers.efficient_attention_ops import hash_vecs  # pylint: disable=unused-import
+from retrax.layers.efficient_attention_ops import hash_vecs as hash_vecs  # re-export
 from retrax.layers.efficient_attention_ops import length_normalized
-from retrax.layers.efficient_attention_ops import look_adjacent  # pylint: disable=unused-import
+from retrax.layers.efficient_attention_ops import look_adjacent as look_adjacent  # re-export
 from retrax.layers.efficient_attention_ops import MASK_PENALTY
 from retrax.layers.efficient_attention_ops import mask_self_attention
-from retrax.layers.efficient_attention_ops import permute_via_gather  # pylint: disable=unused-import
-from retrax.layers.efficient_attention_ops import permute_via_sort  # pylint: disable=unused-import
+from retrax.layers.efficient_attention_ops import permute_via_gather as permute_via_gather  # re-export
+from retrax.layers.efficient_attention_ops import permute_via_sort as permute_via_sort  # re-export
 
 _MODES = ('train', 'eval', 'predict')
 # Predict-mode memory of an unchunked SelfAttention when none is given (Trax

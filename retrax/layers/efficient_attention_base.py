@@ -398,7 +398,7 @@ class EfficientAttentionBase(base.Layer):
         weights)
     s_r = jax.tree_util.tree_map(split_units, state)
     ct_r = split_examples(output_grad) if compute_grad else None
-    d_shapes = [x.shape[1:] for x, d in zip(inputs, differentiable) if d]
+    d_inputs = [x for x, d in zip(inputs, differentiable) if d]
     out_dtype = inputs[0].dtype
 
     def example_body(w_ct_acc, ex):
@@ -415,10 +415,8 @@ class EfficientAttentionBase(base.Layer):
 
       out0 = (jnp.zeros((examples_per_group, seqlen, d_model), out_dtype)
               if compute_output else None)
-      dx0 = (tuple(jnp.zeros((examples_per_group,) + shp, x.dtype)
-                   for shp, x in zip(d_shapes, [x for x, d in zip(
-                       inputs, differentiable) if d]))
-             if compute_grad else None)
+      dx0 = (tuple(jnp.zeros((examples_per_group,) + x.shape[1:], x.dtype)
+                   for x in d_inputs) if compute_grad else None)
       (out_e, dx_e), (new_s_e, w_ct_e) = self._loop(
           head_body, (out0, dx0), (w_r, s_e), n_head_groups)
       if compute_grad:

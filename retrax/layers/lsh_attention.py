@@ -17,6 +17,14 @@ rotations `normal(subkey, (d_qk, n_hashes, n_buckets // 2))`, stores the buckets
 the stored buckets. In `mode='predict'` the per-row state is `(buckets
 [n_hashes * predict_mem_len], buckets_idx [], rng)` inside `(mem_end, mem,
 ...)`, and hashing uses the stored rng itself.
+
+Differences from Trax 1.4.1 (which the outputs otherwise match): `bias=True`
+works (Trax cannot unpack its 5 weights); padding at positions 0 and 1 is
+masked too; in predict mode `n_buckets=None` is derived from
+`predict_mem_len` for every call (Trax derived it from each call's length, so
+single tokens hashed into 2 buckets unlike the prompt), several positions
+appended after the start attend over the memory at their own place, and the
+memory's bucket index stays consistent after a prompt longer than the memory.
 """
 
 import functools

@@ -102,36 +102,20 @@ def _match_structure(ct, primal):
   return _cotangent_like(ct, primal)
 
 
-def _sequence_point(tree):
-  """Returns `tree` with its JAX-array leaves passed through one optimization barrier.
-
-  Everything computed from the returned values must wait until all of them
-  are ready. In the backward loop this stops XLA from running every layer's
-  reconstruction first (they do not depend on the incoming gradient), which
-  would keep O(depth) activations alive, and from merging the backward
-  pass's recomputation (e.g. dropout masks) with the forward pass's.
-  """
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  idx = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
-  if not idx:
-    return tree
-  barriered = jax.lax.optimization_barrier([leaves[i] for i in idx])
-  for i, value in zip(idx, barriered):
-    leaves[i] = value
-  return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
 def _tie_to(tree, data):
   """Returns `tree` (weights, rng) made data-dependent on `data`, values unchanged.
 
-  XLA:CPU drops optimization barriers before it schedules, and then runs
-  work that depends only on weights or rngs (bias broadcasts, dropout
-  masks) for all layers up front, keeping it alive: O(depth) memory. Here
+  XLA may schedule work that depends only on weights or rngs (bias
+  broadcasts, dropout masks, the backward pass's recomputations) for all
+  layers up front and keep it alive: O(depth) memory. An optimization
+  barrier does not prevent this on XLA:CPU, which removes barriers before
+  scheduling; a data dependency does, on every backend. Here
   every float leaf is multiplied by `1 + (e - e)` and every uint32 key is
   XORed with `(e - e) != 0`, where `e` ranges over one element of each float
-  array in `data`: exactly the same values unless `data` holds a NaN or inf
-  at a probed element (then the result is NaN anyway), but the layer's work
-  can now start only once `data` exists.
+  array in `data`: exactly the same values unless a probed element is NaN
+  or inf (when the outputs are not finite anyway), but the layer's work can
+  start only once `data` exists. Costs one elementwise pass over a layer's
+  weights. Gradients through the tie are exact (the probe's are zero).
   """
   if not any(isinstance(x, jax.core.Tracer)
              for x in jax.tree_util.tree_leaves((tree, data))):
@@ -300,7 +284,9 @@ class ReversibleLayer(base.Layer):
               _zero_cotangent(state), _zero_cotangent(rng))
 
     f.defvjp(f_fwd, f_bwd)
-    return f(x, self.weights, self.state, self._rng)
+    # `self.rng`, not `self._rng`: a None key becomes the layer's own key
+    # here, so that forward and backward both see the same one.
+    return f(x, self.weights, self.state, self.rng)
 
 
 def _as_like(grad, output):
@@ -636,11 +622,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
             f'for stack moves.')
 
   def forward(self, xs):
-    """Runs the layers in order, each one only after the previous one's outputs exist.
-
-    Without the sequencing, XLA may compute every layer's weight- and
-    rng-only work (e.g. all dropout masks) up front and keep it alive.
-    """
+    """Runs the layers in order, each one's work tied to its inputs (see `_tie_to`)."""
     n = len(self.sublayers)
     if not n:
       return xs
@@ -649,7 +631,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     rngs = _split_rngs(self.rng, n)
     stack, new_state = xs, []
     for i, layer in enumerate(self.sublayers):
-      w, s, r, stack = _sequence_point((weights[i], state[i], rngs[i], stack))
+      w, s, r = weights[i], state[i], rngs[i]
       w, r = _tie_to((w, r), stack)
       with in_sublayer(self, i):
         _check_depth(layer, stack, layer.n_in, 'inputs')
@@ -674,13 +656,10 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
       layer = self.sublayers[i]
       w, s, ns, r = weights[i], state[i], new_state[i], rngs[i]
       if grad is not None:
-        # One step's reconstruction may start only after the previous step's
-        # gradients (inputs and weights) are done: see _sequence_point.
+        # Layer i's recomputation may start only once layer i+1's gradients
+        # (inputs and weights) exist; otherwise XLA may run all
+        # reconstructions first and keep O(depth) activations alive.
         prev_w_ct = weights_ct[i + 1] if i + 1 < n else ()
-        w, s, ns, r, stack, stack_ct, prev_w_ct = _sequence_point(
-            (w, s, ns, r, stack, stack_ct, prev_w_ct))
-        if i + 1 < n:
-          weights_ct[i + 1] = prev_w_ct
         w, r = _tie_to((w, r), (stack, stack_ct, prev_w_ct))
       with in_sublayer(self, i):
         _check_depth(layer, stack, layer.n_out, 'outputs to reverse')

@@ -1,7 +1,6 @@
 """Small networks over game-frame sequences: `AtariCnn`, `AtariCnnBody`, `FrameStackMLP`."""
 
 from retrax import layers as tl
-from retrax.layers import convolution
 
 
 def _FrameStack(n_frames):  # pylint: disable=invalid-name
@@ -37,9 +36,9 @@ def AtariCnn(n_frames=4, hidden_sizes=(32, 32), output_size=128,  # pylint: disa
   return tl.Serial(
       _BytesToFloats(),
       _FrameStack(n_frames=n_frames),  # (B, T, H, W, n_frames * C)
-      convolution.Conv(hidden_sizes[0], (5, 5), (2, 2), 'SAME'),
+      tl.Conv(hidden_sizes[0], (5, 5), (2, 2), 'SAME'),
       tl.Relu(),
-      convolution.Conv(hidden_sizes[1], (5, 5), (2, 2), 'SAME'),
+      tl.Conv(hidden_sizes[1], (5, 5), (2, 2), 'SAME'),
       tl.Relu(),
       tl.Flatten(n_axes_to_keep=2),  # B, T and the rest.
       tl.Dense(output_size),
@@ -58,13 +57,13 @@ def AtariCnnBody(n_frames=4, hidden_sizes=(32, 64, 64), output_size=512,  # pyli
   return tl.Serial(
       _BytesToFloats(),
       _FrameStack(n_frames=n_frames),
-      convolution.Conv(hidden_sizes[0], (8, 8), (4, 4), padding=padding,
+      tl.Conv(hidden_sizes[0], (8, 8), (4, 4), padding=padding,
                        kernel_initializer=kernel_initializer),
       tl.Relu(),
-      convolution.Conv(hidden_sizes[1], (4, 4), (2, 2), padding=padding,
+      tl.Conv(hidden_sizes[1], (4, 4), (2, 2), padding=padding,
                        kernel_initializer=kernel_initializer),
       tl.Relu(),
-      convolution.Conv(hidden_sizes[2], (3, 3), (1, 1), padding=padding,
+      tl.Conv(hidden_sizes[2], (3, 3), (1, 1), padding=padding,
                        kernel_initializer=kernel_initializer),
       tl.Relu(),
       tl.Flatten(n_axes_to_keep=2),

@@ -1,8 +1,6 @@
 """ResNet-50 and Wide ResNet (image classifiers on NHWC images)."""
 
 from retrax import layers as tl
-from retrax.layers import convolution
-from retrax.layers import pooling
 
 
 def ConvBlock(kernel_size, filters, strides, norm, non_linearity,  # pylint: disable=invalid-name
@@ -16,17 +14,17 @@ def ConvBlock(kernel_size, filters, strides, norm, non_linearity,  # pylint: dis
   ks = kernel_size
   filters1, filters2, filters3 = filters
   main = [
-      convolution.Conv(filters1, (1, 1), strides),
+      tl.Conv(filters1, (1, 1), strides),
       norm(mode=mode),
       non_linearity(),
-      convolution.Conv(filters2, (ks, ks), padding='SAME'),
+      tl.Conv(filters2, (ks, ks), padding='SAME'),
       norm(mode=mode),
       non_linearity(),
-      convolution.Conv(filters3, (1, 1)),
+      tl.Conv(filters3, (1, 1)),
       norm(mode=mode),
   ]
   shortcut = [
-      convolution.Conv(filters3, (1, 1), strides),
+      tl.Conv(filters3, (1, 1), strides),
       norm(mode=mode),
   ]
   return [tl.Residual(main, shortcut=shortcut), non_linearity()]
@@ -37,13 +35,13 @@ def IdentityBlock(kernel_size, filters, norm, non_linearity, mode='train'):  # p
   ks = kernel_size
   filters1, filters2, filters3 = filters
   main = [
-      convolution.Conv(filters1, (1, 1)),
+      tl.Conv(filters1, (1, 1)),
       norm(mode=mode),
       non_linearity(),
-      convolution.Conv(filters2, (ks, ks), padding='SAME'),
+      tl.Conv(filters2, (ks, ks), padding='SAME'),
       norm(mode=mode),
       non_linearity(),
-      convolution.Conv(filters3, (1, 1)),
+      tl.Conv(filters3, (1, 1)),
       norm(mode=mode),
   ]
   return [tl.Residual(main), non_linearity()]
@@ -81,10 +79,10 @@ def Resnet50(d_hidden=64, n_output_classes=1001, mode='train',  # pylint: disabl
 
   return tl.Serial(
       tl.ToFloat(),
-      convolution.Conv(d_hidden, (7, 7), (2, 2), 'SAME'),
+      tl.Conv(d_hidden, (7, 7), (2, 2), 'SAME'),
       norm(mode=mode),
       non_linearity(),
-      pooling.MaxPool(pool_size=(3, 3), strides=(2, 2)),
+      tl.MaxPool(pool_size=(3, 3), strides=(2, 2)),
       Resnet50ConvBlock(strides=(1, 1)),
       [Resnet50IdentityBlock() for _ in range(2)],
       Resnet50ConvBlock(2),
@@ -93,7 +91,7 @@ def Resnet50(d_hidden=64, n_output_classes=1001, mode='train',  # pylint: disabl
       [Resnet50IdentityBlock(4) for _ in range(5)],
       Resnet50ConvBlock(8),
       [Resnet50IdentityBlock(8) for _ in range(2)],
-      pooling.AvgPool(pool_size=(7, 7)),
+      tl.AvgPool(pool_size=(7, 7)),
       tl.Flatten(),
       tl.Dense(n_output_classes),
   )
@@ -104,10 +102,10 @@ def WideResnetBlock(channels, strides=(1, 1), bn_momentum=0.9, mode='train'):  #
   return [
       tl.BatchNorm(momentum=bn_momentum, mode=mode),
       tl.Relu(),
-      convolution.Conv(channels, (3, 3), strides, padding='SAME'),
+      tl.Conv(channels, (3, 3), strides, padding='SAME'),
       tl.BatchNorm(momentum=bn_momentum, mode=mode),
       tl.Relu(),
-      convolution.Conv(channels, (3, 3), padding='SAME'),
+      tl.Conv(channels, (3, 3), padding='SAME'),
   ]
 
 
@@ -118,7 +116,7 @@ def WideResnetGroup(n, channels, strides=(1, 1), bn_momentum=0.9,  # pylint: dis
   As in Trax, the `n - 1` further blocks sit in a single `Residual` (one
   skip connection around all of them).
   """
-  shortcut = [convolution.Conv(channels, (3, 3), strides, padding='SAME')]
+  shortcut = [tl.Conv(channels, (3, 3), strides, padding='SAME')]
   return [
       tl.Residual(WideResnetBlock(channels, strides, bn_momentum=bn_momentum,
                                   mode=mode), shortcut=shortcut),
@@ -144,7 +142,7 @@ def WideResnet(n_blocks=3, widen_factor=1, n_output_classes=10,  # pylint: disab
   """
   return tl.Serial(
       tl.ToFloat(),
-      convolution.Conv(16, (3, 3), padding='SAME'),
+      tl.Conv(16, (3, 3), padding='SAME'),
       WideResnetGroup(n_blocks, 16 * widen_factor, bn_momentum=bn_momentum,
                       mode=mode),
       WideResnetGroup(n_blocks, 32 * widen_factor, (2, 2),
@@ -153,7 +151,7 @@ def WideResnet(n_blocks=3, widen_factor=1, n_output_classes=10,  # pylint: disab
                       bn_momentum=bn_momentum, mode=mode),
       tl.BatchNorm(momentum=bn_momentum, mode=mode),
       tl.Relu(),
-      pooling.AvgPool(pool_size=(8, 8)),
+      tl.AvgPool(pool_size=(8, 8)),
       tl.Flatten(),
       tl.Dense(n_output_classes),
   )

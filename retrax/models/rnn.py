@@ -2,10 +2,9 @@
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
-from retrax.layers import rnn
 
 
-def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=rnn.LSTMCell,  # pylint: disable=invalid-name
+def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,  # pylint: disable=invalid-name
           rnn_cell_d_state_multiplier=2, dropout=0.1, mode='train'):
   """RNN language model: token ids `(batch, length)` to logits `(batch, length, vocab_size)`.
 
@@ -41,7 +40,7 @@ def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=rnn.LSTMCell,  # pylint:
         tl.Parallel([], tl.Concatenate(n_items=n_layers)),
     )
 
-  zero_state = rnn.MakeZeroState(
+  zero_state = tl.MakeZeroState(
       depth_multiplier=n_layers * rnn_cell_d_state_multiplier)
   return tl.Serial(
       tl.ShiftRight(mode=mode),
@@ -70,7 +69,7 @@ def GRULM(vocab_size=256, d_model=512, n_layers=1, mode='train'):  # pylint: dis
   return tl.Serial(
       tl.ShiftRight(mode=mode),
       tl.Embedding(vocab_size, d_model),
-      [rnn.GRU(d_model, mode=mode) for _ in range(n_layers)],
+      [tl.GRU(d_model, mode=mode) for _ in range(n_layers)],
       tl.Dense(vocab_size),
   )
 
@@ -102,12 +101,12 @@ def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,  # pylint: disa
   """
   input_encoder = tl.Serial(
       tl.Embedding(input_vocab_size, d_model),
-      [rnn.LSTM(d_model) for _ in range(n_encoder_layers)],
+      [tl.LSTM(d_model) for _ in range(n_encoder_layers)],
   )
   pre_attention_decoder = tl.Serial(
       tl.ShiftRight(mode=mode),
       tl.Embedding(target_vocab_size, d_model),
-      rnn.LSTM(d_model, mode=mode),
+      tl.LSTM(d_model, mode=mode),
   )
 
   def PrepareAttentionInputs():  # pylint: disable=invalid-name
@@ -131,7 +130,7 @@ def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,  # pylint: disa
                           cache_KV_in_predict=True)
       ),                           # decoder-vecs, mask, target-toks
       tl.Select([0, 2]),           # decoder-vecs, target-toks
-      [rnn.LSTM(d_model, mode=mode) for _ in range(n_decoder_layers)],
+      [tl.LSTM(d_model, mode=mode) for _ in range(n_decoder_layers)],
       tl.Dense(target_vocab_size),
       tl.LogSoftmax(),
   )

@@ -63,7 +63,7 @@ def _position_budget(model):
     if getattr(layer, '_mode', None) != 'predict' or not isinstance(limit, int):
       continue
     counters = [x for x in jax.tree_util.tree_leaves(layer.state)
-                if np.ndim(x) == 0 and np.issubdtype(np.result_type(x),
+                if np.ndim(x) == 0 and np.issubdtype(np.asarray(x).dtype,
                                                      np.integer)]
     used = int(counters[-1]) if counters else 0
     if best[0] is None or limit - used < best[0]:
@@ -122,11 +122,15 @@ def _tokens_2d(what, x, batch_size):
   return x
 
 
-def _prepare(model, inputs, prompt, batch_size, start_id):
-  """Returns `(prefix (batch, n) int32 starting with the start symbol, encoder inputs or None)`."""
+def _prepare(model, inputs, prompt, batch_size, start_id, eval_mode):
+  """Returns `(prefix (batch, n) int32 starting with the start symbol, encoder inputs or None)`.
+
+  Token ids are checked against the model's vocabulary: the size of its
+  logits (predict mode) or of its last `Embedding` for decoder tokens, and of
+  its first `Embedding` for encoder inputs.
+  """
   if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
     raise ValueError(f'batch_size must be a positive int; got {batch_size!r}.')
-  enc_vocab, dec_vocab = _embedding_vocabs(model)
   if np.isscalar(start_id):
     start = np.full((batch_size, 1), start_id)
   else:
@@ -135,21 +139,25 @@ def _prepare(model, inputs, prompt, batch_size, start_id):
       raise ValueError(f'start_id must be an int or an array of shape '
                        f'(batch_size, 1) = {(batch_size, 1)}; got shape '
                        f'{start.shape}.')
-  parts = [_check_ids('start_id', start, dec_vocab)]
-  enc = None
   if inputs is not None:
     inputs = _tokens_2d('Inputs', inputs, batch_size)
-    if model.n_in == 1:
-      parts.append(_check_ids('inputs', inputs, dec_vocab))
-    else:
-      enc = _check_ids('inputs', inputs, enc_vocab)
   elif model.n_in > 1:
     raise ValueError(f'This model takes {model.n_in} inputs (an encoder-'
                      'decoder): pass the encoder input as inputs, token ids '
                      'of shape (batch_size, length).')
   if prompt is not None:
-    parts.append(_check_ids('prompt', _tokens_2d('Prompt', prompt, batch_size),
-                            dec_vocab))
+    prompt = _tokens_2d('Prompt', prompt, batch_size)
+  enc_vocab, dec_vocab = _embedding_vocabs(model)
+  enc = None
+  if model.n_in > 1:
+    enc = _check_ids('inputs', inputs, enc_vocab)
+  if not eval_mode:
+    dec_vocab = _state_layouts(model, enc)[2]
+  parts = [_check_ids('start_id', start, dec_vocab)]
+  if model.n_in == 1 and inputs is not None:
+    parts.append(_check_ids('inputs', inputs, dec_vocab))
+  if prompt is not None:
+    parts.append(_check_ids('prompt', prompt, dec_vocab))
   return np.concatenate(parts, axis=1), enc
 
 
@@ -190,18 +198,19 @@ def _state_layouts(model, enc):
 
   def abstract(batch):
     tokens = ShapeDtype((batch, 1), np.int32)
-    sig = tokens if enc is None else (
-        ShapeDtype((batch,) + enc.shape[1:], enc.dtype), tokens)
-    _, state0 = model.weights_and_state_signature(sig)
+    enc_sig = None if enc is None else ShapeDtype((batch,) + enc.shape[1:],
+                                                  enc.dtype)
+    _, state0 = model.weights_and_state_signature(
+        tokens if enc is None else (enc_sig, tokens))
     state0 = _structs(state0)
-    state1 = jax.eval_shape(
-        lambda w, s, x, r: model.pure_fn(x, w, s, r)[1], model.weights, state0,
-        _structs(sig), model.rng)
-    return state0, state1
+    logits, state1 = jax.eval_shape(
+        lambda w, s, t, e, r: _apply(lambda: model, w, s, t, e, r),
+        model.weights, state0, _structs(tokens), _structs(enc_sig), model.rng)
+    return state0, state1, logits.shape[-1]
 
-  (a0, a1), (b0, b1) = abstract(1), abstract(2)
+  (a0, a1, vocab), (b0, b1, _) = abstract(1), abstract(2)
   cache[enc_key] = (jax.tree_util.tree_map(_rows_per_example, a0, b0),
-                    jax.tree_util.tree_map(_rows_per_example, a1, b1))
+                    jax.tree_util.tree_map(_rows_per_example, a1, b1), vocab)
   return cache[enc_key]
 
 
@@ -236,15 +245,14 @@ def reorder_examples(model, state, rows, inputs=None):
   batch (tiling). `inputs` are the encoder inputs of an encoder-decoder.
   """
   enc = None if inputs is None else np.asarray(inputs)
-  layout = _layout_for(state, _state_layouts(model, enc))
+  layout = _layout_for(state, _state_layouts(model, enc)[:2])
   return _take_examples(state, layout, jnp.asarray(rows, jnp.int32))
 
 
 def _start_state(model, enc, batch_size):
   """`(model.state for batch_size rows, its layout)`; tiles a batch-1 state."""
-  layouts = _state_layouts(model, enc)
   state = model.state
-  layout = _layout_for(state, layouts)
+  layout = _layout_for(state, _state_layouts(model, enc)[:2])
   batches = {int(np.shape(x)[0]) // m for x, m in zip(
       jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(layout)) if m}
   if len(batches) > 1:
@@ -318,113 +326,118 @@ def _sampler(temperature, top_k, top_p):
   return sample
 
 
-def _sampling_program(n_prefix, max_length, sample, eos_id):
-  """Predict-mode sampling of a batch: prefill then samples, in one while_loop."""
+def _prefill(model_ref, weights, state, prefix, enc, rng):
+  """Feeds `prefix` one token per step: `(log-probs of the next token, state)`.
+
+  The first step runs on its own: it may change the state's structure
+  (`tl.Cache` stores its outputs); the others run in a `lax.scan`.
+  """
+  logits, state = _apply(model_ref, weights, state, prefix[:, :1], enc, rng)
+  if prefix.shape[1] > 1:
+    def feed(carry, tok):
+      return _apply(model_ref, weights, carry[1], tok[:, None], enc, rng), None
+    (logits, state), _ = lax.scan(feed, (logits, state), prefix[:, 1:].T)
+  return _log_probs(logits[:, -1]), state
+
+
+def _generate(log_probs, carry, advance, sample, key, max_length, eos_id):
+  """Samples up to `max_length` tokens in a `lax.while_loop`.
+
+  `advance(carry, tokens) -> (log_probs, carry)` feeds the samples to the
+  model. Stops early once every row has produced `eos_id` (as in Trax, rows
+  that finished earlier keep sampling). Returns `(tokens, n, carry)`.
+  """
+  batch = log_probs.shape[0]
+
+  def record(log_probs, out, n_gen, eos_seen):
+    tok = sample(log_probs, jax.random.fold_in(key, n_gen))
+    out = lax.dynamic_update_index_in_dim(out, tok, n_gen, axis=1)
+    if eos_id is not None:
+      eos_seen = eos_seen | (tok == eos_id)
+    return tok, out, n_gen + 1, eos_seen
+
+  def cond(loop):
+    return (loop[3] < max_length) & jnp.logical_not(jnp.all(loop[4]))
+
+  def body(loop):
+    tok, carry, out, n_gen, eos_seen = loop
+    log_probs, carry = advance(carry, tok)
+    tok, out, n_gen, eos_seen = record(log_probs, out, n_gen, eos_seen)
+    return tok, carry, out, n_gen, eos_seen
+
+  tok, out, n_gen, eos_seen = record(
+      log_probs, jnp.zeros((batch, max_length), jnp.int32), jnp.int32(0),
+      jnp.zeros((batch,), bool))
+  loop = lax.while_loop(cond, body, (tok, carry, out, n_gen, eos_seen))
+  return loop[2], loop[3], loop[1]
+
+
+def _sampling_program(max_length, sample, eos_id, eval_length=None):
+  """`autoregressive_sample` as one program.
+
+  Predict mode feeds one token per step. Eval mode (`eval_length` set) reruns
+  the model on the whole sequence, zero-padded to `eval_length`, per token.
+  """
   def run(model_ref, weights, state, prefix, enc, rng, key):
-    # The first step runs outside the loop: it may change the state's
-    # structure (tl.Cache stores its outputs).
-    logits, state = _apply(model_ref, weights, state, prefix[:, :1], enc, rng)
+    if eval_length is None:
+      log_probs, state = _prefill(model_ref, weights, state, prefix, enc, rng)
 
-    def choose(i, logits, out, n_gen, eos_seen):
-      """Token at position i: the prefix's, or a sample (recorded in `out`)."""
-      forced = i < n_prefix
-      from_prefix = lax.dynamic_index_in_dim(
-          prefix, jnp.minimum(i, n_prefix - 1), axis=1, keepdims=False)
-      sampled = sample(_log_probs(logits[:, -1]), jax.random.fold_in(key, n_gen))
-      tok = jnp.where(forced, from_prefix, sampled)
-      gen = jnp.logical_not(forced)
-      old = lax.dynamic_index_in_dim(out, n_gen, axis=1, keepdims=False)
-      out = lax.dynamic_update_index_in_dim(out, jnp.where(gen, tok, old),
-                                            n_gen, axis=1)
-      if eos_id is not None:
-        eos_seen = eos_seen | (gen & (tok == eos_id))
-      return tok, out, n_gen + gen.astype(jnp.int32), eos_seen
+      def advance(state, tok):
+        logits, state = _apply(model_ref, weights, state, tok[:, None], enc,
+                               rng)
+        return _log_probs(logits[:, -1]), state
+      out, n_gen, state = _generate(log_probs, state, advance, sample, key,
+                                    max_length, eos_id)
+      return out, n_gen, state
 
-    batch = prefix.shape[0]
-    tok, out, n_gen, eos_seen = choose(
-        1, logits, jnp.zeros((batch, max_length), jnp.int32), jnp.int32(0),
-        jnp.zeros((batch,), bool))
-
-    def cond(carry):
-      n_gen, eos_seen = carry[4], carry[5]
-      return (n_gen < max_length) & jnp.logical_not(jnp.all(eos_seen))
-
-    def body(carry):
-      i, tok, state, out, n_gen, eos_seen = carry
-      logits, state = _apply(model_ref, weights, state, tok[:, None], enc, rng)
-      tok, out, n_gen, eos_seen = choose(i + 1, logits, out, n_gen, eos_seen)
-      return i + 1, tok, state, out, n_gen, eos_seen
-
-    carry = lax.while_loop(cond, body,
-                           (jnp.int32(1), tok, state, out, n_gen, eos_seen))
-    return carry[3], carry[4], carry[2]
-  return run
-
-
-def _eval_sampling_program(n_known, max_length, length, sample, eos_id):
-  """Eval-mode sampling: the model reruns on the whole zero-padded sequence per token."""
-  def run(model_ref, weights, state, known, enc, rng, key):
-    batch = known.shape[0]
-    buf = jnp.zeros((batch, length), jnp.int32)
-    buf = lax.dynamic_update_slice_in_dim(buf, known, 0, axis=1)
-
-    def step(carry):
-      n_gen, buf, state, out, eos_seen = carry
+    def at(buf, state, pos):  # Log-probs of the token at `pos`.
       logits, state = _apply(model_ref, weights, state, buf, enc, rng)
-      pos = n_known + n_gen
-      tok = sample(_log_probs(lax.dynamic_index_in_dim(logits, pos, axis=1,
-                                                       keepdims=False)),
-                   jax.random.fold_in(key, n_gen))
+      return _log_probs(lax.dynamic_index_in_dim(logits, pos, axis=1,
+                                                 keepdims=False)), state
+
+    def advance(carry, tok):
+      buf, state, pos = carry
       buf = lax.dynamic_update_index_in_dim(buf, tok, pos, axis=1)
-      out = lax.dynamic_update_index_in_dim(out, tok, n_gen, axis=1)
-      if eos_id is not None:
-        eos_seen = eos_seen | (tok == eos_id)
-      return n_gen + 1, buf, state, out, eos_seen
+      log_probs, state = at(buf, state, pos + 1)
+      return log_probs, (buf, state, pos + 1)
 
-    def cond(carry):
-      return (carry[0] < max_length) & jnp.logical_not(jnp.all(carry[4]))
-
-    carry = step((jnp.int32(0), buf, state,
-                  jnp.zeros((batch, max_length), jnp.int32),
-                  jnp.zeros((batch,), bool)))
-    carry = lax.while_loop(cond, step, carry)
-    return carry[3], carry[0], carry[2]
+    n_known = prefix.shape[1]
+    buf = jnp.pad(prefix, ((0, 0), (0, eval_length - n_known)))
+    log_probs, state = at(buf, state, n_known)
+    out, n_gen, (_, state, _) = _generate(
+        log_probs, (buf, state, jnp.int32(n_known)), advance, sample, key,
+        max_length, eos_id)
+    return out, n_gen, state
   return run
 
 
-def _stream_first_program(sample):
-  """Feeds the whole prefix (one token per step) and samples the first token."""
-  def run(model_ref, weights, state, prefix, enc, rng, key):
-    logits, state = _apply(model_ref, weights, state, prefix[:, :1], enc, rng)
-    if prefix.shape[1] > 1:
-      def feed(carry, tok):
-        return _apply(model_ref, weights, carry[1], tok[:, None], enc, rng), None
-      (logits, state), _ = lax.scan(feed, (logits, state), prefix[:, 1:].T)
-    return sample(_log_probs(logits[:, -1]), jax.random.fold_in(key, 0)), state
-  return run
+def _stream_programs(sample):
+  """The stream's programs: prefill and sample, feed and sample, eval step."""
+  def first(model_ref, weights, state, prefix, enc, rng, key):
+    log_probs, state = _prefill(model_ref, weights, state, prefix, enc, rng)
+    return sample(log_probs, jax.random.fold_in(key, 0)), state
 
-
-def _stream_next_program(sample):
-  """Feeds the last sample and samples the next token."""
-  def run(model_ref, weights, state, tok, enc, rng, key, index):
+  def step(model_ref, weights, state, tok, enc, rng, key, index):
     logits, state = _apply(model_ref, weights, state, tok[:, None], enc, rng)
     return sample(_log_probs(logits[:, -1]),
                   jax.random.fold_in(key, index)), state
-  return run
 
-
-def _eval_step_program(sample):
-  """Eval mode, one token: the model on the padded sequence, logits at `n`."""
-  def run(model_ref, weights, state, buf, enc, rng, key, n, index):
+  def eval_step(model_ref, weights, state, buf, enc, rng, key, n, index):
     logits, state = _apply(model_ref, weights, state, buf, enc, rng)
     log_probs = _log_probs(lax.dynamic_index_in_dim(logits, n, axis=1,
                                                     keepdims=False))
     return sample(log_probs, jax.random.fold_in(key, index)), state
-  return run
+  return first, step, eval_step
 
 
-def _beam_program(n_prefix, n_beams, max_length, eos_id, alpha, layout):
-  """Beam search over `batch * n_beams` model rows (example-major)."""
+def _beam_program(n_beams, max_length, eos_id, alpha, layout):
+  """Beam search over `batch * n_beams` model rows (example-major).
+
+  Each step ranks the `2k` best extensions of the `k` live beams; those of
+  the best `k` that end in eos join the `k`-best finished pool (scored with
+  the length penalty), the `k` best others live on. The loop stops at
+  `max_length` or when no live beam can beat the worst finished one.
+  """
   k = n_beams
 
   def penalty(length):  # GNMT: ((5 + length) / 6) ** alpha.
@@ -434,22 +447,25 @@ def _beam_program(n_prefix, n_beams, max_length, eos_id, alpha, layout):
     scores, idx = lax.top_k(scores, n)
     return jnp.take_along_axis(seqs, idx[:, :, None], axis=1), scores
 
-  def select(t, logits, alive_seq, alive_lp, fin_seq, fin_score):
+  def select(t, log_probs, alive_seq, alive_lp, fin_seq, fin_score):
     """Extends the beams by token t: new alive and finished beams, source beams."""
     batch = alive_lp.shape[0]
-    vocab = logits.shape[-1]
-    log_probs = _log_probs(logits[:, -1]).reshape(batch, k, vocab)
+    vocab = log_probs.shape[-1]
+    log_probs = log_probs.reshape(batch, k, vocab)
     cand = (alive_lp[:, :, None] + log_probs).reshape(batch, k * vocab)
-    # 2k candidates hold at least k that do not end in eos (one eos per beam).
-    vals, idx = lax.top_k(cand, min(2 * k, k * vocab))
+    # 2k candidates hold at least k that do not end in eos (one eos per
+    # beam); as in fairseq, an eos among the best k ends its beam.
+    n_cand = min(2 * k, k * vocab)
+    vals, idx = lax.top_k(cand, n_cand)
     beam, tok = idx // vocab, (idx % vocab).astype(jnp.int32)
     seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1)
     seqs = lax.dynamic_update_index_in_dim(seqs, tok, t, axis=2)
     is_eos = (tok == eos_id) if eos_id is not None else jnp.zeros_like(tok,
                                                                          bool)
+    ends = is_eos & (jnp.arange(n_cand) < k)
     fin_seq, fin_score = top(
         jnp.concatenate([fin_seq, seqs], axis=1),
-        jnp.concatenate([fin_score, jnp.where(is_eos, vals / penalty(t + 1),
+        jnp.concatenate([fin_score, jnp.where(ends, vals / penalty(t + 1),
                                               -jnp.inf)], axis=1), k)
     alive_lp, sel = lax.top_k(jnp.where(is_eos, -jnp.inf, vals), k)
     alive_seq = jnp.take_along_axis(seqs, sel[:, :, None], axis=1)
@@ -464,15 +480,11 @@ def _beam_program(n_prefix, n_beams, max_length, eos_id, alpha, layout):
 
   def run(model_ref, weights, state, prefix, enc, rng):
     batch = prefix.shape[0] // k
-    logits, state = _apply(model_ref, weights, state, prefix[:, :1], enc, rng)
-    if n_prefix > 1:
-      def feed(carry, tok):
-        return _apply(model_ref, weights, carry[1], tok[:, None], enc, rng), None
-      (logits, state), _ = lax.scan(feed, (logits, state), prefix[:, 1:].T)
+    log_probs, state = _prefill(model_ref, weights, state, prefix, enc, rng)
     zeros = jnp.zeros((batch, k, max_length), jnp.int32)
     first_lp = jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf)
     alive_seq, alive_lp, fin_seq, fin_score, source, tok = select(
-        0, logits, zeros, jnp.broadcast_to(first_lp, (batch, k)), zeros,
+        0, log_probs, zeros, jnp.broadcast_to(first_lp, (batch, k)), zeros,
         jnp.full((batch, k), -jnp.inf))
     state = reorder(state, source)
 
@@ -488,7 +500,7 @@ def _beam_program(n_prefix, n_beams, max_length, eos_id, alpha, layout):
       logits, state = _apply(model_ref, weights, state, tok.reshape(-1, 1), enc,
                              rng)
       alive_seq, alive_lp, fin_seq, fin_score, source, tok = select(
-          t, logits, alive_seq, alive_lp, fin_seq, fin_score)
+          t, _log_probs(logits[:, -1]), alive_seq, alive_lp, fin_seq, fin_score)
       return (t + 1, tok, reorder(state, source), alive_lp, alive_seq,
               fin_score, fin_seq)
 
@@ -578,57 +590,49 @@ def autoregressive_sample_stream(model, inputs=None, batch_size=1,
     A generator of int32 arrays of shape `(batch_size,)`.
   """
   _check_mode(model, eval_mode)
-  prefix, enc = _prepare(model, inputs, prompt, batch_size, start_id)
+  prefix, enc = _prepare(model, inputs, prompt, batch_size, start_id,
+                         eval_mode)
   sample = _sampler(temperature, top_k, top_p)
-  config = (float(temperature), top_k, top_p)
-  key = _base_key(rng)
-  if eval_mode:
-    return _eval_stream(model, prefix[:, 1:], enc, sample, config, key,
-                        accelerate, eval_min_length)
-  state, _ = _start_state(model, enc, batch_size)
-  _check_positions(model, prefix.shape[1], 1)
-  return _predict_stream(model, state, prefix, enc, sample, config, key,
-                         accelerate, _position_budget(model))
+  programs = [_compiled(model, (name, float(temperature), top_k, top_p), run)
+              for name, run in zip(('first', 'step', 'eval_step'),
+                                   _stream_programs(sample))]
+  state, budget = model.state, (None, '')
+  if not eval_mode:
+    state, _ = _start_state(model, enc, batch_size)
+    _check_positions(model, prefix.shape[1], 1)
+    budget = _position_budget(model)
+  return _stream(model, state, prefix, enc, programs, _base_key(rng),
+                 accelerate, eval_mode, eval_min_length, budget)
 
 
-def _predict_stream(model, state, prefix, enc, sample, config, key, accelerate,
-                    budget):
-  first = _compiled(model, ('stream_first',) + config,
-                    _stream_first_program(sample))
-  step = _compiled(model, ('stream_next',) + config,
-                   _stream_next_program(sample))
+def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
+            eval_min_length, budget):
+  """The stream's generator; each token updates `model.state`."""
+  first, step, eval_step = programs
   weights, rng = model.weights, model.rng
-  tok, state = _call(first, accelerate, weights, state, jnp.asarray(prefix),
-                     enc, rng, key)
-  model.state = state
+  known = prefix[:, 1:]  # Eval mode: the model's ShiftRight adds the start.
   free, where = budget
-  n_fed, index = prefix.shape[1], 1
+  n_fed, index, tok = prefix.shape[1], 0, None
   while True:
-    yield np.asarray(tok)
-    if free is not None and n_fed >= free:
-      raise ValueError(f'Sampling past the predict-mode caches: {n_fed} '
-                       f'positions fed, {free} were free ({where}).')
-    tok, state = _call(step, accelerate, weights, state, tok, enc, rng, key,
-                       np.int32(index))
+    if eval_mode:
+      n = known.shape[1]
+      buf = np.pad(known, ((0, 0), (0, _pow2(max(eval_min_length, n + 1)) - n)))
+      tok, state = _call(eval_step, accelerate, weights, state, buf, enc, rng,
+                         key, np.int32(n), np.int32(index))
+    elif index == 0:
+      tok, state = _call(first, accelerate, weights, state,
+                         jnp.asarray(prefix), enc, rng, key)
+    else:
+      if free is not None and n_fed >= free:
+        raise ValueError(f'Sampling past the predict-mode caches: {n_fed} '
+                         f'positions fed, {free} were free ({where}).')
+      tok, state = _call(step, accelerate, weights, state, tok, enc, rng, key,
+                         np.int32(index))
+      n_fed += 1
     model.state = state
-    n_fed, index = n_fed + 1, index + 1
-
-
-def _eval_stream(model, known, enc, sample, config, key, accelerate,
-                 eval_min_length):
-  step = _compiled(model, ('eval_step',) + config, _eval_step_program(sample))
-  weights, rng, state = model.weights, model.rng, model.state
-  index = 0
-  while True:
-    n = known.shape[1]
-    buf = np.pad(known, ((0, 0), (0, _pow2(max(eval_min_length, n + 1)) - n)))
-    tok, state = _call(step, accelerate, weights, state, buf, enc, rng, key,
-                       np.int32(n), np.int32(index))
-    model.state = state
-    tok = np.asarray(tok)
-    yield tok
-    known = np.concatenate([known, tok[:, None]], axis=1)
     index += 1
+    yield np.asarray(tok)
+    known = np.concatenate([known, np.asarray(tok)[:, None]], axis=1)
 
 
 def autoregressive_sample(model, inputs=None, batch_size=1, temperature=1.0,
@@ -647,27 +651,23 @@ def autoregressive_sample(model, inputs=None, batch_size=1, temperature=1.0,
   """
   _check_count('max_length', max_length)
   _check_mode(model, eval_mode)
-  prefix, enc = _prepare(model, inputs, prompt, batch_size, start_id)
+  prefix, enc = _prepare(model, inputs, prompt, batch_size, start_id,
+                         eval_mode)
   sample = _sampler(temperature, top_k, top_p)
   config = (float(temperature), top_k, top_p, eos_id, max_length)
-  key = _base_key(rng)
   if eval_mode:
-    known = prefix[:, 1:]
-    length = _pow2(max(eval_min_length, known.shape[1] + max_length))
-    program = _compiled(
-        model, ('eval_sample', known.shape[1], length) + config,
-        _eval_sampling_program(known.shape[1], max_length, length, sample,
-                               eos_id))
-    out, n_gen, state = _call(program, accelerate, model.weights, model.state,
-                              jnp.asarray(known), enc, model.rng, key)
+    prefix = prefix[:, 1:]  # The model's ShiftRight adds the start symbol.
+    length = _pow2(max(eval_min_length, prefix.shape[1] + max_length))
+    state = model.state
   else:
+    length = None
     _check_positions(model, prefix.shape[1], max_length)
     state, _ = _start_state(model, enc, batch_size)
-    program = _compiled(
-        model, ('sample', prefix.shape[1]) + config,
-        _sampling_program(prefix.shape[1], max_length, sample, eos_id))
-    out, n_gen, state = _call(program, accelerate, model.weights, state,
-                              jnp.asarray(prefix), enc, model.rng, key)
+  program = _compiled(model, ('sample', length) + config,
+                      _sampling_program(max_length, sample, eos_id, length))
+  out, n_gen, state = _call(program, accelerate, model.weights, state,
+                            jnp.asarray(prefix), enc, model.rng,
+                            _base_key(rng))
   model.state = state
   return np.asarray(out)[:, :int(n_gen)]
 
@@ -693,18 +693,18 @@ def beam_search(model, inputs=None, batch_size=1, n_beams=2, start_id=0,
   if isinstance(length_penalty, bool) or not np.isscalar(length_penalty):
     raise ValueError(f'length_penalty must be a number; got {length_penalty!r}.')
   _check_mode(model, False)
-  prefix, enc = _prepare(model, inputs, prompt, batch_size, start_id)
+  prefix, enc = _prepare(model, inputs, prompt, batch_size, start_id, False)
   _check_positions(model, prefix.shape[1], max_length)
   state, _ = _start_state(model, enc, batch_size)
   rows = np.repeat(np.arange(batch_size), n_beams)
-  layouts = _state_layouts(model, enc)
+  layouts = _state_layouts(model, enc)[:2]
   state = _take_examples(state, _layout_for(state, layouts), jnp.asarray(rows))
   enc_key = None if enc is None else enc.shape[1:]
   program = _compiled(
-      model, ('beam', prefix.shape[1], n_beams, max_length, eos_id,
-              float(length_penalty), enc_key),
-      _beam_program(prefix.shape[1], n_beams, max_length, eos_id,
-                    float(length_penalty), layouts[1]))
+      model, ('beam', n_beams, max_length, eos_id, float(length_penalty),
+              enc_key),
+      _beam_program(n_beams, max_length, eos_id, float(length_penalty),
+                    layouts[1]))
   seqs, scores, n = _call(program, accelerate, model.weights, state,
                           jnp.asarray(prefix[rows]),
                           None if enc is None else enc[rows], model.rng)

@@ -30,8 +30,9 @@ class _Stream:
 
   def next_batch(self):
     """Returns one batch: a tuple of input(s), targets and maybe weights."""
+    batch = next(self._labeled_data)
     self.n_batches += 1
-    return next(self._labeled_data)
+    return batch
 
   def skip(self, n):
     """Drops the next `n` batches (counted as taken)."""

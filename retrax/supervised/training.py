@@ -14,9 +14,7 @@ files, and resumes by itself from the newest valid checkpoint in
 """
 
 import collections
-import logging
 import math
-import os
 import time
 
 import jax
@@ -28,7 +26,6 @@ from retrax import shapes
 from retrax.layers import base
 from retrax.layers import combinators
 from retrax.supervised import batch_checks
-from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised import engine
 from retrax.supervised import history as trax_history
@@ -42,7 +39,6 @@ from retrax.supervised.tasks import TrainTask
 __all__ = ['EvalTask', 'Loop', 'TrainTask', 'init_host_and_devices',
            'BadBatchError', 'NonFiniteLossError']
 
-_log = logging.getLogger('retrax.supervised')
 
 
 def _never(*args):

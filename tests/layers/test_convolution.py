@@ -12,6 +12,7 @@ from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import convolution as conv
 from retrax.layers import deconvolution as deconv
+from retrax.layers import initializers as init
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature
 
@@ -91,17 +92,19 @@ def test_conv2d_matches_direct_loops(strides, padding, dilation):
 
 
 def test_conv_defaults_follow_trax():
-  layer = conv.Conv(64, (3, 3))
-  w, b = layer.init(ShapeDtype((1, 5, 5, 32)))[0]
-  # Glorot normal with Trax's fans: fan_in = C_in = 32, fan_out = 64 (the
-  # receptive field is not multiplied in), so var = 2 / (32 + 64).
-  assert abs(float(np.std(w)) - math.sqrt(2 / 96)) < 0.01 * math.sqrt(2 / 96)
-  assert abs(float(np.mean(w))) < 0.005
-  assert float(np.std(b)) < 1e-5 and b.dtype == np.float32
+  layer = conv.Conv(4, (3, 3))
+  key = jax.random.PRNGKey(5)
+  w, b = layer.init(ShapeDtype((1, 5, 5, 4)), rng=key)[0]
+  # Trax's defaults: Glorot-normal kernel with fans at the 'O' (3) and 'I'
+  # (2) axes of HWIO, a N(0, 1e-6^2) bias, the layer's key split in two.
+  key_w, key_b = jax.random.split(key, 2)
+  np.testing.assert_array_equal(
+      w, init.GlorotNormalInitializer(3, 2)((3, 3, 4, 4), key_w))
+  np.testing.assert_array_equal(
+      b, init.RandomNormalInitializer(1e-6)((4,), key_b))
   assert repr(layer) == 'Conv' and layer.n_in == layer.n_out == 1
   # The default strides are 1 and the default padding 'VALID'.
-  assert layer.output_signature(ShapeDtype((1, 5, 5, 32))).shape == (1, 3, 3,
-                                                                      64)
+  assert layer.output_signature(ShapeDtype((1, 5, 5, 4))).shape == (1, 3, 3, 4)
 
 
 def test_conv_without_bias_has_kernel_alone():

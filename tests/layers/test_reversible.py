@@ -127,7 +127,8 @@ def test_lab_part2_reprs_and_values():
   want_y2 = x2 + 10 * want_y1
   assert (y1.tolist(), y2.tolist()) == (want_y1.tolist(), want_y2.tolist())
   # A plain Serial of the same layers computes the same thing.
-  assert [y.tolist() for y in cb.Serial(blk)([x1, x2])] == [[11], [115]]
+  plain = cb.Serial(blk)([x1, x2])
+  assert [y.tolist() for y in plain] == [want_y1.tolist(), want_y2.tolist()]
   back = model.reverse((y1, y2))
   assert [b.tolist() for b in back] == [[1], [5]]
 
@@ -198,8 +199,8 @@ def test_reverse_of_forward_recovers_inputs_32_layers():
   err = max(float(jnp.max(jnp.abs(b - a))) for a, b in zip(x, back))
   scale = max(float(jnp.max(jnp.abs(v))) for v in y)
   # fp32 round-off accumulated over 32 layers whose outputs reach `scale`
-  # (measured: about 1e-6 * scale).
-  assert err < 1e-6 * scale * 32, (err, scale)
+  # (measured: err about 1e-6 with scale about 5).
+  assert err < 1e-5 * scale, (err, scale)
   assert float(jnp.max(jnp.abs(y[0] - x[0]))) > 1.0  # the layers did change x
 
 
@@ -463,7 +464,7 @@ def test_non_reversible_layer_in_reversible_serial_is_rejected():
 def test_half_residual_given_too_few_inputs():
   model = rv.ReversibleSerial(rv.ReversibleHalfResidual(core.Dense(D)),
                               rv.ReversibleSwap())
-  with pytest.raises(base.LayerError, match='2'):
+  with pytest.raises(base.LayerError, match='2 inputs'):
     model.init(ShapeDtype(SHAPE))
   half = rv.ReversibleHalfResidual(core.Dense(D))
   with pytest.raises(base.LayerError, match='expects inputs as a tuple of 2'):

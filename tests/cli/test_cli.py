@@ -1,0 +1,91 @@
+"""The `retrax` command line: a tiny train/sample run and its one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from retrax import cli
+from retrax import config as config_lib
+
+TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
+        '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=4',
+        '--set', 'checkpoint_every=4', '--set', 'warmup_steps=2',
+        '--set', 'n_samples=2']
+
+
+def test_train_then_sample_and_resume(tmp_path, capsys):
+  out = str(tmp_path / 'run')
+  assert cli.main(['train', '--output_dir', out, '--steps', '4', '--quiet',
+                   *TINY]) == 0
+  text = capsys.readouterr().out
+  assert 'copies correct' in text
+  with open(os.path.join(out, 'run_config.json')) as f:
+    assert json.load(f)['steps'] == 4
+  assert os.path.exists(os.path.join(out, 'metrics.jsonl'))
+  # Pointing at the same dir with more steps resumes from step 4.
+  assert cli.main(['train', '--output_dir', out, '--steps', '8', '--quiet',
+                   '--no-sample', *TINY]) == 0
+  text = capsys.readouterr().out
+  assert 'Resumed from checkpoint' in text
+  assert 'Step      8' in text and 'Step      1:' not in text
+  assert cli.main(['sample', out, '-n', '2']) == 0
+  assert 'copies correct' in capsys.readouterr().out
+
+
+def test_text_data_trains_a_byte_lm(tmp_path, capsys):
+  path = tmp_path / 'corpus.txt'
+  path.write_text('the quick brown fox jumps over the lazy dog. ' * 200)
+  assert cli.main(['train', '--output_dir', str(tmp_path / 'run'),
+                   '--steps', '2', '--quiet', '--data', f'text:{path}',
+                   '--set', 'vocab_size=256', '--attention', 'local',
+                   *TINY]) == 0
+  assert 'duplication task only' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['train', '--set', 'bogus=1'], "unknown config key 'bogus'"),
+    (['train', '--set', 'steps=many'], 'steps'),
+    (['train', '--config', '/nonexistent.toml'], 'does not exist'),
+    (['train', '--data', 'text:/nonexistent'], 'does not exist'),
+    (['sample', '/nonexistent-run'], 'not a retrax run directory'),
+    (['train', '--set', 'length=30'], 'multiple of chunk_len'),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert message in err and '\n' not in err
+
+
+def test_output_dir_of_another_model_is_refused(tmp_path, capsys):
+  out = tmp_path / 'run'
+  out.mkdir()
+  other = config_lib.RunConfig(output_dir=str(out), d_model=999)
+  (out / 'run_config.json').write_text(json.dumps(other.to_dict()))
+  before = sorted(os.listdir(out))
+  assert cli.main(['train', '--output_dir', str(out), '--steps', '1']) == 2
+  assert 'another model' in capsys.readouterr().err
+  assert sorted(os.listdir(out)) == before
+  assert json.loads((out / 'run_config.json').read_text())['d_model'] == 999
+
+
+def test_unknown_option_exits_2():
+  proc = subprocess.run([sys.executable, '-m', 'retrax', 'train', '--bogus'],
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 2
+  assert 'unrecognized arguments: --bogus' in proc.stderr
+
+
+def test_config_file(tmp_path):
+  path = tmp_path / 'c.toml'
+  path.write_text('n_layers = 3\nattention = "local"\nlearning_rate = 1\n')
+  config = config_lib.load(str(path), ['n_layers=4'])
+  assert (config.n_layers, config.attention, config.learning_rate) == (
+      4, 'local', 1.0)
+
+
+def test_info(capsys):
+  assert cli.main(['info']) == 0
+  assert 'jax' in capsys.readouterr().out
