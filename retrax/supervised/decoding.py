@@ -536,11 +536,11 @@ def _call(program, accelerate, *args):
 
 
 def _base_key(rng):
-  if rng is None:
-    return jax.random.PRNGKey(np.random.randint(0, 2**31 - 1))
+  if rng is None:  # Like Trax's sampling, follow np.random's state.
+    rng = np.random.randint(0, 2**31 - 1)
   if isinstance(rng, (int, np.integer)):
     return jax.random.PRNGKey(int(rng))
-  return rng
+  return jnp.asarray(rng)
 
 
 def _check_count(name, value):
@@ -632,7 +632,8 @@ def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
     model.state = state
     index += 1
     yield np.asarray(tok)
-    known = np.concatenate([known, np.asarray(tok)[:, None]], axis=1)
+    if eval_mode:
+      known = np.concatenate([known, np.asarray(tok)[:, None]], axis=1)
 
 
 def autoregressive_sample(model, inputs=None, batch_size=1, temperature=1.0,

@@ -89,3 +89,15 @@ def test_config_file(tmp_path):
 def test_info(capsys):
   assert cli.main(['info']) == 0
   assert 'jax' in capsys.readouterr().out
+
+
+def test_trainer_entry_point(tmp_path, capsys):
+  from retrax import trainer  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'c.toml'
+  path.write_text('steps = 2\nd_model = 16\nd_ff = 32\nn_layers = 1\n'
+                  'd_head = 8\nbatch_size = 4\nn_samples = 0\n')
+  assert trainer.main([f'--config_file={path}',
+                       f'--output_dir={tmp_path / "run"}']) == 0
+  assert os.path.exists(tmp_path / 'run' / 'run_config.json')
+  assert trainer.main(['--config_file=x.gin', '--output_dir=o']) == 2
+  assert 'gin files are not supported' in capsys.readouterr().err

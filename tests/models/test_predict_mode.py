@@ -43,12 +43,11 @@ _ENC_DEC = dict(_SMALL, n_encoder_layers=1, n_decoder_layers=1, max_len=128)
 MODELS = {
     'TransformerLM': (functools.partial(
         models.TransformerLM, VOCAB, n_layers=1, max_len=128, **_SMALL), False),
+    # Chunked: the predict memory (16 positions) rolls every 8 tokens.
     'ReformerLM-SelfAttention': (functools.partial(
-        models.ReformerLM, VOCAB, **_REFORMER), False),
-    'ReformerLM-SelfAttention-chunked': (functools.partial(
         models.ReformerLM, VOCAB, attention_type=functools.partial(
             tl.SelfAttention, chunk_len=8, n_chunks_before=1), **_REFORMER),
-                                         False),
+                                 False),
     'ReformerLM-CausalAttention': (functools.partial(
         models.ReformerLM, VOCAB, attention_type=tl.CausalAttention,
         **_REFORMER), False),
