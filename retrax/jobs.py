@@ -138,24 +138,25 @@ def config_of_run(output_dir):
   return config_lib.RunConfig(**values)
 
 
-def load_predict_model(config):
-  """A predict-mode model with the run's latest weights."""
+def load_model(config, mode='predict', batch_size=1):
+  """A model in `mode` with the run's latest weights."""
   from retrax import shapes  # pylint: disable=g-import-not-at-top
   from retrax.supervised import checkpointing  # pylint: disable=g-import-not-at-top
   path = checkpointing.find_latest_valid(config.output_dir)
   if path is None:
     raise FileNotFoundError(f'{config.output_dir} holds no valid checkpoint; '
                             'train first with `retrax train`.')
-  model = build_model(config, 'predict')
-  model.init_from_file(path, weights_only=True,
-                       input_signature=shapes.ShapeDtype((1, 1), np.int32))
+  model = build_model(config, mode)
+  length = 1 if mode == 'predict' else config.length
+  model.init_from_file(path, weights_only=True, input_signature=shapes.ShapeDtype(
+      (batch_size, length), np.int32))
   return model
 
 
 def sample_copies(config, n=4, temperature=0.0, seed=0):
   """Prompts `0 w 0` from the eval stream and the model's continuations; returns rows."""
   from retrax.supervised import decoding  # pylint: disable=g-import-not-at-top
-  model = load_predict_model(config)
+  model = load_model(config, 'predict')
   rng = np.random.default_rng(seed + 12345)
   half = config.length // 2
   w = rng.integers(1, config.vocab_size, size=(n, half - 1))
@@ -165,6 +166,31 @@ def sample_copies(config, n=4, temperature=0.0, seed=0):
       model, batch_size=n, temperature=temperature, start_id=0,
       eos_id=-1, max_length=half - 1, prompt=prompt)
   return [(wi, oi) for wi, oi in zip(w, np.asarray(out))]
+
+
+def print_eval(config, n_batches=8):
+  """Prints the eval loss and accuracy of a run's latest weights on its eval stream."""
+  import jax  # pylint: disable=g-import-not-at-top
+  model = load_model(config, 'eval', config.batch_size)
+  metrics = tl.Serial(model, tl.Branch(tl.WeightedCategoryCrossEntropy(),
+                                       tl.WeightedCategoryAccuracy()))
+  stream = build_inputs(config).eval_stream(1)
+  x, y, w = next(stream)
+  metrics.init((x, y, w))
+  metrics.sublayers[0].weights = model.weights
+  metrics.sublayers[0].state = model.state
+  step = jax.jit(metrics.pure_fn)
+  totals = np.zeros(2)
+  for i in range(n_batches):
+    if i:
+      x, y, w = next(stream)
+    (loss, acc), _ = step((x, y, w), metrics.weights, metrics.state,
+                          metrics.rng)
+    totals += (float(loss), float(acc))
+  loss, acc = totals / n_batches
+  print(f'eval over {n_batches} batches: WeightedCategoryCrossEntropy '
+        f'{loss:.6f}  WeightedCategoryAccuracy {acc:.6f}')
+  return loss, acc
 
 
 def print_samples(config, n=None, temperature=0.0):

@@ -7,6 +7,7 @@ number of dimensions, the same ones on both sides.
 
 import functools
 import inspect
+import sys
 import string
 
 from retrax.layers import base
@@ -20,8 +21,7 @@ def assert_shape(specification):
   AssertShape)` (Trax's tree layout: two empty weight entries around it);
   a decorated class gets the checks inside `forward`.
   """
-  caller = inspect.getframeinfo(inspect.stack()[1][0])
-  message = f'Defined at {caller.filename}:{caller.lineno}'
+  message = _defined_at(sys._getframe(1))  # pylint: disable=protected-access
 
   def wrap_cls(cls):
     forward, init = cls.forward, cls.__init__
@@ -54,11 +54,15 @@ def assert_shape(specification):
   return lambda f: wrap_cls(f) if inspect.isclass(f) else wrap_fun(f)
 
 
+def _defined_at(frame):
+  # sys._getframe is cheap; inspect.stack() reads source files (slow imports).
+  return f'Defined at {frame.f_code.co_filename}:{frame.f_lineno}'
+
+
 def AssertFunction(specification, layer, message=None):  # pylint: disable=invalid-name
   """Wraps `layer` as `Serial(AssertShape(in), layer, AssertShape(out))`."""
   if message is None:
-    caller = inspect.getframeinfo(inspect.stack()[1][0])
-    message = f'Defined at {caller.filename}:{caller.lineno}'
+    message = _defined_at(sys._getframe(1))  # pylint: disable=protected-access
   before_spec, after_spec = specification.split('->')
   before = AssertShape(before_spec, message=message + ' function input')
   after = AssertShape(after_spec, message=message + ' function output')

@@ -110,8 +110,8 @@ class Conv(base.Layer):
     self._filters = filters
     self._kernel_size = tuple(kernel_size)
     self._dimension_numbers = tuple(dimension_numbers)
+    check_dimension_numbers(self._dimension_numbers)
     self._lhs_spec, self._rhs_spec, self._out_spec = self._dimension_numbers
-    _check_dimension_numbers(self._dimension_numbers)
     n_spatial = len(self._lhs_spec) - 2
     if len(self._kernel_size) != n_spatial:
       raise ValueError(
@@ -208,7 +208,8 @@ class Conv(base.Layer):
       self.weights = w
 
 
-def _check_dimension_numbers(dimension_numbers):
+def check_dimension_numbers(dimension_numbers):
+  """Raises a clear ValueError unless the three layouts are consistent."""
   if len(dimension_numbers) != 3:
     raise ValueError('dimension_numbers must be 3 layout strings (input, '
                      f'kernel, output); got {dimension_numbers!r}.')

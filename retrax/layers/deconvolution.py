@@ -49,8 +49,8 @@ class ConvTranspose(base.Layer):
     self._filters = filters
     self._kernel_size = tuple(kernel_size)
     self._dimension_numbers = tuple(dimension_numbers)
+    convolution.check_dimension_numbers(self._dimension_numbers)
     self._lhs_spec, self._rhs_spec, self._out_spec = self._dimension_numbers
-    convolution._check_dimension_numbers(self._dimension_numbers)  # pylint: disable=protected-access
     n_spatial = len(self._lhs_spec) - 2
     if len(self._kernel_size) != n_spatial:
       raise ValueError(

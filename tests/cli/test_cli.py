@@ -101,3 +101,11 @@ def test_trainer_entry_point(tmp_path, capsys):
   assert os.path.exists(tmp_path / 'run' / 'run_config.json')
   assert trainer.main(['--config_file=x.gin', '--output_dir=o']) == 2
   assert 'gin files are not supported' in capsys.readouterr().err
+
+
+def test_eval_command(tmp_path, capsys):
+  out = str(tmp_path / 'run')
+  assert cli.main(['train', '--output_dir', out, '--steps', '2', '--quiet',
+                   '--no-sample', *TINY]) == 0
+  assert cli.main(['eval', out, '--batches', '2']) == 0
+  assert 'WeightedCategoryAccuracy' in capsys.readouterr().out
