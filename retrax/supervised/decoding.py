@@ -696,16 +696,13 @@ def beam_search(model, inputs=None, batch_size=1, n_beams=2, start_id=0,
   _check_mode(model, False)
   prefix, enc = _prepare(model, inputs, prompt, batch_size, start_id, False)
   _check_positions(model, prefix.shape[1], max_length)
-  state, _ = _start_state(model, enc, batch_size)
-  rows = np.repeat(np.arange(batch_size), n_beams)
-  layouts = _state_layouts(model, enc)[:2]
-  state = _take_examples(state, _layout_for(state, layouts), jnp.asarray(rows))
-  enc_key = None if enc is None else enc.shape[1:]
+  state, layout = _start_state(model, enc, batch_size)
+  rows = np.repeat(np.arange(batch_size), n_beams)  # Row b * n_beams + beam.
+  state = _take_examples(state, layout, jnp.asarray(rows))
+  config = (n_beams, max_length, eos_id, float(length_penalty))
   program = _compiled(
-      model, ('beam', n_beams, max_length, eos_id, float(length_penalty),
-              enc_key),
-      _beam_program(n_beams, max_length, eos_id, float(length_penalty),
-                    layouts[1]))
+      model, ('beam', None if enc is None else enc.shape[1:]) + config,
+      _beam_program(*config, _state_layouts(model, enc)[1]))
   seqs, scores, n = _call(program, accelerate, model.weights, state,
                           jnp.asarray(prefix[rows]),
                           None if enc is None else enc[rows], model.rng)
