@@ -223,7 +223,7 @@ def train_64k(steps=4, length=65536, vocab=256):
   opt_state = opt.init(weights)
 
   @jax.jit
-  def step(weights, opt_state, state, rng):
+  def step(weights, opt_state, state, rng, inputs, targets):
     def loss_fn(w):
       logits, new_state = model.pure_fn(inputs, w, state, rng)
       return cross_entropy(logits, targets), new_state
@@ -237,7 +237,8 @@ def train_64k(steps=4, length=65536, vocab=256):
   for i in range(steps):
     start = time.perf_counter()
     weights, opt_state, state, loss = step(weights, opt_state, state,
-                                           jax.random.PRNGKey(i))
+                                           jax.random.PRNGKey(i), inputs,
+                                           targets)
     loss = float(loss)
     print(f'  step {i}: loss {loss:.4f} ({time.perf_counter() - start:.1f}s)',
           flush=True)

@@ -1,7 +1,5 @@
 """Tests of LSHSelfAttention against NumPy references, Trax's golden model and itself."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.test_util import check_grads
@@ -57,7 +55,7 @@ def _full_attention(x, weights, causal):
 
 
 @pytest.mark.parametrize('causal,n_hashes,n_chunks_before', [
-    (True, 1, 0), (False, 2, 1), (False, 3, 0)])
+    (True, 1, 0), (False, 3, 1)])
 def test_one_chunk_per_round_is_full_shared_qk_attention(causal, n_hashes,
                                                          n_chunks_before):
   """One chunk per round: every round is full shared-QK attention.
@@ -144,63 +142,42 @@ def test_default_n_buckets_follows_trax():
   assert lsh.default_n_buckets(16384, 64) == [32, 16]
 
 
-class _FixedBuckets(lsh.LSHSelfAttention):
-  """Hashes to given buckets, so that gradients see a fixed sort."""
+def test_check_grads_replaying_the_forward_buckets():
+  """The custom backward (per-head recomputation with the buckets the forward
+  stored) gives the gradient of the function the forward computed.
 
-  def __init__(self, buckets, **kwargs):
-    super().__init__(**kwargs)
-    self._fixed = buckets
-
-  def hash_vectors(self, vecs, rng, mask=None):
-    del vecs, rng, mask
-    return self._fixed
-
-
-def test_check_grads_with_fixed_buckets():
-  buckets = jnp.asarray(np.random.RandomState(0).randint(0, 4, 16) +
-                        np.repeat([0, 4], 8), jnp.int32)
-  layer = _FixedBuckets(buckets, n_heads=N_HEADS, d_qk=D_QK, d_v=D_V,
-                        causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
-                        mode='eval')
+  Central differences move the inputs by ~1e-4 (float64), far less than the
+  hashing margins of this fixed example, so every evaluation hashes alike.
+  """
+  layer = _layer(causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
+                 n_parallel_heads=1)
+  assert layer.has_backward
   with jax.enable_x64(True):
-    x = np.random.RandomState(1).normal(size=(1, 8, D_MODEL))
+    x = np.random.RandomState(1).normal(size=(2, 8, D_MODEL))
     weights = tuple(w.astype(np.float64) for w in _weights())
-    state = _state(1, 8, 2)
+    state = _state(2, 8, 2)
     f = jax.jit(lambda x, w: layer.pure_fn(x, w, state,
                                            jax.random.PRNGKey(0))[0])
     check_grads(f, (x, weights), order=1, modes=['rev'])
 
 
-@pytest.fixture(scope='module')
-def lsh_reference():
-  """Output, new state and gradients of the reference code (plain autodiff)."""
-  kwargs = dict(n_heads=2, d_qk=D_QK, d_v=D_V, causal=True, chunk_len=5,
-                n_hashes=2, n_buckets=4, attention_dropout=0.2,
-                output_dropout=0.1, mode='train')
-  x = _normal(3, (1, 10, D_MODEL))
-  weights, state = _weights(), _state(1, 10, 2)
-  ref = lsh.LSHSelfAttention(use_reference_code=True, **kwargs)
-  return kwargs, x, weights, state, jax.jit(
-      functools.partial(_forward_backward, ref))(x, weights, state)
+def test_backward_does_not_hash_again():
+  """Hashing is traced once under jax.grad: the backward replays the state."""
+  calls = []
 
+  class Counting(lsh.LSHSelfAttention):
 
-def _forward_backward(layer, x, weights, state):
-  def f(x, w):
-    return layer.pure_fn(x, w, state, jax.random.PRNGKey(7))
-  out, vjp, new_state = jax.vjp(f, x, weights, has_aux=True)
-  return out, new_state, vjp(_normal(9, out.shape))
+    def hash_vectors(self, vecs, rng, mask=None):
+      calls.append(vecs.shape)
+      return super().hash_vectors(vecs, rng, mask)
 
-
-@pytest.mark.parametrize('n_parallel_heads,python_loop', [(1, False)])
-def test_batching_and_bucket_replay_match_reference_code(
-    lsh_reference, n_parallel_heads, python_loop):
-  """The custom backward replays the forward's buckets and equals autodiff."""
-  kwargs, x, weights, state, want = lsh_reference
-  layer = lsh.LSHSelfAttention(n_parallel_heads=n_parallel_heads,
-                               use_python_loop=python_loop, **kwargs)
-  got = jax.jit(functools.partial(_forward_backward, layer))(x, weights, state)
-  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+  layer = Counting(n_heads=N_HEADS, d_qk=D_QK, d_v=D_V, causal=True,
+                   chunk_len=4, n_hashes=2, n_buckets=4)
+  x = _normal(3, (1, 8, D_MODEL))
+  loss = lambda x, w: jnp.sum(layer.pure_fn(x, w, _state(1, 8, 2),
+                                            jax.random.PRNGKey(0))[0])
+  jax.make_jaxpr(jax.grad(loss, (0, 1)))(x, _weights())
+  assert calls == [(8, D_QK)]
 
 
 def test_padding_does_not_change_real_outputs():
@@ -317,6 +294,7 @@ def test_golden_reformerlm_lsh_logits():
   np.testing.assert_allclose(logits, data['logits'], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_memory_grows_linearly_with_length():
   def temp_bytes(length):
     layer = lsh.LSHSelfAttention(n_heads=2, d_qk=16, d_v=16, causal=True,
