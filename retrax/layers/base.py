@@ -28,6 +28,8 @@ import jax
 import numpy as np
 
 from retrax import fastmath
+from retrax.checkpoints.tree import flatten_weights_and_state  # noqa: F401  (Trax's base name)
+from retrax.checkpoints.tree import unflatten_weights_and_state  # noqa: F401  (Trax's base name)
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature
 
@@ -617,45 +619,6 @@ def _is_empty(x):
   return isinstance(x, (list, tuple)) and len(x) == 0  # pylint: disable=g-explicit-length-test
 
 
-def flatten_weights_and_state(weights, state):
-  """Flat lists of weight and state leaves, in Trax's checkpoint order.
-
-  Leaves are taken depth-first, left to right; empty entries `()` and the
-  markers of shared layers contribute nothing.
-  """
-  flat_w = [w for w in fastmath.tree_flatten(weights)
-            if not _is_weights_marker(w)]
-  flat_s = [s for s in fastmath.tree_flatten(state)
-            if not _is_state_marker(s)]
-  return flat_w, flat_s
-
-
-def unflatten_weights_and_state(flat_weights, flat_state,
-                                weights_and_state_signature,
-                                weights_only=False):
-  """Rebuilds `(weights, state)` trees from flat lists and a tree signature.
-
-  Inverse of `flatten_weights_and_state`: `weights_and_state_signature` (from
-  `layer.weights_and_state_signature`) gives the tree, whose `()` entries and
-  shared-layer markers are copied as they are. With `weights_only`, the state
-  is None.
-  """
-  weights_tree, state_tree = weights_and_state_signature
-  weights, rest = fastmath.tree_unflatten(
-      list(flat_weights), weights_tree,
-      copy_from_tree=[EMPTY_WEIGHTS, GET_WEIGHTS_FROM_CACHE])
-  if rest:
-    raise ValueError(f'{len(rest)} weight arrays left over after filling the '
-                     'weight tree: the checkpoint does not fit this model.')
-  state = None
-  if not weights_only:
-    state, rest = fastmath.tree_unflatten(
-        list(flat_state), state_tree,
-        copy_from_tree=[EMPTY_STATE, GET_STATE_FROM_CACHE])
-    if rest:
-      raise ValueError(f'{len(rest)} state arrays left over after filling the '
-                       'state tree: the checkpoint does not fit this model.')
-  return weights, state
 
 
 def to_list(outputs):

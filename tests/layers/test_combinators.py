@@ -214,7 +214,7 @@ def test_flatten_unflatten_weights_shared():
   assert w2[1] == ()
   np.testing.assert_array_equal(w2[0][0], model.weights[0][0])
   np.testing.assert_array_equal(w2[2][0], model.weights[1][0])
-  with pytest.raises(ValueError, match='left over'):
+  with pytest.raises(ValueError, match='the tree needs only 4'):
     base.unflatten_weights_and_state(flat_w + [np.zeros(1)], flat_s, sig)
 
 
