@@ -440,24 +440,25 @@ class Layer:
       raise LayerError(self._name, '_forward_abstract', self._caller,
                        input_signature, _short_traceback(e)) from e
 
+  def _forward_with(self, inputs, weights, state, rng):
+    """`forward` with the given weights, state and rng set for the call; returns (out, new_state)."""
+    old = self.weights, self.state, self._rng
+    self.weights, self.state, self._rng = weights, state, rng
+    try:
+      out = self.forward(inputs)
+      return out, self.state
+    finally:
+      self.weights, self.state, self._rng = old
+
   def _do_custom_gradients(self, x):
     """Runs `forward` with gradients given by `self.backward`."""
 
-    def run(weights, state, rng, inputs):
-      old = self.weights, self.state, self._rng
-      self.weights, self.state, self._rng = weights, state, rng
-      try:
-        out = self.forward(inputs)
-        return out, self.state
-      finally:
-        self.weights, self.state, self._rng = old
-
     @jax.custom_vjp
     def f(inputs, weights, state, rng):
-      return run(weights, state, rng, inputs)
+      return self._forward_with(inputs, weights, state, rng)
 
     def f_fwd(inputs, weights, state, rng):
-      out, s = run(weights, state, rng, inputs)
+      out, s = self._forward_with(inputs, weights, state, rng)
       return (out, s), (inputs, out, weights, state, s, rng)
 
     def f_bwd(res, grads):

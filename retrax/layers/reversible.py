@@ -258,21 +258,12 @@ class ReversibleLayer(base.Layer):
       x = tuple(x)
     primal_x = x
 
-    def run(inputs, weights, state, rng):
-      old = self.weights, self.state, self._rng
-      self.weights, self.state, self._rng = weights, state, rng
-      try:
-        out = self.forward(inputs)
-        return out, self.state
-      finally:
-        self.weights, self.state, self._rng = old
-
     @jax.custom_vjp
     def f(inputs, weights, state, rng):
-      return run(inputs, weights, state, rng)
+      return self._forward_with(inputs, weights, state, rng)
 
     def f_fwd(inputs, weights, state, rng):
-      out, new_state = run(inputs, weights, state, rng)
+      out, new_state = self._forward_with(inputs, weights, state, rng)
       return (out, new_state), (out, weights, state, new_state, rng)
 
     def f_bwd(residuals, grads):
