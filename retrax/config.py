@@ -44,6 +44,7 @@ class RunConfig:
   seed: int = 0
   output_dir: str = 'runs/duplication'
   n_samples: int = 4
+  trax_files: bool = True           # also write Trax's model.pkl.gz files
 
   def replace(self, **kwargs):
     return dataclasses.replace(self, **kwargs)

@@ -116,7 +116,7 @@ def train(config, quiet=False):
       eval_model=build_model(config, 'eval'), eval_tasks=[eval_task],
       output_dir=config.output_dir, random_seed=config.seed,
       eval_at=lambda step: step == 1 or step % config.eval_every == 0,
-      progress_bar=not quiet)
+      progress_bar=not quiet, write_trax_files=config.trax_files)
   remaining = config.steps - loop.step
   if remaining > 0:
     loop.run(remaining)

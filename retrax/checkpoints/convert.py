@@ -8,9 +8,11 @@ in Trax's order), `trax_slots` (Trax's flat optimizer slots per task) and
 metadata. `Layer.init_from_file` reads the result.
 
 native -> Trax writes the `Loop` layout (`DST.pkl.gz`, `DST.weights.npy.gz`,
-and `DST.opt_slots{i}.npy.gz` when the checkpoint has `trax_slots`). A
-retrax training checkpoint's optax state is not in Trax's slot layout, so it
-is left out: Trax then restores weights and state and starts fresh slots.
+and `DST.opt_slots{i}.npy.gz` per training task): the slots come from a
+converted checkpoint's `trax_slots` or a training checkpoint's `slots` (one
+tree per task, Trax's slot layout; its empty entries are skipped, as Trax
+stores them). Without either, Trax restores weights and state and starts
+fresh slots.
 """
 
 import os
@@ -52,7 +54,8 @@ def native_to_trax(src, dst):
   state = tree_leaves(trees.get('state', ()))
   eval_state = tree_leaves(trees['eval_state']) if 'eval_state' in trees else (
       state)
-  slots = [tree_leaves(s) for s in trees.get('trax_slots', [])]
+  slots = [[x for x in tree_leaves(s) if x is not None]
+           for s in trees.get('trax_slots', trees.get('slots', []))]
   step = meta.get('step')
   return trax_format.write_trax_loop_checkpoint(
       dst, 0 if step is None else step, tree_leaves(trees['weights']), state,

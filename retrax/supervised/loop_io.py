@@ -123,6 +123,11 @@ class LoopIO:
   def save_checkpoint(self, basename=None, permanent=False):
     """Saves the complete training state as a native checkpoint directory.
 
+    Unless the loop was built with `write_trax_files=False`, Trax's files are
+    written beside it (see `export_trax_checkpoint`): `model.pkl.gz` for a
+    rolling checkpoint, `model_<step>.pkl.gz` for a permanent one and
+    `<basename>.pkl.gz` for a named one, as Trax's `Loop` names them.
+
     Args:
       basename: a name under `output_dir` (Trax's argument, e.g. 'model' or
         'lowest_loss'; an existing one is replaced atomically). None saves a
@@ -150,6 +155,10 @@ class LoopIO:
         self._history.to_dict()['_values'], batches, self._checkpoint_kind)
     if basename is None and not permanent:
       checkpointing.rotate(self._output_dir, self._keep_checkpoints)
+    if self._write_trax_files:  # Trax's names: model, model_<step>, <basename>.
+      self.export_trax_checkpoint(basename or (
+          f'{checkpointing.TRAX_BASENAME}_{self._step}' if permanent
+          else checkpointing.TRAX_BASENAME))
     self._last_saved_step = self._step
     self._log_step(f'Saved checkpoint {path}', stdout=False)
     return path

@@ -152,6 +152,8 @@ class Trainer:
       which has no such flag) take batches as they are.
     id_to_mask: target id whose positions get weight 0 (with has_weights=False).
     progress_bar: show a progress bar while training (default off, as Trax).
+    write_trax_files: write Trax's `model.pkl.gz` files beside the native
+      checkpoints (default on).
   """
 
   def __init__(self, model, loss_fn, optimizer, lr_schedule, inputs,
@@ -161,7 +163,7 @@ class Trainer:
                checkpoint_highest=None, checkpoint_lowest=None,
                init_checkpoint=None, has_weights=None, id_to_mask=None,
                nontrainable_param_map=None, *, keep_checkpoints=3,
-               progress_bar=False):
+               progress_bar=False, write_trax_files=True):
     del nontrainable_param_map  # Trax 1.2 RL-era option; schedules set lr only.
     self._model_fn, self._loss_fn, self._optimizer = model, loss_fn, optimizer
     self._lr_schedule = lr_schedule
@@ -177,6 +179,7 @@ class Trainer:
     self._init_checkpoint = init_checkpoint
     self._has_weights, self._id_to_mask = has_weights, id_to_mask
     self._keep_checkpoints, self._progress_bar = keep_checkpoints, progress_bar
+    self._write_trax_files = write_trax_files
     self._loop = None
     self._writers = None
     self.reset(output_dir, init_checkpoint)
@@ -222,7 +225,8 @@ class Trainer:
         permanent_checkpoint_at=training._never, eval_at=training._never,  # pylint: disable=protected-access
         n_devices=n_devices, random_seed=self._random_seed,
         keep_checkpoints=self._keep_checkpoints,
-        progress_bar=self._progress_bar, _opt_step_offset=-1)
+        progress_bar=self._progress_bar,
+        write_trax_files=self._write_trax_files, _opt_step_offset=-1)
     self._loop._checkpoint_kind = 'Trainer'  # pylint: disable=protected-access
     self._refresh_schedule()  # The history may come from a checkpoint.
     if output_dir is not None and self._should_write_summaries:
@@ -363,7 +367,7 @@ class Trainer:
     With prefix 'model' the native checkpoint is a rolling `ckpt_<step>` (and
     with `keep` also a permanent `model_<step>`); other prefixes save
     `<output_dir>/<prefix>`. Trax's file `<prefix>.pkl.gz` (and with `keep`
-    `<prefix>_<step>.pkl.gz`) is written too.
+    `model_<step>.pkl.gz`) is written too, unless `write_trax_files=False`.
     """
     loop = self._loop
     if loop.output_dir is None:
@@ -374,9 +378,6 @@ class Trainer:
         loop.save_checkpoint(permanent=True)
     else:
       loop.save_checkpoint(prefix)
-    loop.export_trax_checkpoint(prefix)
-    if keep:
-      loop.export_trax_checkpoint(f'{prefix}_{self.step}')
 
   # --- output --------------------------------------------------------------------
 

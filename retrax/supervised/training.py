@@ -152,13 +152,16 @@ class Loop(loop_io.LoopIO):
   evals run first, so the checkpoint holds their results and a resumed run
   matches an uninterrupted one exactly; a NaN/inf loss or a batch that does
   not fit the model stops training (`NonFiniteLossError`, `BadBatchError`);
-  `save_checkpoint` writes retrax's native format (`export_trax_checkpoint`
-  writes Trax's files).
+  `save_checkpoint` writes retrax's native format (a checksummed directory)
+  and, beside it, the files Trax writes (`model.pkl.gz` with its
+  `.weights.npy.gz` and `.opt_slots{i}.npy.gz`; `model_<step>.pkl.gz` for
+  permanent checkpoints), so Trax programs and Trax itself can read them.
 
   Args (retrax's, keyword-only):
     keep_checkpoints: rolling checkpoints kept (permanent ones never deleted).
     progress_bar: True/False, or None for a bar on terminals for long runs.
     check_batches: check each batch on the host (shapes, dtypes, id ranges).
+    write_trax_files: also write Trax's checkpoint files at each checkpoint.
   """
 
   def __init__(self, model, tasks, eval_model=None, eval_tasks=None,
@@ -167,7 +170,8 @@ class Loop(loop_io.LoopIO):
                eval_at=None, which_task=None, n_devices=None, random_seed=None,
                loss_chunk_size=0, use_memory_efficient_trainer=False,
                adasum=False, callbacks=None, *, keep_checkpoints=3,
-               progress_bar=None, check_batches=True, _opt_step_offset=0):
+               progress_bar=None, check_batches=True, write_trax_files=True,
+               _opt_step_offset=0):
     self._is_chief, self._n_hosts, self._n_devices, self._rng = (
         init_host_and_devices(n_devices, random_seed))
     self._parallel = devices.DataParallel(self._n_devices)
@@ -194,6 +198,7 @@ class Loop(loop_io.LoopIO):
     self._checkpoint_high_metric = checkpoint_high_metric
     self._which_task = which_task or (lambda n: n % len(tasks))
     self._keep_checkpoints = keep_checkpoints
+    self._write_trax_files = write_trax_files
     self._progress_bar_setting = progress_bar
     self._step = 0
     self._history = trax_history.History()

@@ -32,17 +32,28 @@ def test_trax_native_trax_round_trip(golden, tmp_path, model):
   assert b['input_signature'] == a['input_signature']
 
 
-def test_native_without_trax_slots(tmp_path):
+def test_native_training_checkpoint_slots_become_trax_slot_files(tmp_path):
   w = ((), (np.ones((2, 3), np.float32), np.zeros(3, np.float32)))
+  momentum = ((), (np.full((2, 3), 0.5, np.float32), np.full(3, 2.0, np.float32)))
   native.save_native(tmp_path / 'n', {
       'weights': w, 'state': (np.array(0.1, np.float32),),
-      'slots': [(np.int32(1), w)], 'input_signature': ShapeDtype((1, 2))},
+      'slots': [momentum], 'input_signature': ShapeDtype((1, 2))},
                      {'step': 9})
   pkl = convert.convert(tmp_path / 'n', tmp_path / 'out.pkl.gz', to='trax')
   ckpt = read_trax_checkpoint(pkl)
   _same(ckpt['flat_weights'], [w[1][0], w[1][1]])
-  assert ckpt['slots'] == [] and ckpt['step'] == 9
+  assert len(ckpt['slots']) == 1
+  _same(ckpt['slots'][0], [momentum[1][0], momentum[1][1]])
+  assert ckpt['step'] == 9
   _same(ckpt['flat_eval_state'], [np.array(0.1, np.float32)])
+
+
+def test_native_without_slots(tmp_path):
+  native.save_native(tmp_path / 'n', {'weights': [np.ones(2, np.float32)]},
+                     {'step': 2})
+  ckpt = read_trax_checkpoint(convert.convert(tmp_path / 'n',
+                                              tmp_path / 'out', to='trax'))
+  assert ckpt['slots'] == [] and ckpt['step'] == 2
 
 
 def test_bad_requests(golden, tmp_path):

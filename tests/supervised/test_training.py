@@ -58,9 +58,12 @@ def test_report_lines_and_files(tmp_path, capsys):
       r'Step      5: train WeightedCrossEntropy \|  \d\.\d{8}', lines[6])
   assert re.fullmatch(r'Step      5: eval      WeightedAccuracy \|  \d\.\d{8}',
                       lines[8])
-  # Checkpoints at step 1 and 5; metrics in JSONL and TensorBoard files.
+  # Checkpoints at step 1 and 5 (native, and Trax's files for the newest);
+  # metrics in JSONL and TensorBoard files.
   assert sorted(os.listdir(tmp_path)) == [
-      'ckpt_000000001', 'ckpt_000000005', 'eval', 'metrics.jsonl', 'train']
+      'ckpt_000000001', 'ckpt_000000005', 'eval', 'metrics.jsonl',
+      'model.opt_slots0.npy.gz', 'model.pkl.gz', 'model.weights.npy.gz',
+      'train']
   records = metrics_log.read_jsonl(tmp_path / 'metrics.jsonl')
   jsonl_eval = [(r['step'], r['value']) for r in records
                 if r['metric'] == 'metrics/WeightedAccuracy']
