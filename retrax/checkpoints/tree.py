@@ -18,6 +18,7 @@ import collections
 import numpy as np
 
 from retrax.checkpoints.errors import TreeStructureError
+from retrax.fastmath import tree as fastmath_tree
 
 EMPTY_WEIGHTS = ()
 EMPTY_STATE = ()
@@ -47,20 +48,7 @@ def tree_leaves(tree):
   Dict values are taken in insertion order (as Trax does, unlike JAX, which
   sorts keys). `()` and cache markers contribute no leaves; `None` is a leaf.
   """
-  out = []
-
-  def walk(x):
-    if isinstance(x, (list, tuple)):
-      for y in x:
-        walk(y)
-    elif isinstance(x, dict):
-      for y in x.values():
-        walk(y)
-    else:
-      out.append(x)
-
-  walk(tree)
-  return out
+  return fastmath_tree.tree_flatten(tree)
 
 
 def flatten_weights_and_state(weights, state):

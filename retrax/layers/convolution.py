@@ -79,6 +79,36 @@ def check_windows_fit(layer_name, shape, spatial_axes, window, dilation,
           "Use a smaller window, a larger input or padding='SAME'.")
 
 
+def set_conv_layout(layer, filters, kernel_size, padding, dimension_numbers,
+                    kernel_initializer, bias_initializer):
+  """Checks and stores the settings `Conv` and `ConvTranspose` share.
+
+  Sets `_filters`, `_kernel_size`, `_dimension_numbers`, the three layout
+  specs, `_one`, `_padding` and the initializers (default kernel initializer:
+  Glorot-normal with fans at the kernel's 'I' and 'O' axes).
+
+  Returns:
+    The number of spatial axes.
+  """
+  layer._filters = filters  # pylint: disable=protected-access
+  layer._kernel_size = tuple(kernel_size)
+  layer._dimension_numbers = tuple(dimension_numbers)
+  check_dimension_numbers(layer._dimension_numbers)
+  lhs, rhs, _ = layer._dimension_numbers
+  layer._lhs_spec, layer._rhs_spec, layer._out_spec = layer._dimension_numbers
+  n_spatial = len(lhs) - 2
+  if len(layer._kernel_size) != n_spatial:
+    raise ValueError(
+        f'kernel_size {layer._kernel_size} must have {n_spatial} entries, one '
+        f'per spatial axis of input layout {lhs!r}.')
+  layer._one = (1,) * n_spatial
+  layer._padding = check_padding(padding, n_spatial)
+  layer._bias_initializer = bias_initializer
+  layer._kernel_initializer = kernel_initializer or (
+      init.GlorotNormalInitializer(rhs.index('O'), rhs.index('I')))
+  return n_spatial
+
+
 class Conv(base.Layer):
   """General N-d convolution (`lax.conv_general_dilated`) plus bias.
 
@@ -107,27 +137,13 @@ class Conv(base.Layer):
                bias_initializer=init.RandomNormalInitializer(1e-6),
                use_bias=True, rhs_dilation=None):
     super().__init__()
-    self._filters = filters
-    self._kernel_size = tuple(kernel_size)
-    self._dimension_numbers = tuple(dimension_numbers)
-    check_dimension_numbers(self._dimension_numbers)
-    self._lhs_spec, self._rhs_spec, self._out_spec = self._dimension_numbers
-    n_spatial = len(self._lhs_spec) - 2
-    if len(self._kernel_size) != n_spatial:
-      raise ValueError(
-          f'kernel_size {self._kernel_size} must have {n_spatial} entries, one '
-          f'per spatial axis of input layout {self._lhs_spec!r}.')
-    self._one = (1,) * n_spatial
+    n_spatial = set_conv_layout(self, filters, kernel_size, padding,
+                                dimension_numbers, kernel_initializer,
+                                bias_initializer)
     self._strides = _as_tuple(strides or self._one, 'strides', n_spatial)
     self._dilation = _as_tuple(rhs_dilation or self._one, 'rhs_dilation',
                                n_spatial)
-    self._padding = check_padding(padding, n_spatial)
-    self._bias_initializer = bias_initializer
     self._use_bias = use_bias
-    self._kernel_initializer = kernel_initializer
-    if kernel_initializer is None:
-      self._kernel_initializer = init.GlorotNormalInitializer(
-          self._rhs_spec.index('O'), self._rhs_spec.index('I'))
 
   # --- shapes ---------------------------------------------------------------
 

@@ -46,28 +46,14 @@ class ConvTranspose(base.Layer):
       raise ValueError('Give kernel_initialzer or kernel_initializer, not '
                        'both.')
     kernel_initializer = kernel_initialzer or kernel_initializer
-    self._filters = filters
-    self._kernel_size = tuple(kernel_size)
-    self._dimension_numbers = tuple(dimension_numbers)
-    convolution.check_dimension_numbers(self._dimension_numbers)
-    self._lhs_spec, self._rhs_spec, self._out_spec = self._dimension_numbers
-    n_spatial = len(self._lhs_spec) - 2
-    if len(self._kernel_size) != n_spatial:
-      raise ValueError(
-          f'kernel_size {self._kernel_size} must have {n_spatial} entries, one '
-          f'per spatial axis of input layout {self._lhs_spec!r}.')
-    self._one = (1,) * n_spatial
+    convolution.set_conv_layout(self, filters, kernel_size, padding,
+                                dimension_numbers, kernel_initializer,
+                                bias_initializer)
     self._strides = tuple(strides or self._one)
     self._rhs_dilation = None if rhs_dilation is None else tuple(rhs_dilation)
-    self._padding = convolution.check_padding(padding, n_spatial)
     if self._padding == 'SAME_LOWER':
       raise ValueError("ConvTranspose takes padding 'VALID', 'SAME' or (low, "
                        "high) pairs; got 'SAME_LOWER'.")
-    self._bias_initializer = bias_initializer
-    self._kernel_initializer = kernel_initializer
-    if kernel_initializer is None:
-      self._kernel_initializer = init.GlorotNormalInitializer(
-          self._rhs_spec.index('O'), self._rhs_spec.index('I'))
 
   def _conv_shape(self, shape):
     shape = tuple(shape)
