@@ -165,3 +165,4 @@ from retrax.layers.rnn import LSTMCell as LSTMCell
 from retrax.layers.rnn import MakeZeroState as MakeZeroState
 from retrax.layers.rnn import ScanSRUCell as ScanSRUCell
 from retrax.layers.rnn import SRU as SRU
+from retrax.layers.sparsity import SparseFF as SparseFF

@@ -3,12 +3,6 @@
 from retrax import layers as tl
 
 
-def _unsupported(name, value):
-  raise ValueError(f'{name}={value!r} is not supported by retrax (sparse and '
-                   f'SRU feed-forward variants are not implemented); use the '
-                   f'default {name}=0.')
-
-
 def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16,  # pylint: disable=invalid-name
                  mode):
   """Dense(d_ff), Dropout, activation, Dense(d_model)."""
@@ -22,22 +16,92 @@ def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16, 
   ]
 
 
+def _parse_sparsity(ff_sparsity, d_ff):
+  """Reads `ff_sparsity` as Trax does.
+
+  Returns:
+    (n_elements_in_block, d_lowrank, temperature, quant_prob).
+  """
+  temperature, quant_prob = 0.1, 0.3
+  if isinstance(ff_sparsity, str):  # Trax's form for yaml sweeps: 'N d_lowrank'.
+    ff_sparsity = [float(x) if '.' in x else int(x)
+                   for x in ff_sparsity.split()]
+  if isinstance(ff_sparsity, (list, tuple)):
+    if len(ff_sparsity) == 2:
+      n_elements_in_block, d_lowrank = ff_sparsity
+    elif len(ff_sparsity) == 4:
+      n_elements_in_block, d_lowrank, temperature, quant_prob = ff_sparsity
+    else:
+      raise ValueError(f'ff_sparsity {ff_sparsity!r} must hold 2 or 4 values: '
+                       '(n_elements_in_block, d_lowrank[, temperature, '
+                       'quant_prob]).')
+  elif isinstance(ff_sparsity, int):
+    n_elements_in_block, d_lowrank = ff_sparsity, d_ff // ff_sparsity
+  else:
+    raise ValueError(f'ff_sparsity must be an int, a sequence or a string; got '
+                     f'{ff_sparsity!r}.')
+  return n_elements_in_block, d_lowrank, temperature, quant_prob
+
+
 def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,  # pylint: disable=invalid-name
                            ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                            ff_sparsity, center_layernorm, mode,
                            use_bfloat16=False, ff_sparsity_type='1inN'):
-  """LayerNorm + feed-forward + Dropout, chunked along the batch*length axes if `ff_chunk_size`."""
-  del ff_sparsity_type
-  if ff_sparsity:
-    _unsupported('ff_sparsity', ff_sparsity)
+  """LayerNorm + feed-forward + Dropout, with Trax 1.4.1's options.
+
+  Args:
+    d_model, d_ff: Model and feed-forward depths.
+    dropout, dropout_shared_axes: Dropout after the block.
+    ff_activation: Activation layer class of the dense feed-forward.
+    ff_dropout: Dropout after the first Dense (defaults to `dropout`).
+    ff_chunk_size: If > 0, the block runs over chunks of this many positions.
+    ff_use_sru: If > 0, a residual branch `LayerNorm, Dense(n), SRU(n) x k,
+      Dense(d_model)` is added to the block's output; an int k (n = 32) or a
+      pair (k, n).
+    ff_sparsity: If nonzero, `tl.SparseFF` (with `ff_sparsity_type='1inN'`)
+      replaces the dense feed-forward: an int N (blocks of N, d_lowrank
+      d_ff // N), or (N, d_lowrank[, temperature, quant_prob]), or the same
+      as a space-separated string.
+    center_layernorm: False for RMS normalization.
+    mode: 'train', 'eval' or 'predict'.
+    use_bfloat16: bfloat16 weights.
+    ff_sparsity_type: Only '1inN' (Trax's 'Block' and 'Switch' experts are
+      not implemented).
+
+  Returns:
+    A one-element list holding the block (vectors -> vectors).
+  """
+  sparse = bool(ff_sparsity)
+  if sparse and ff_sparsity_type != '1inN':
+    raise ValueError(f'ff_sparsity_type={ff_sparsity_type!r} (Trax\'s '
+                     'BlockSparseFF / SwitchSparseFF) is not implemented in '
+                     "retrax; use '1inN'.")
+  if sparse:
+    n_elements_in_block, d_lowrank, temperature, quant_prob = _parse_sparsity(
+        ff_sparsity, d_ff)
+    ff = tl.SparseFF(
+        d_ff, n_elements_in_block=n_elements_in_block, d_lowrank=d_lowrank,
+        temperature=temperature, quant_prob=quant_prob,
+        use_bfloat16=use_bfloat16, mode=mode, dropout_rate=dropout,
+        dropout_shared_axes=dropout_shared_axes, ff_chunk_size=ff_chunk_size)
+    # SparseFF brings its own Dropout and chunking.
+    res = [tl.LayerNorm(center=center_layernorm), ff]
+  else:
+    ff = _FeedForward(d_model, d_ff, dropout, ff_activation, ff_dropout,
+                      use_bfloat16, mode)
+    res = [tl.LayerNorm(center=center_layernorm), ff,
+           tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode)]
+    if ff_chunk_size > 0:
+      res = tl.BatchLeadingAxes(tl.Chunk(tl.Serial(res), ff_chunk_size))
   if ff_use_sru:
-    _unsupported('ff_use_sru', ff_use_sru)
-  ff = _FeedForward(d_model, d_ff, dropout, ff_activation, ff_dropout,
-                    use_bfloat16, mode)
-  res = [tl.LayerNorm(center=center_layernorm), ff,
-         tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode)]
-  if ff_chunk_size > 0:
-    res = tl.BatchLeadingAxes(tl.Chunk(tl.Serial(res), ff_chunk_size))
+    if isinstance(ff_use_sru, (list, tuple)):
+      sru_n_layers, sru_n_units = ff_use_sru
+    else:
+      sru_n_layers, sru_n_units = ff_use_sru, 32
+    sru = [tl.SRU(sru_n_units, mode=mode) for _ in range(sru_n_layers)]
+    block = ([tl.LayerNorm(center=center_layernorm), tl.Dense(sru_n_units)] +
+             sru + [tl.Dense(d_model)])
+    res = tl.Residual(block, shortcut=res)
   return [res]
 
 
