@@ -1,0 +1,70 @@
+"""Smoke tests of benchmarks/duplication.py on a tiny config."""
+
+import importlib.util
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
+                     'duplication.py')
+_spec = importlib.util.spec_from_file_location('duplication_bench', _PATH)
+duplication = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(duplication)
+
+
+def tiny_config(**overrides):
+  cfg = duplication.parse_args([
+      '--length', '16', '--batch', '2', '--steps', '3', '--vocab', '6',
+      '--d_model', '16', '--d_ff', '32', '--n_heads', '2', '--chunk_len', '4',
+      '--warmup', '1', '--eval_batch', '2', '--eval_batches', '2',
+      '--log_every', '2', '--train', 'full', '--eval', 'full,lsh-2'])
+  del cfg.json, cfg.quick
+  for key, value in overrides.items():
+    setattr(cfg, key, value)
+  return cfg
+
+
+@pytest.mark.slow  # ~15-40 s on 2 CPU cores: it compiles a training step.
+def test_run_table_shape_and_range():
+  # Trained with full attention, evaluated with it and with LSH.
+  results = duplication.run(tiny_config(), log=lambda *_: None)
+  assert list(results['table']) == ['full']
+  assert list(results['table']['full']) == ['full', 'lsh-2']
+  assert all(0.0 <= acc <= 1.0 for acc in results['table']['full'].values())
+  # Logged at step 2 and at the last step, 3.
+  curve = results['curves']['full']
+  assert [step for step, _, _ in curve] == [2, 3]
+  assert all(np.isfinite(loss) and 0 <= acc <= 1 for _, loss, acc in curve)
+  json.dumps(results)  # --json must be able to write it.
+  assert len(duplication.format_table(results).splitlines()) == 2 + 1
+
+
+@pytest.mark.parametrize('attention', ['full', 'lsh-2'])
+def test_evaluate_matches_numpy_for_constant_prediction(attention):
+  # All weights zero except the output bias: every position predicts `token`,
+  # so the accuracy is the share of copy positions whose target is `token`.
+  cfg = tiny_config()
+  model = duplication.build_model(attention, cfg, 'eval')
+  stream = duplication._inputs(cfg).eval_stream(1)  # pylint: disable=protected-access
+  batches = [next(stream) for _ in range(cfg.eval_batches)]
+  model.init(jax.ShapeDtypeStruct(batches[0][0].shape, np.int32))
+  leaves, tree = jax.tree_util.tree_flatten(model.weights)
+  token = 3
+  leaves = [np.zeros_like(leaf) for leaf in leaves]
+  leaves[-1][token] = 1.0  # Bias of the final Dense(vocab).
+  weights = jax.tree_util.tree_unflatten(tree, leaves)
+  expected = (sum(((y == token) * w).sum() for _, y, w in batches) /
+              sum(w.sum() for _, _, w in batches))
+  assert 0 < expected < 1
+  np.testing.assert_allclose(duplication.evaluate(weights, attention, cfg),
+                             expected, rtol=1e-6)
+
+
+def test_bad_attention_name():
+  with pytest.raises(ValueError, match='unknown attention'):
+    duplication.attention_type('lsh-0', 4)
+  with pytest.raises(ValueError, match='unknown attention'):
+    duplication.run(tiny_config(eval='full,dense'), log=lambda *_: None)
