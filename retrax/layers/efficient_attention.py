@@ -18,10 +18,14 @@ at positions 0 and 1 is masked too (Trax's `-position` marks leave them
 visible); an unchunked predict-mode SelfAttention defaults to a 2048-position
 memory (Trax asserts); `EncDecAttention` penalises only padding keys (Trax's
 shifted marks subtract 1e9 from every logit, flattening attention); dropout
-keys are split only when a dropout rate is non-zero (same numbers).
+keys are split only when a dropout rate is non-zero (same numbers); when
+d_model is at most half the head depths, `SelfAttention` (without shared QK
+or biases) multiplies `W_q W_k^T` and `W_v W_o` first, the same function in
+fewer FLOPs (see `SelfAttention._attend_inputs`).
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -234,7 +238,7 @@ class SelfAttention(EfficientAttentionBase):
       raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
                        f'{"given" if mask is not None else "not given"}.')
     attend_rng, output_rng = dropout_rngs(self, rng)
-    q, k, v = self._project(x, weights)
+    q, k, v, w_o = self._attend_inputs(x, weights)
     length = q.shape[-2]
     positions = jnp.arange(length, dtype=jnp.int32)
     valid = None if mask is None else mask.astype(bool)
@@ -260,10 +264,29 @@ class SelfAttention(EfficientAttentionBase):
                   n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
                   q_info=positions, kv_info=kv_info,
                   dropout=self._attention_dropout, rng=attend_rng)
-    w_o = self._unpack_weights(weights)[3]
-    out = jnp.matmul(o[:length], w_o)
+    out = o[:length] if w_o is None else jnp.matmul(o[:length], w_o)
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
+
+  def _attend_inputs(self, x, weights):
+    """`(q, k, v, w_o)` of `x [L, M]`, weight products first when that is cheaper.
+
+    Attention is bilinear in queries and keys and linear in values:
+    `q k^T = x (W_q W_k^T) x^T` and `(p v) W_o = p (x W_v W_o)`. When d_model
+    is at most half of d_qk and d_v (as in small models with the default
+    64-wide heads), the `[M, M]` weight products make every per-position
+    matmul smaller: the same function in fewer FLOPs, up to rounding. Then
+    the keys are `x` itself, `w_o` is None, and the queries carry the
+    `1/sqrt(d_qk)` scale (`attend` divides keys by `sqrt(M)`).
+    """
+    d_model = x.shape[-1]
+    if (self._share_qk or self._bias or
+        2 * d_model > min(self._d_qk, self._d_v)):
+      q, k, v = self._project(x, weights)
+      return q, k, v, self._unpack_weights(weights)[3]
+    w_q, w_k, w_v, w_o = self._unpack_weights(weights)[:4]
+    w_qk = jnp.matmul(w_q, w_k.T) * math.sqrt(d_model / self._d_qk)
+    return jnp.matmul(x, w_qk), x, jnp.matmul(x, jnp.matmul(w_v, w_o)), None
 
   def _incremental_forward_unbatched(self, x, mask=None, *, q_start, q_len,
                                      weights, state, rng, update_state):

@@ -28,6 +28,11 @@ from retrax.layers import base
 from retrax.shapes import ShapeDtype
 
 
+# Largest copy of a group's inputs (one per head) that the batched pass makes
+# to run the group's heads as batched matmuls (see `forward_and_or_backward`).
+_MAX_INPUT_COPY_BYTES = 1 << 20
+
+
 def _tree_stack(trees):
   return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=0), *trees)
 
@@ -359,13 +364,29 @@ class EfficientAttentionBase(base.Layer):
             f'batch size {batch_size}.')
     differentiable = [_is_differentiable(x) for x in inputs]
 
+    # Small groups copy their inputs once per head and vmap over heads
+    # outermost: each head's matmuls then form one batched matmul whose
+    # results come out head-major, with no transposes of the [heads, examples,
+    # length, depth] activations (several times faster for small units).
+    # Larger groups share the inputs between heads (no copy).
+    group_input_bytes = heads_per_group * sum(
+        x.size // n_example_groups * x.dtype.itemsize for x in inputs)
+    copy_inputs = group_input_bytes <= _MAX_INPUT_COPY_BYTES
+
     def group_forward(xs, w, s):
       """All heads of a group: xs [E, ...], w [G, ...], s [E, G, ...]."""
       def unit(x_u, w_u, s_u):
         return fn(*x_u, weights=w_u, state=s_u)
+      if copy_inputs:
+        xs = tuple(jnp.broadcast_to(x, (heads_per_group,) + x.shape)
+                   for x in xs)
+        per_example = jax.vmap(unit, in_axes=(0, None, 0))
+        out, new_s = jax.vmap(per_example, in_axes=(0, 0, 1),
+                              out_axes=(0, 1))(xs, w, s)
+        return jnp.sum(out, axis=0).astype(xs[0].dtype), new_s  # [E, L, d]
       per_head = jax.vmap(unit, in_axes=(None, 0, 0))
       out, new_s = jax.vmap(per_head, in_axes=(0, None, 0))(xs, w, s)
-      return jnp.sum(out, axis=1).astype(xs[0].dtype), new_s  # [E, L, d]
+      return jnp.sum(out, axis=1).astype(xs[0].dtype), new_s
 
     def run_group(xs, w, s, ct):
       if not compute_grad:

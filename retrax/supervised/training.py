@@ -41,6 +41,10 @@ __all__ = ['EvalTask', 'Loop', 'TrainTask', 'init_host_and_devices',
 
 
 
+# One dispatch per new key (splitting, then unpacking on the host, takes three).
+_split_key = jax.jit(lambda key: tuple(jax.random.split(key)))
+
+
 def _never(*args):
   del args
   return False
@@ -345,7 +349,7 @@ class Loop(loop_io.LoopIO):
 
   def new_rng(self):
     """Returns a new single-use PRNG key (splitting the loop's key)."""
-    self._rng, rng = fastmath.random.split(self._rng)
+    self._rng, rng = _split_key(self._rng)
     return rng
 
   def update_weights_and_state(self, weights=None, state=None):
@@ -440,7 +444,7 @@ class Loop(loop_io.LoopIO):
     try:
       weights, slots, new_state, loss, stats = state.step_fn(
           (self._weights, state.loss_weights), state.slots,
-          (self._state, state.loss_state), self._parallel.put_batch(batch),
+          (self._state, state.loss_state), batch,
           rng, self._opt_step(), opt_params)
     except (base.LayerError, TypeError, ValueError) as e:
       raise BadBatchError(

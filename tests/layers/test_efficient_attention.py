@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from retrax.layers import efficient_attention as ea
+from retrax.layers import efficient_attention_base as eab
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 
@@ -167,6 +168,42 @@ def test_self_attention_matches_local_window_reference(case):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+MERGED_CASES = [
+    dict(causal=True),
+    dict(causal=False, chunk_len=5, n_chunks_before=1, n_chunks_after=1,
+         masked=True),
+]
+
+
+@pytest.mark.parametrize('case', MERGED_CASES)
+def test_self_attention_with_narrow_model_multiplies_weights_first(case):
+  """d_model <= d_qk / 2: W_q W_k^T and W_v W_o are formed first; same function."""
+  layer = ea.SelfAttention(n_heads=2, d_qk=8, d_v=8, mode='eval', **case)
+  x = _normal(0, (2, 12, 4))
+  weights = _weights(2, 4, 8, 8)
+  assert layer._attend_inputs(x[0], tuple(w[0] for w in weights))[3] is None  # pylint: disable=protected-access
+  wide = _weights(2, 6, 8, 8)  # 2 * 6 > 8: the usual projections
+  assert layer._attend_inputs(_normal(1, (12, 6)), tuple(  # pylint: disable=protected-access
+      w[0] for w in wide))[3] is not None
+  mask = None
+  inputs = x
+  if case.get('masked'):
+    mask = np.ones((2, 12), bool)
+    mask[0, 9:] = False
+    inputs = (x, mask)
+  got, _ = jax.jit(layer.pure_fn)(inputs, weights, (), jax.random.PRNGKey(0))
+  ref_kwargs = {k: v for k, v in case.items() if k != 'masked'}
+  want = refs.local_self_attention(np.asarray(x), weights, mask=mask,
+                                   **ref_kwargs)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  with jax.enable_x64(True):
+    x64 = np.asarray(x, np.float64)
+    w64 = tuple(w.astype(np.float64) for w in weights)
+    f = jax.jit(lambda x, w: layer.pure_fn(
+        (x, mask) if mask is not None else x, w, (), jax.random.PRNGKey(0))[0])
+    check_grads(f, (x64, w64), order=1, modes=['rev'])
+
+
 def test_self_attention_weight_layout_and_init():
   x = jnp.zeros((3, 8, 32))
   layer = ea.SelfAttention(n_heads=2, d_qk=16, d_v=16)  # the golden sizes
@@ -212,13 +249,18 @@ def batching_reference():
   return x, weights, state, want
 
 
-@pytest.mark.parametrize('n_parallel_heads,python_loop', [
-    (1, False),  # one (example, head) at a time: 4 groups in lax.scan
-    (2, True),  # one example (all heads) at a time, unrolled in Python
+@pytest.mark.parametrize('n_parallel_heads,python_loop,copy_inputs', [
+    (1, False, True),  # one (example, head) at a time: 4 groups in lax.scan
+    (2, True, True),  # one example (all heads) at a time, unrolled in Python
+    (None, False, True),  # all at once, inputs copied per head
+    (None, False, False),  # all at once, heads share the inputs (long inputs)
 ])
 def test_self_attention_batching_matches_reference_code(
-    batching_reference, n_parallel_heads, python_loop):
+    batching_reference, monkeypatch, n_parallel_heads, python_loop,
+    copy_inputs):
   x, weights, state, want = batching_reference
+  if not copy_inputs:
+    monkeypatch.setattr(eab, '_MAX_INPUT_COPY_BYTES', 0)
   layer = ea.SelfAttention(n_parallel_heads=n_parallel_heads,
                            use_python_loop=python_loop, **_BATCHING_KWARGS)
   assert layer.has_backward
