@@ -604,6 +604,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
 
   def __init__(self, *layers):
     super().__init__(*layers)
+    self._predict_mode = None
     for i, layer in enumerate(self.sublayers):
       if not isinstance(layer, ReversibleLayer):
         raise ValueError(
@@ -621,9 +622,11 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     weights, state = self.weights, self.state
     rngs = _split_rngs(self.rng, n)
     stack, new_state = xs, []
+    tie = not self._decodes()
     for i, layer in enumerate(self.sublayers):
       w, s, r = weights[i], state[i], rngs[i]
-      w, r = _tie_to((w, r), stack)
+      if tie:
+        w, r = _tie_to((w, r), stack)
       with in_sublayer(self, i):
         _check_depth(layer, stack, layer.n_in, 'inputs')
         inputs = cb.inputs_from_stack(stack, layer.n_in)
@@ -632,6 +635,21 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
       new_state.append(s)
     self.state = tuple(new_state)
     return stack
+
+  def _decodes(self):
+    """True if a sublayer is in 'predict' mode.
+
+    Decoding runs one position at a time, so there is no depth-sized work to
+    hold back, and the tie would cost a pass over all weights per token.
+    """
+    if self._predict_mode is None:
+      def walk(layer):
+        yield layer
+        for sub in layer.sublayers:
+          yield from walk(sub)
+      self._predict_mode = any(getattr(layer, '_mode', None) == 'predict'
+                               for layer in walk(self))
+    return self._predict_mode
 
   def _walk_back(self, output, grad, weights, state, new_state, rng):
     """Shared loop of `reverse` (grad None) and `reverse_and_grad`."""
