@@ -55,10 +55,13 @@ def test_resume_in_process_continues_exactly(tmp_path, capsys):
   second.run(14 - second.step)
   _assert_same_run(second, ref)
   assert _metrics(tmp_path / 'run') == _metrics(tmp_path / 'ref')
-  # Rolling checkpoints keep the newest 2; permanent ones (1, 10) stay.
-  assert sorted(n for n in os.listdir(tmp_path / 'run') if n[0] in 'cm') == [
-      'ckpt_000000009', 'ckpt_000000012', 'metrics.jsonl', 'model_000000001',
+  # Rolling checkpoints keep the newest 2; permanent ones (1, 10) stay, and
+  # so do Trax's files of the permanent ones (`model_<step>.pkl.gz`).
+  names = os.listdir(tmp_path / 'run')
+  assert sorted(n for n in names if n[0] in 'cm' and '.' not in n) == [
+      'ckpt_000000009', 'ckpt_000000012', 'model_000000001',
       'model_000000010']
+  assert {'model.pkl.gz', 'model_1.pkl.gz', 'model_10.pkl.gz'} <= set(names)
 
 
 def test_corrupted_checkpoint_is_reported_and_the_previous_one_used(
