@@ -21,15 +21,19 @@ shifted marks subtract 1e9 from every logit, flattening attention); dropout
 keys are split only when a dropout rate is non-zero (same numbers); when
 d_model is at most half the head depths, `SelfAttention` (without shared QK
 or biases) multiplies `W_q W_k^T` and `W_v W_o` first, the same function in
-fewer FLOPs (see `SelfAttention._attend_inputs`).
+fewer FLOPs (see `SelfAttention._attend_inputs`); predict-mode
+`SelfAttention` caches its memory's keys and values in its per-unit state
+(Trax's is empty and reprojects the whole memory at every call).
 """
 
 import functools
 import math
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 
+from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend
@@ -108,7 +112,8 @@ class SelfAttention(EfficientAttentionBase):
   when nothing else is visible. In `mode='predict'` (causal only) the layer
   keeps the last `predict_mem_len` inputs (default `chunk_len * (1 +
   n_chunks_before)`, or 2048 unchunked) and forgets `predict_drop_len` of them
-  (default `chunk_len`, or 256) when full.
+  (default `chunk_len`, or 256) when full; its per-unit state caches their
+  keys and values, so each decoded position is projected once.
 
   Args follow Trax: n_heads, d_qk, d_v, share_qk, causal, masked, chunk_len,
   n_chunks_before, n_chunks_after, bias, mode, predict_mem_len,
@@ -201,6 +206,19 @@ class SelfAttention(EfficientAttentionBase):
                   else (b_q, jnp.zeros(self._d_qk), b_v))
     return weights
 
+  def create_state_unbatched(self, input_signature, rng):
+    """Predict mode: key and value caches `([mem_len, D], [mem_len, V])`."""
+    del rng
+    if not self._incremental:
+      return ()
+    dtype = jnp.promote_types(input_signature[0].dtype, jnp.float32)
+    mem_len = self._predict_mem_len
+    return (jnp.zeros((mem_len, self._d_qk), dtype),
+            jnp.zeros((mem_len, self._d_v), dtype))
+
+  def _roll_predict_state(self, state):
+    return tuple(drop_oldest(c, self._predict_drop_len) for c in state)
+
   def _unpack_weights(self, weights):
     """Returns `(w_q, w_k, w_v, w_o, b_q, b_k, b_v)` (None where absent)."""
     expected = (3 if self._share_qk else 4) + (
@@ -290,30 +308,45 @@ class SelfAttention(EfficientAttentionBase):
 
   def _incremental_forward_unbatched(self, x, mask=None, *, q_start, q_len,
                                      weights, state, rng, update_state):
-    """Fast inference: queries `x[q_start:q_start+q_len]` over memory `x`."""
+    """Fast inference: queries `x[q_start:q_start+q_len]` over memory `x`.
+
+    The state caches the keys and values of the memory's positions. A few new
+    positions (`x` is the memory) are projected alone and written into the
+    caches at their positions, so a decoding step costs O(memory length *
+    head depth), not O(memory length * d_model * head depth); a prompt (`x`
+    is the prompt, `q_start == 0`) is projected whole and refills the caches.
+    """
     del update_state, mask
     attend_rng, output_rng = dropout_rngs(self, rng)
-    w_q, w_k, w_v, w_o, b_q, b_k, b_v = self._unpack_weights(weights)
+    k_cache, v_cache = state
+    mem_len = k_cache.shape[0]
+    refill = x.shape[0] == q_len  # Else x is the longer memory.
     q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
+    x_q = x if refill else lax.dynamic_slice_in_dim(x, q_start, q_len, axis=0)
     # With one query, duplicate the row so that the matmul is the same
     # computation as in a longer call (Trax does this for float equality).
-    x_q = jnp.take(x, q_range, axis=0)
-    q = jnp.matmul(jnp.concatenate([x_q] * 2, 0) if q_len == 1 else x_q, w_q)
-    k = jnp.matmul(x, w_q if self._share_qk else w_k)
-    v = jnp.matmul(x, w_v)
-    if self._bias:
-      q = q + b_q
-      k = k + (b_q if self._share_qk else b_k)
-      v = v + b_v
+    q, k, v = self._project(
+        jnp.concatenate([x_q] * 2, 0) if q_len == 1 else x_q, weights)
     if self._share_qk:
-      k = length_normalized(k)
+      k = length_normalized(q)
+    k, v = k[:q_len], v[:q_len]
     mask_fn = functools.partial(mask_self_attention, causal=self._causal,
                                 exclude_self=self._share_qk, masked=False)
-    kv_info = jnp.arange(k.shape[-2], dtype=jnp.int32)
     chunk = self._chunk_len
-    if chunk is not None and q_len > chunk and x.shape[0] == q_len:
-      # A prompt at the start of the sequence (q_start == 0, x is the prompt):
-      # chunked attention, padding at the end (masked by causality).
+
+    def cache(old, new):
+      new = new.astype(old.dtype)
+      if refill:  # The prompt's last `mem_len` positions, zero-padded.
+        return jnp.pad(new[-mem_len:],
+                       ((0, mem_len - min(q_len, mem_len)), (0, 0)))
+      return lax.dynamic_update_slice_in_dim(old, new, q_start, axis=0)
+
+    new_state = (cache(k_cache, k), cache(v_cache, v))
+    if not refill:
+      k, v = new_state  # Attend over the whole memory.
+    if refill and chunk is not None and q_len > chunk:
+      # A prompt at the start of the sequence: chunked attention, padding at
+      # the end (masked by causality).
       pad = -q_len % chunk
       padding = lambda a: jnp.pad(a, ((0, pad), (0, 0)))
       positions = jnp.arange(q_len + pad, dtype=jnp.int32)
@@ -324,13 +357,14 @@ class SelfAttention(EfficientAttentionBase):
                     dropout=self._attention_dropout, rng=attend_rng)
       o = o[:q_len]
     else:
-      o, _ = attend(q, k, v, mask_fn=mask_fn, q_info=q_range, kv_info=kv_info,
+      o, _ = attend(q, k, v, mask_fn=mask_fn, q_info=q_range,
+                    kv_info=jnp.arange(k.shape[-2], dtype=jnp.int32),
                     dropout=self._attention_dropout, rng=attend_rng)
-    out = jnp.matmul(o, w_o)
+    out = jnp.matmul(o, self._unpack_weights(weights)[3])
     if q_len == 1:
       out = out[:1]
     return apply_broadcasted_dropout(out, self._output_dropout,
-                                     output_rng), state
+                                     output_rng), new_state
 
 
 class EncDecAttention(EfficientAttentionBase):

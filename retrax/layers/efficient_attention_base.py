@@ -45,6 +45,12 @@ def _zero_cotangent(x):
   return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
 
 
+def drop_oldest(buf, drop_len):
+  """`buf [n, mem_len, ...]` without its first `drop_len` positions, zero-filled."""
+  return jnp.concatenate(
+      [buf[:, drop_len:], jnp.zeros_like(buf[:, :drop_len])], axis=1)
+
+
 class EfficientAttentionBase(base.Layer):
   """Base class for memory-efficient attention (Trax's `EfficientAttentionBase`).
 
@@ -111,6 +117,16 @@ class EfficientAttentionBase(base.Layer):
   def create_state_unbatched(self, input_signature, rng):
     del input_signature, rng
     return ()
+
+  def _roll_predict_state(self, state):
+    """The per-unit predict state once the memory dropped its oldest positions.
+
+    Called with the state of all units (`[batch * n_heads, ...]` leaves) when
+    the memory forgets its first `predict_drop_len` positions; subclasses
+    caching per-position values shift them the same way (`drop_oldest`).
+    Default: unchanged.
+    """
+    return state
 
   def forward_unbatched(self, *inputs, weights, state, rng, update_state):
     """Attention for one example and one head: returns `(output, new_state)`."""
@@ -231,7 +247,8 @@ class EfficientAttentionBase(base.Layer):
 
     Returns `(inputs_to_attend, per_unit_state, q_start, new_mem, new_mem_end)`.
     A few new positions (at most `predict_drop_len`) go after the filled part,
-    first dropping the oldest `predict_drop_len` if the memory would overflow;
+    first dropping the oldest `predict_drop_len` if the memory would overflow
+    (and rolling the per-unit state alike, see `_roll_predict_state`);
     a long input (a prompt) must come first and refills the memory (a long
     input later is flagged by NaN outputs, as in Trax).
     """
@@ -240,13 +257,11 @@ class EfficientAttentionBase(base.Layer):
     mem_len, drop_len = self._predict_mem_len, self._predict_drop_len
     if seqlen <= drop_len and seqlen < mem_len:
       do_roll = mem_end + seqlen > mem_len
-
-      def roll(buf):
-        return jnp.concatenate(
-            [buf[:, drop_len:], jnp.zeros_like(buf[:, :drop_len])], axis=1)
-
-      mem = lax.cond(do_roll, lambda m: tuple(roll(b) for b in m),
-                     lambda m: tuple(m), tuple(mem))
+      mem, state = lax.cond(
+          do_roll,
+          lambda m, s: (tuple(drop_oldest(b, drop_len) for b in m),
+                        self._roll_predict_state(s)),
+          lambda m, s: (tuple(m), s), tuple(mem), state)
       mem_end = jnp.where(do_roll, mem_end - drop_len, mem_end)
       new_inputs = tuple(
           lax.dynamic_update_slice_in_dim(m, x.astype(m.dtype), mem_end, axis=1)

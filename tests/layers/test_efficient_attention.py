@@ -328,6 +328,68 @@ def test_self_attention_predict_prompt_then_tokens():
                              atol=1e-4)
 
 
+@pytest.mark.parametrize('prompt_len', [1, 6])
+@pytest.mark.parametrize('chunk_len,share_qk,bias', [
+    (None, False, False), (None, True, True), (4, False, True),
+    (4, True, False)])
+def test_self_attention_predict_caches_roll_with_the_memory(
+    chunk_len, share_qk, bias, prompt_len):
+  # An 8-position memory forgetting 4 at a time: position t sees positions
+  # 4 * (t // 4 - 1) .. t, i.e. chunks of 4 attending to themselves and the
+  # chunk before. 20 positions make the memory (and key/value caches) roll 3
+  # times; a 6-position prompt takes the refill path first.
+  x = _normal(0, (2, 20, 6))
+  weights = _weights(2, 6, 4, 3, share_qk, bias)
+  want = refs.local_self_attention(np.asarray(x), weights, causal=True,
+                                   chunk_len=4, n_chunks_before=1,
+                                   share_qk=share_qk, bias=bias)
+  kwargs = (dict(predict_mem_len=8, predict_drop_len=4) if chunk_len is None
+            else dict(chunk_len=chunk_len, n_chunks_before=1))
+  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, causal=True,
+                           share_qk=share_qk, bias=bias, mode='predict',
+                           **kwargs)
+  _, state = layer.init(signature(x[:, :1]))
+  call = jax.jit(layer.pure_fn)
+  y, state = call(x[:, :prompt_len], weights, state, jax.random.PRNGKey(0))
+  outs = [y]
+  for t in range(prompt_len, 20):
+    y, state = call(x[:, t:t + 1], weights, state, jax.random.PRNGKey(0))
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), want, rtol=1e-4,
+                             atol=1e-4)
+  # The memory holds positions 12..19 and the value cache their values.
+  mem_end, mem, (k_cache, v_cache) = state
+  assert int(mem_end) == 8 and k_cache.shape == (4, 8, 4)
+  np.testing.assert_array_equal(mem[0], x[:, 12:])
+  w_v, b_v = weights[1 if share_qk else 2], weights[-1]
+  want_v = np.einsum('blm,hmv->bhlv', np.asarray(x[:, 12:]), w_v)
+  if bias:
+    want_v = want_v + b_v[None, :, None, :]
+  np.testing.assert_allclose(v_cache.reshape(2, 2, 8, 3), want_v, rtol=1e-5,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize('share_qk', [False, True])
+def test_self_attention_decode_step_projects_only_new_positions(share_qk):
+  """One decoding step projects only the new position, not the whole memory.
+
+  Recomputing the memory's keys and values costs `mem_len * d_model * (d_qk
+  + d_v)` per head (8x from a 64- to a 512-position memory); with the caches
+  only the attention itself, `mem_len * (d_qk + d_v)`, grows with the memory.
+  """
+  def step_flops(mem_len):
+    layer = ea.SelfAttention(n_heads=2, d_qk=16, d_v=16, share_qk=share_qk,
+                             causal=True, mode='predict',
+                             predict_mem_len=mem_len, predict_drop_len=4)
+    x = jnp.zeros((1, 1, 256))
+    weights, state = _init(layer, x)
+    cost = jax.jit(layer.pure_fn).lower(
+        x, weights, state, jax.random.PRNGKey(0)).compile().cost_analysis()
+    return (cost[0] if isinstance(cost, (list, tuple)) else cost)['flops']
+
+  assert step_flops(512) < 3 * step_flops(64)
+
+
 def test_self_attention_errors_are_clear():
   with pytest.raises(ValueError, match='causal=True'):
     ea.SelfAttention(mode='predict')
