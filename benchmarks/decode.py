@@ -18,30 +18,33 @@ CPUs slow the Python-bound loop and the compiled loop by different factors.
 ReformerLM's attention is chosen with --reformer-attention: 'causal'
 (`tl.CausalAttention`, a key/value cache), 'self' (the default
 `tl.SelfAttention`, its predict memory sized to the decode) or 'lsh'
-(`tl.LSHSelfAttention`, causal). Predict-mode `SelfAttention` recomputes
-keys and values of its whole memory at every token (as Trax's does), so its
-decoding is compute-bound and the loop overhead matters less there.
+(`tl.LSHSelfAttention`, causal). Predict-mode `SelfAttention` caches the
+projected keys and values of its memory (Trax recomputes them at every
+token), so a step projects only the new position.
 
-Measured on the 2-core CPU (load 2-7 from other jobs), default arguments:
+Measured on the 2-core CPU (load ~1), default arguments:
 
   model               batch  compiled tok/s  loop tok/s  speedup  CPU-time
-  TransformerLM           1           187.4       11.70    16.0x     15.2x
-  TransformerLM           8           270.4       17.90    15.1x     11.3x
-  ReformerLM-causal       1           125.6       11.22    11.2x     10.0x
-  ReformerLM-causal       8           434.8       24.00    18.1x     11.2x
+  ReformerLM-causal       1           217.6       10.80    20.1x     15.6x
+  ReformerLM-causal       8           468.4       36.40    12.9x     12.1x
+  TransformerLM           1           271.4       14.82    18.3x     14.5x
+  TransformerLM           8           475.8       38.69    12.3x     11.8x
+
+ReformerLM-self over 128 tokens (--reformer-attention self --tokens 128
+--repeats 2, load 1.5-3.4): 72.3x / 23.5x wall, 70.8x / 23.4x CPU time
+(batch 1 / 8); before the key/value cache 27.7x / 10.7x.
 
 Causal attention reads only the filled power-of-two prefix of its
 2048-slot cache on CPU (`attention._cache_prefix_sizes`): a batch-8
 TransformerLM step over 256 tokens went from 64 to 27 ms of CPU (whole cache
 vs prefixes, same load; 15 ms without attention). The rest of a compiled
 step is mostly the dense layers' matmuls (alone about 4 ms at batch 1 and
-6-12 ms at batch 8), against 85-230 ms per token for the loop in a quiet
-moment, which bounds the speedup near 20x at batch 1 and 10-15x at batch 8
-on this machine. ReformerLM also pays `ReversibleSerial`'s tie of its
-weights to the data (a pass over all weights per step; without it batch 1
-measured 7.1 instead of 13.8 ms of CPU per step). The loop slows more than
-the compiled program under load (a run at load 7-13: loop 2.3 tok/s, 29.6x
-at batch 1). ReformerLM-self over 128 tokens: 27.0x / 11.3x (batch 1 / 8).
+6-12 ms at batch 8: every token streams all weights), against 85-230 ms per
+token for the loop in a quiet moment, which bounds the speedup near 20x at
+batch 1 and 10-15x at batch 8 on this machine. `ReversibleSerial` skips its
+weight-to-data tie in predict mode (it halved ReformerLM's batch-1 step).
+The loop slows more than the compiled program under load (a run at load
+7-13: loop 2.3 tok/s, 29.6x at batch 1).
 
 Usage: python benchmarks/decode.py [--quick] [--tokens 512] [--loop-tokens 8]
          [--repeats 3] [--batches 1,8] [--models TransformerLM,ReformerLM]
