@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from retrax import config as config_lib
+from retrax.checkpoints.atomic import atomic_write
 from retrax import layers as tl
 
 CONFIG_FILE = 'run_config.json'
@@ -94,8 +95,8 @@ def train(config, quiet=False):
   from retrax.supervised import training  # pylint: disable=g-import-not-at-top
   _check_run_dir(config)
   os.makedirs(config.output_dir, exist_ok=True)
-  with open(os.path.join(config.output_dir, CONFIG_FILE), 'w') as f:
-    json.dump(config.to_dict(), f, indent=1)
+  with atomic_write(os.path.join(config.output_dir, CONFIG_FILE)) as f:
+    f.write(json.dumps(config.to_dict(), indent=1).encode())
   inputs = build_inputs(config)
   schedule = lr.multifactor(factors='constant * linear_warmup',
                             constant=config.learning_rate,
@@ -124,7 +125,11 @@ def train(config, quiet=False):
 
 
 def config_of_run(output_dir):
-  """The RunConfig saved in a run directory."""
+  """The RunConfig saved in a run directory (its `output_dir` set to that directory).
+
+  The saved `output_dir` may be relative to where training ran; the run is
+  found where it is now (moved, or named from another working directory).
+  """
   path = os.path.join(output_dir, CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f'{output_dir} is not a retrax run directory (no '
@@ -135,6 +140,7 @@ def config_of_run(output_dir):
   unknown = set(values) - set(config_lib.FIELDS)
   if unknown:
     raise ValueError(f'{path} has unknown keys {sorted(unknown)}.')
+  values['output_dir'] = os.fspath(output_dir)
   return config_lib.RunConfig(**values)
 
 

@@ -33,6 +33,12 @@ def test_train_then_sample_and_resume(tmp_path, capsys):
   assert 'Step      8' in text and 'Step      1:' not in text
   assert cli.main(['sample', out, '-n', '2']) == 0
   assert 'copies correct' in capsys.readouterr().out
+  # A run found elsewhere (moved, or named from another directory) samples
+  # from where it is, not from the output_dir it was trained with.
+  moved = str(tmp_path / 'moved')
+  os.rename(out, moved)
+  assert cli.main(['sample', moved, '-n', '2']) == 0
+  assert 'copies correct' in capsys.readouterr().out
 
 
 def test_text_data_trains_a_byte_lm(tmp_path, capsys):
