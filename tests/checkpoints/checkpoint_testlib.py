@@ -73,23 +73,41 @@ class ReferenceUnpickler(pickle.Unpickler):
     return super().find_class(module, name)
 
 
+# What a pickle written for Trax may name: what a Trax 1.4.1 process (numpy
+# 1.x) can import -- numpy.core, not numpy._core.
+TRAX_IMPORTABLE_GLOBALS = frozenset({
+    ('numpy.core.multiarray', '_reconstruct'),
+    ('numpy.core.multiarray', 'scalar'), ('numpy', 'ndarray'),
+    ('numpy', 'dtype'), ('ml_dtypes', 'bfloat16'),
+    ('collections', 'defaultdict'), ('builtins', 'list'),
+    ('trax.shapes', 'ShapeDtype')})
+_STRING_OPS = ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE')
+
+
 def pickle_globals(data):
-  """Set of (module, name) globals a pickle stream references."""
-  found, memo, strings = set(), {}, []
+  """Every (module, name) a pickle stream imports, found by reading its opcodes.
+
+  Tracks what each opcode pushes (strings, or None for anything else) and the
+  memo (MEMOIZE/PUT store the top, GET pushes it back), so STACK_GLOBAL's two
+  operands are known without unpickling.
+  """
+  found, memo, pushed = set(), {}, []
   for op, arg, _ in pickletools.genops(data):
-    if op.name in ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE'):
-      strings.append(arg)
-    elif op.name == 'MEMOIZE':
-      memo[len(memo)] = strings[-1] if strings else None
+    if op.name in _STRING_OPS:
+      pushed.append(arg)
     elif op.name in ('BINGET', 'LONG_BINGET', 'GET'):
-      strings.append(memo.get(arg))
+      pushed.append(memo.get(int(arg)))
+    elif op.name in ('MEMOIZE', 'BINPUT', 'LONG_BINPUT', 'PUT'):
+      memo[len(memo) if op.name == 'MEMOIZE' else int(arg)] = (
+          pushed[-1] if pushed else None)
     elif op.name == 'GLOBAL':
       found.add(tuple(arg.split(' ', 1)))
+      pushed.append(None)
     elif op.name == 'STACK_GLOBAL':
-      found.add((strings[-2], strings[-1]))
-    if op.name not in ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8',
-                       'UNICODE', 'MEMOIZE', 'BINGET', 'LONG_BINGET', 'GET'):
-      strings.append(None)  # Any other push breaks the string pair.
+      found.add((pushed[-2], pushed[-1]))
+      pushed.append(None)
+    else:
+      pushed.append(None)
   return found
 
 

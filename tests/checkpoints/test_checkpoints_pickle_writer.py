@@ -11,17 +11,10 @@ import pytest
 
 from checkpoint_testlib import pickle_globals
 from checkpoint_testlib import ReferenceUnpickler
+from checkpoint_testlib import TRAX_IMPORTABLE_GLOBALS
 from retrax.checkpoints import pickle_writer
 from retrax.checkpoints.records import TraxShapeDtype
 from retrax.checkpoints.safe_unpickle import safe_loads
-
-# What a Trax 1.4.1 (numpy 1.x) process can import: numpy.core, not numpy._core.
-WRITER_GLOBALS = {
-    ('numpy.core.multiarray', '_reconstruct'), ('numpy.core.multiarray',
-                                                'scalar'),
-    ('numpy', 'ndarray'), ('numpy', 'dtype'), ('ml_dtypes', 'bfloat16'),
-    ('collections', 'defaultdict'), ('builtins', 'list'),
-    ('trax.shapes', 'ShapeDtype')}
 
 
 def _sample():
@@ -68,7 +61,7 @@ def _assert_equal(a, b):
 
 def test_only_trax_importable_globals_are_referenced():
   data = pickle_writer.dumps(_sample())
-  assert pickle_globals(data) <= WRITER_GLOBALS
+  assert pickle_globals(data) <= TRAX_IMPORTABLE_GLOBALS
   assert ('trax.shapes', 'ShapeDtype') in pickle_globals(data)
 
 

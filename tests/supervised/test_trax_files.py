@@ -8,7 +8,6 @@ a new loop resumes from those files alone.
 
 import gzip
 import os
-import pickletools
 import shutil
 
 import numpy as np
@@ -21,37 +20,8 @@ from retrax import optimizers
 from retrax import shapes
 from retrax.checkpoints import convert
 from retrax.supervised import training
-
-# What the pickle may name: what a Trax 1.4.1 process (numpy 1.x) imports.
-ALLOWED_GLOBALS = {
-    ('numpy.core.multiarray', '_reconstruct'),
-    ('numpy.core.multiarray', 'scalar'), ('numpy', 'ndarray'),
-    ('numpy', 'dtype'), ('ml_dtypes', 'bfloat16'),
-    ('collections', 'defaultdict'), ('builtins', 'list'),
-    ('trax.shapes', 'ShapeDtype')}
-_STRING_OPS = ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE')
-
-
-def pickle_globals(data):
-  """Every (module, name) a pickle stream imports, found by reading its opcodes."""
-  found, memo, pushed = set(), {}, []
-  for op, arg, _ in pickletools.genops(data):
-    if op.name in _STRING_OPS:
-      pushed.append(arg)
-    elif op.name in ('BINGET', 'LONG_BINGET', 'GET'):
-      pushed.append(memo.get(int(arg)))
-    elif op.name in ('MEMOIZE', 'BINPUT', 'LONG_BINPUT', 'PUT'):
-      memo[len(memo) if op.name == 'MEMOIZE' else int(arg)] = (
-          pushed[-1] if pushed else None)
-    elif op.name == 'GLOBAL':
-      found.add(tuple(arg.split(' ', 1)))
-      pushed.append(None)
-    elif op.name == 'STACK_GLOBAL':
-      found.add((pushed[-2], pushed[-1]))
-      pushed.append(None)
-    else:
-      pushed.append(None)
-  return found
+from tests.checkpoints.checkpoint_testlib import pickle_globals
+from tests.checkpoints.checkpoint_testlib import TRAX_IMPORTABLE_GLOBALS
 
 
 def _model():
@@ -111,7 +81,7 @@ def test_loop_writes_trax_files_that_read_back_and_resume(tmp_path):
   # Only allowed globals, and nothing of retrax, in the pickle.
   with gzip.open(out / 'model.pkl.gz', 'rb') as f:
     found = pickle_globals(f.read())
-  assert found <= ALLOWED_GLOBALS, found - ALLOWED_GLOBALS
+  assert found <= TRAX_IMPORTABLE_GLOBALS, found - TRAX_IMPORTABLE_GLOBALS
 
   # Resume from Trax's files alone: same step, weights, state and slots; the
   # next steps equal those of the run that goes on (no dropout: the PRNG key,
