@@ -109,6 +109,14 @@ def set_conv_layout(layer, filters, kernel_size, padding, dimension_numbers,
   return n_spatial
 
 
+def conv_kernel_shape(layer, input_shape):
+  """The kernel shape of a layer set up by `set_conv_layout`, for `input_shape`."""
+  sizes = iter(layer._kernel_size)  # pylint: disable=protected-access
+  channels = input_shape[layer._lhs_spec.index('C')]  # pylint: disable=protected-access
+  return [layer._filters if c == 'O' else channels if c == 'I' else next(sizes)  # pylint: disable=protected-access
+          for c in layer._rhs_spec]  # pylint: disable=protected-access
+
+
 class Conv(base.Layer):
   """General N-d convolution (`lax.conv_general_dilated`) plus bias.
 
@@ -172,12 +180,6 @@ class Conv(base.Layer):
                       self._dilation, self._padding, 'kernel')
     return shape
 
-  def _kernel_shape(self, input_shape):
-    sizes = iter(self._kernel_size)
-    channels = input_shape[self._lhs_spec.index('C')]
-    return [self._filters if c == 'O' else channels if c == 'I' else next(sizes)
-            for c in self._rhs_spec]
-
   # --- layer API ------------------------------------------------------------
 
   def forward(self, x):
@@ -213,7 +215,7 @@ class Conv(base.Layer):
 
   def init_weights_and_state(self, input_signature):
     shape = self._check_input(input_signature)
-    kernel_shape = self._kernel_shape(shape)
+    kernel_shape = conv_kernel_shape(self, shape)
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
     w = self._kernel_initializer(kernel_shape, rng_w)
     if self._use_bias:

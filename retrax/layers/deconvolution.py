@@ -68,12 +68,6 @@ class ConvTranspose(base.Layer):
           f'(rank {len(shape)}). Only NHWC takes extra leading (batch) axes.')
     return (functools.reduce(operator.mul, shape[:-3], 1),) + shape[-3:]
 
-  def _kernel_shape(self, input_shape):
-    sizes = iter(self._kernel_size)
-    channels = input_shape[self._lhs_spec.index('C')]
-    return [self._filters if c == 'O' else channels if c == 'I' else next(sizes)
-            for c in self._rhs_spec]
-
   def forward(self, x):
     if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
       raise ValueError(f'{self.name} weights should be a (w, b) pair; got '
@@ -100,7 +94,7 @@ class ConvTranspose(base.Layer):
   def init_weights_and_state(self, input_signature):
     convolution.check_float_input(self, input_signature)
     shape = self._conv_shape(input_signature.shape)
-    kernel_shape = self._kernel_shape(shape)
+    kernel_shape = convolution.conv_kernel_shape(self, shape)
     bias_shape = [self._filters if c == 'C' else 1 for c in self._out_spec]
     bias_shape = tuple(itertools.dropwhile(lambda d: d == 1, bias_shape))
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
