@@ -205,3 +205,13 @@ def reformer_lm_logits(weights, state, tokens, attention, n_attn_weights,
   h = _layer_norm(np.concatenate([a, b], -1), weights[wi], weights[wi + 1])
   return h @ weights[wi + 2] + weights[wi + 3]
 
+
+
+def grad_temp_bytes(layer, length, d_model=32):
+  """Compiled temp memory of `layer`'s forward+backward on `[1, length, d_model]`."""
+  x = jax.ShapeDtypeStruct((1, length, d_model), np.float32)
+  weights, state = layer.init(x)
+  loss = lambda x, w: jax.numpy.sum(
+      layer.pure_fn(x, w, state, jax.random.PRNGKey(0))[0])
+  compiled = jax.jit(jax.grad(loss, (0, 1))).lower(x, weights).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
