@@ -150,15 +150,16 @@ class LoopIO:
       path = checkpointing.rolling_path(self._output_dir, self._step)
     batches = {'train': [t.n_batches for t in self._tasks],
                'eval': [t.n_batches for t in self._eval_tasks]}
+    trees = checkpointing.to_host(self._checkpoint_trees())  # One transfer.
     checkpointing.save_training_checkpoint(
-        path, self._checkpoint_trees(), self._step,
-        self._history.to_dict()['_values'], batches, self._checkpoint_kind)
+        path, trees, self._step, self._history.to_dict()['_values'], batches,
+        self._checkpoint_kind)
     if basename is None and not permanent:
       checkpointing.rotate(self._output_dir, self._keep_checkpoints)
     if self._write_trax_files:  # Trax's names: model, model_<step>, <basename>.
-      self.export_trax_checkpoint(basename or (
+      self._save_trax_files(basename or (
           f'{checkpointing.TRAX_BASENAME}_{self._step}' if permanent
-          else checkpointing.TRAX_BASENAME))
+          else checkpointing.TRAX_BASENAME), trees)
     self._last_saved_step = self._step
     self._log_step(f'Saved checkpoint {path}', stdout=False)
     return path
@@ -296,12 +297,17 @@ class LoopIO:
     self._check_pending()
     if self._output_dir is None or not self._is_chief:
       return None
+    return self._save_trax_files(
+        basename, checkpointing.to_host(self._checkpoint_trees()))
+
+  def _save_trax_files(self, basename, trees):
+    """Writes Trax's files from `_checkpoint_trees()` already on the host."""
     leaves = ckpt_lib.tree_leaves
     return checkpointing.write_trax_checkpoint(
         os.path.join(self._output_dir, basename), self._step,
-        leaves(self._weights), leaves(self._state), leaves(self._eval_state),
-        self._history.to_dict(),
-        [[s for s in leaves(t.slots) if s is not None]
-         for t in self._task_states],
+        leaves(trees['weights']), leaves(trees['state']),
+        leaves(trees['eval_state']), self._history.to_dict(),
+        [[s for s in leaves(slots) if s is not None]
+         for slots in trees['slots']],
         self._input_signature)
 
