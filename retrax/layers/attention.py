@@ -15,7 +15,6 @@ functions. `ShiftRight`, `PaddingMask`, `EncoderDecoderMask` (defined in
 Trax's module path.
 """
 
-import functools
 
 import jax
 import numpy as np
@@ -26,6 +25,7 @@ from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers import initializers as init
+from retrax.layers import kv_cache
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
 # Re-exported for Trax's module path (trax.layers.attention.ShiftRight etc.).
@@ -161,8 +161,9 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
 
   Args:
     queries: `(..., n_queries, d)`.
-    keys: `(..., n_keys, d)`.
-    values: `(..., n_keys, d_v)`.
+    keys: `(..., n_keys, d)`, or a tuple of such arrays that split the key
+      axis into segments (the predict-mode cache on CPU: `kv_cache`).
+    values: `(..., n_keys, d_v)`, split as the keys.
     mask: None, or booleans broadcastable to `(..., n_queries, n_keys)`:
       True where a query may attend to a key.
     dropout: Rate at which attention weights are zeroed in 'train' mode (the
@@ -178,7 +179,11 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
   if dropout is not None and dropout >= 1.0:
     raise ValueError(f'Dropout rate ({dropout}) must be lower than 1.')
   d_feature = queries.shape[-1]
-  dots = jnp.matmul(queries, jnp.swapaxes(keys, -1, -2)) / jnp.sqrt(d_feature)
+  keys = keys if isinstance(keys, tuple) else (keys,)
+  values = values if isinstance(values, tuple) else (values,)
+  dots = [jnp.matmul(queries, jnp.swapaxes(k, -1, -2)) for k in keys]
+  dots = (dots[0] if len(dots) == 1 else jnp.concatenate(dots, axis=-1)
+          ) / jnp.sqrt(d_feature)
   if mask is not None:
     dots = jnp.where(mask, dots, jnp.full_like(dots, _MASK_VALUE))
   weights = jnp.exp(dots - fastmath.logsumexp(dots, axis=-1, keepdims=True))
@@ -188,7 +193,12 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
     keep = fastmath.random.bernoulli(rng, 1.0 - dropout, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout),
                         jnp.zeros_like(weights))
-  activations = jnp.matmul(weights, values)
+  if len(values) == 1:
+    activations = jnp.matmul(weights, values[0])
+  else:  # One matmul per segment, straight from its buffer.
+    bounds = np.cumsum([0] + [v.shape[-2] for v in values])
+    activations = sum(jnp.matmul(weights[..., lo:hi], v)
+                      for v, lo, hi in zip(values, bounds, bounds[1:]))
   out_dtype = jnp.promote_types(activations.dtype, jnp.float32)
   return activations.astype(out_dtype), weights.astype(out_dtype)
 
@@ -328,7 +338,8 @@ class DotProductCausalAttention(base.Layer):
   In 'predict' mode the layer decodes incrementally: each call takes the next
   `n` positions (usually 1), appends their keys and values to fixed-size
   buffers of `max_inference_length` positions held in `state = (keys,
-  values, index)` (Trax's layout) and attends to every filled position (the
+  values, index)` (Trax's layout; on CPU, caches over 128 slots are tuples
+  of segments, see `kv_cache`) and attends to every filled position (the
   rest of the buffers is masked out).
 
   Going past `max_inference_length` positions raises a ValueError when the
@@ -351,9 +362,9 @@ class DotProductCausalAttention(base.Layer):
   def forward(self, inputs):
     q, k, v = inputs
     if self._mode == 'predict':
-      self.state, (k, v, start) = _fast_inference_update_state(
-          inputs, self.state, self._max_len)
-      return _attend_to_cache(q, k, v, start)
+      self.state, (k, v, start) = kv_cache.update_state(
+          k, v, self.state, self._max_len)
+      return kv_cache.attend(q, k, v, start, dot_product_attention)
     mask = _causal_mask(q.shape[-2])
     activations, weights = dot_product_attention(
         q, k, v, mask, dropout=self._dropout, mode=self._mode, rng=self.rng)
@@ -363,102 +374,12 @@ class DotProductCausalAttention(base.Layer):
 
   def init_weights_and_state(self, input_signature):
     if self._mode == 'predict':
-      self.state = _fast_inference_init_state(input_signature, self._max_len)
+      self.state = kv_cache.init_state(input_signature, self._max_len)
 
 
 def _causal_mask(length):
   """(1, length, length) booleans, True on and below the diagonal."""
   return jnp.tril(jnp.ones((1, length, length), dtype=np.bool_), k=0)
-
-
-def _fast_inference_init_state(input_signature, buffer_length):
-  """Zero key/value buffers `(batch, buffer_length, d)` and index 0."""
-  def zeros_for(batch_size, sig):
-    return jnp.zeros((batch_size, buffer_length, sig.shape[-1]),
-                     dtype=sig.dtype)
-  batch_size = input_signature[0].shape[0]
-  return (zeros_for(batch_size, input_signature[1]),
-          zeros_for(batch_size, input_signature[2]),
-          jnp.zeros((), dtype=jnp.int32))
-
-
-def _fast_inference_update_state(inputs, state, buffer_length=None):
-  """Appends new keys/values at the index; returns `(new_state, (ks, vs, start))`.
-
-  `start` is the position of the first new entry.
-  """
-  _, new_k, new_v = inputs
-  ks, vs, idx = state
-  length = new_k.shape[-2]
-  if buffer_length is not None and not isinstance(idx, jax.core.Tracer):
-    if int(idx) + length > buffer_length:
-      raise ValueError(
-          f'Predict-mode causal attention is at position {int(idx)} and got '
-          f'{length} more, beyond max_inference_length={buffer_length}; '
-          'build the layer with a larger max_inference_length.')
-  ks = fastmath.dynamic_update_slice_in_dim(ks, new_k.astype(ks.dtype), idx,
-                                            axis=1)
-  vs = fastmath.dynamic_update_slice_in_dim(vs, new_v.astype(vs.dtype), idx,
-                                            axis=1)
-  return (ks, vs, idx + length), (ks, vs, idx)
-
-
-# Smallest cache prefix read by predict-mode causal attention on CPU.
-_PREFIX_BLOCK = 128
-
-
-def _cache_prefix_sizes(buffer_length, backend=None):
-  """Cache prefix lengths that predict-mode attention chooses among.
-
-  On CPU, reading the key/value cache is most of a decoding step's attention
-  work, so attention reads the shortest of the prefixes `_PREFIX_BLOCK`,
-  twice that, ..., `buffer_length` that holds every visible position: at
-  most twice the filled part. XLA copies the prefix before its matmuls, yet
-  decoding 512 positions into a 2048-slot cache (64 batch*heads, d_head 64)
-  took 1.6 ms of CPU per step and layer, against 5.5 ms for the whole cache.
-  Elsewhere the whole cache is read: on an H200 (same shapes) that measured
-  47k decode steps/s, against 29k for a switch over power-of-two prefixes
-  and 7-10k for a loop over filled blocks with an online softmax
-  (conditionals and loops cost more than the reads there).
-  """
-  backend = jax.default_backend() if backend is None else backend
-  sizes = []
-  if backend == 'cpu':
-    size = _PREFIX_BLOCK
-    while size < buffer_length:
-      sizes.append(size)
-      size *= 2
-  return tuple(sizes) + (buffer_length,)
-
-
-def _attend_to_prefix(size, q, ks, vs, start):
-  """Causal attention of queries at positions `start + i` to cache slots `[0, size)`."""
-  q_pos = start + jnp.arange(q.shape[-2])
-  mask = jnp.arange(size)[None, None, :] <= q_pos[None, :, None]
-  return dot_product_attention(q, ks[..., :size, :], vs[..., :size, :],
-                               mask)[0]
-
-
-def _attend_to_cache(q, ks, vs, start, backend=None):
-  """Causal attention of queries at positions `start + i` to a key/value cache.
-
-  Cache slots after the last query's position (unfilled, or not yet
-  visible) get exactly zero weight. Reads the shortest prefix of
-  `_cache_prefix_sizes` that holds them all (past the end of the cache, as
-  with clamped writes under `jax.jit`, the whole cache), chosen in Python
-  for a concrete `start` (eager calls) and by `lax.switch` under tracing.
-  """
-  sizes = _cache_prefix_sizes(ks.shape[-2], backend)
-  end = start + q.shape[-2]
-  if not isinstance(start, jax.core.Tracer):
-    size = next((s for s in sizes if s >= int(end)), sizes[-1])
-    return _attend_to_prefix(size, q, ks, vs, start)
-  if len(sizes) == 1:
-    return _attend_to_prefix(sizes[0], q, ks, vs, start)
-  branch = jnp.sum(jnp.asarray(sizes[:-1]) < end)
-  return jax.lax.switch(
-      branch, [functools.partial(_attend_to_prefix, s) for s in sizes],
-      q, ks, vs, start)
 
 
 class _CausalDepthwiseConv(base.Layer):

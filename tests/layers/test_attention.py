@@ -379,43 +379,6 @@ def test_token_lm_eval_equals_predict():
   assert worst < 1e-5
 
 
-def test_cache_prefix_sizes():
-  assert attn._cache_prefix_sizes(2048, 'cpu') == (128, 256, 512, 1024, 2048)
-  assert attn._cache_prefix_sizes(300, 'cpu') == (128, 256, 300)
-  assert attn._cache_prefix_sizes(128, 'cpu') == (128,)
-  assert attn._cache_prefix_sizes(20, 'cpu') == (20,)
-  assert attn._cache_prefix_sizes(2048, 'gpu') == (2048,)
-
-
-@pytest.mark.parametrize('backend', ['cpu', 'gpu'])
-def test_attend_to_cache_equals_numpy(backend):
-  """Prefix reads (CPU) and whole-cache reads equal NumPy, eager and jitted."""
-  n_rows, length, n_q, d = 3, 300, 2, 8
-  q, ks, vs = randn(n_rows, n_q, d), randn(n_rows, length, d, seed=1), randn(
-      n_rows, length, d, seed=2)
-  jitted = jax.jit(functools.partial(attn._attend_to_cache, backend=backend))
-  # Positions in the first, second and last prefix, at their edges, and past
-  # the end of the cache (where every slot is visible).
-  for start in [0, 5, 126, 127, 200, 254, 255, 290, 298, 299]:
-    q_pos = start + np.arange(n_q)
-    mask = np.arange(length)[None, None, :] <= q_pos[None, :, None]
-    want = np_attention(np.float64(q), np.float64(ks), np.float64(vs), mask)[0]
-    close(attn._attend_to_cache(q, ks, vs, start, backend), want)
-    close(jitted(q, ks, vs, np.int32(start)), want)
-
-
-def test_attend_to_cache_prefix_equals_whole_cache():
-  """The CPU prefix path is the whole-cache computation up to rounding."""
-  q, ks, vs = randn(16, 1, 64), randn(16, 1024, 64, seed=1), randn(
-      16, 1024, 64, seed=2)
-  prefix = jax.jit(functools.partial(attn._attend_to_cache, backend='cpu'))
-  whole = jax.jit(functools.partial(attn._attend_to_cache, backend='gpu'))
-  for start in [0, 100, 128, 400, 1023]:
-    start = np.int32(start)
-    np.testing.assert_allclose(prefix(q, ks, vs, start),
-                               whole(q, ks, vs, start), atol=1e-6, rtol=0)
-
-
 @pytest.mark.parametrize('first_chunk', [1, 130])
 def test_causal_attention_eval_equals_predict_across_prefixes(first_chunk):
   """Decoding past the first cache prefixes (128 and 256 slots on CPU)."""
