@@ -8,12 +8,13 @@ token (`logits = model(cur_inputs)`) and samples in numpy.
 For a 6-layer d_model-512 TransformerLM and ReformerLM, at batch 1 and 8, it
 generates 512 tokens with `decoding.autoregressive_sample` (timed after a
 compiling warm-up call) and runs the blog loop on the same model and weights
-for a few tokens after a warm-up token (its per-token cost is nearly flat:
-each call dispatches every op of the model and copies every cache it
-updates). Throughput is tokens per second summed over the batch, by wall
-clock and by process CPU time; the speedup is given for both. Each side is
-timed --repeats times and its best run counts, as other jobs sharing the
-CPUs slow the Python-bound loop and the compiled loop by different factors.
+at --loop-tokens positions spread over those 512 (a jitted step advances the
+state between them; each eager call copies the cache segment it writes, so
+later positions cost more). Throughput is tokens per second summed over the
+batch, by wall clock and by process CPU time; the speedup is given for both.
+Each side is timed --repeats times and its best run counts, as other jobs
+sharing the CPUs slow the Python-bound loop and the compiled loop by
+different factors.
 
 ReformerLM's attention is chosen with --reformer-attention: 'causal'
 (`tl.CausalAttention`, a key/value cache), 'self' (the default
@@ -25,26 +26,34 @@ token), so a step projects only the new position.
 Measured on the 2-core CPU (load ~1), default arguments:
 
   model               batch  compiled tok/s  loop tok/s  speedup  CPU-time
-  ReformerLM-causal       1           217.6       10.80    20.1x     15.6x
-  ReformerLM-causal       8           468.4       36.40    12.9x     12.1x
-  TransformerLM           1           271.4       14.82    18.3x     14.5x
-  TransformerLM           8           475.8       38.69    12.3x     11.8x
+  TransformerLM           1           224.5       10.36    21.7x     18.3x
+  TransformerLM           8           442.5       62.28     7.1x      6.8x
+  ReformerLM-causal       1           212.4        7.92    26.8x     22.4x
+  ReformerLM-causal       8           477.3       57.23     8.3x      7.6x
 
 ReformerLM-self over 128 tokens (--reformer-attention self --tokens 128
---repeats 2, load 1.5-3.4): 72.3x / 23.5x wall, 70.8x / 23.4x CPU time
-(batch 1 / 8); before the key/value cache 27.7x / 10.7x.
+--repeats 2, load ~1): 170.7 / 381.2 compiled tok/s against 1.68 / 11.49 for
+the loop, 101.8x / 33.2x wall, 70.1x / 24.4x CPU time (batch 1 / 8); before
+its key/value cache 27.7x / 10.7x.
 
-Causal attention reads only the filled power-of-two prefix of its
-2048-slot cache on CPU (`attention._cache_prefix_sizes`): a batch-8
-TransformerLM step over 256 tokens went from 64 to 27 ms of CPU (whole cache
-vs prefixes, same load; 15 ms without attention). The rest of a compiled
-step is mostly the dense layers' matmuls (alone about 4 ms at batch 1 and
-6-12 ms at batch 8: every token streams all weights), against 85-230 ms per
-token for the loop in a quiet moment, which bounds the speedup near 20x at
-batch 1 and 10-15x at batch 8 on this machine. `ReversibleSerial` skips its
-weight-to-data tie in predict mode (it halved ReformerLM's batch-1 step).
-The loop slows more than the compiled program under load (a run at load
-7-13: loop 2.3 tok/s, 29.6x at batch 1).
+On CPU the causal key/value cache is a tuple of segments (slots [0, 128),
+[128, 256), [256, 512), ...; `retrax.layers.kv_cache`): a step writes its
+position in place and attends to the filled segments straight from their
+buffers. A single cache array read by prefix made XLA copy the prefix first:
+the batch-8 TransformerLM step went from 23 to 16.6 ms and the batch-1 step
+from 6.5 to 4.8 ms (same load, profiled with `jax.profiler`). The segments
+made the eager loop faster too (it copied the whole 2048-slot cache at
+every write): at batch 8 from 28-39 tok/s to 57-62 tok/s.
+
+What bounds the ratio on this CPU: the eager loop costs about 100-130 ms
+per step at batch 1 and at batch 8 alike (it is op dispatch), while the
+compiled step grows with the batch. At batch 8 its dense layers alone take
+7 ms (f32 GEMMs of 8 rows stream all 76 MB of weights each token, measured
+apart from the model), the attention over the cache 8 ms of one core, so
+20x at batch 8 would need a step under 6 ms. At batch 1 the dense layers are
+matrix-vector products at the memory-bandwidth floor (3.2 ms).
+`ReversibleSerial` skips its weight-to-data tie in predict mode (it halved
+ReformerLM's batch-1 step).
 
 Usage: python benchmarks/decode.py [--quick] [--tokens 512] [--loop-tokens 8]
          [--repeats 3] [--batches 1,8] [--models TransformerLM,ReformerLM]
@@ -114,10 +123,19 @@ def _compiled_tokens_per_s(model, initial_state, batch, n_tokens, repeats):
   return _best(runs) + (compile_s,)
 
 
-def _blog_loop_tokens_per_s(model, initial_state, batch, n_tokens, repeats):
-  """The blog's loop: one eager model call per token, numpy sampling."""
+def _blog_loop_tokens_per_s(model, initial_state, batch, n_tokens,
+                            loop_tokens, repeats):
+  """The blog's loop: one eager model call per token, numpy sampling.
+
+  Its per-token cost grows with the position (each eager call copies the
+  cache segment it writes), so it is timed at `loop_tokens` positions spread
+  evenly over the `n_tokens` the compiled side generates: a jitted step
+  brings the state to each position, then one eager token is timed there,
+  best of `repeats` (restoring the state each time). Returns the rates of
+  the mean per-token time.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
-  model.state = initial_state
   cur = np.zeros((batch, 1), np.int32)
 
   def step(cur):
@@ -127,23 +145,32 @@ def _blog_loop_tokens_per_s(model, initial_state, batch, n_tokens, repeats):
     return np.array([[rng.choice(probs.shape[-1], p=p)] for p in probs],
                     np.int32)
 
-  cur = step(cur)  # Warm-up: the first eager call compiles every op.
-  runs = []
-  for _ in range(repeats):
-    clock = _Clock()
-    for _ in range(n_tokens):
-      cur = step(cur)
-    wall, cpu = clock.elapsed()
-    runs.append((batch * n_tokens / wall, batch * n_tokens / cpu))
-  return _best(runs)
+  model.state = initial_state
+  step(cur)  # Warm-up: the first eager call compiles every op.
+  advance = jax.jit(model.pure_fn)
+  state, position, walls, cpus = initial_state, 0, [], []
+  for target in np.linspace(0, n_tokens - 1, loop_tokens).astype(int):
+    for _ in range(target - position):
+      _, state = advance(cur, model.weights, state, model.rng)
+    position = target
+    best = (np.inf, np.inf)
+    for _ in range(repeats):
+      model.state = state
+      clock = _Clock()
+      step(cur)
+      best = min(best, clock.elapsed())
+    walls.append(best[0])
+    cpus.append(best[1])
+  return batch / np.mean(walls), batch / np.mean(cpus)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true',
-                      help='2 layers, d_model 128, 64 tokens, 3 loop tokens')
+                      help='2 layers, d_model 128, 64 tokens, 3 loop positions')
   parser.add_argument('--tokens', type=int, default=512)
-  parser.add_argument('--loop-tokens', type=int, default=8)
+  parser.add_argument('--loop-tokens', type=int, default=8,
+                      help='positions at which the eager loop is timed')
   parser.add_argument('--repeats', type=int, default=3,
                       help='timed runs of each side; the best one counts')
   parser.add_argument('--batches', default='1,8')
@@ -160,7 +187,7 @@ def main():
   vocab, max_len = 256, max(1024, n_tokens + 1)
   print(f'devices: {jax.devices()}')
   print(f'{n_layers} layers, d_model {d_model}, vocab {vocab}, max_len '
-        f'{max_len}; {n_tokens} compiled tokens, {loop_tokens} loop tokens')
+        f'{max_len}; {n_tokens} compiled tokens, {loop_tokens} loop positions')
   print(f'{"model":22s} {"batch":>5s} {"compiled tok/s":>15s} '
         f'{"blog loop tok/s":>16s} {"speedup":>8s} {"CPU-time speedup":>17s} '
         f'{"compile s":>10s}')
@@ -173,8 +200,8 @@ def main():
       initial_state = model.state
       fast, fast_cpu, compile_s = _compiled_tokens_per_s(
           model, initial_state, batch, n_tokens, args.repeats)
-      slow, slow_cpu = _blog_loop_tokens_per_s(model, initial_state, batch,
-                                               loop_tokens, args.repeats)
+      slow, slow_cpu = _blog_loop_tokens_per_s(
+          model, initial_state, batch, n_tokens, loop_tokens, args.repeats)
       ratios.append((fast / slow, fast_cpu / slow_cpu))
       name = kind if kind == 'TransformerLM' else (
           f'{kind}-{args.reformer_attention}')
