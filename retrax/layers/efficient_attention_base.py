@@ -257,11 +257,17 @@ class EfficientAttentionBase(base.Layer):
     mem_len, drop_len = self._predict_mem_len, self._predict_drop_len
     if seqlen <= drop_len and seqlen < mem_len:
       do_roll = mem_end + seqlen > mem_len
-      mem, state = lax.cond(
-          do_roll,
-          lambda m, s: (tuple(drop_oldest(b, drop_len) for b in m),
-                        self._roll_predict_state(s)),
-          lambda m, s: (tuple(m), s), tuple(mem), state)
+
+      def roll(m, s):
+        return (tuple(drop_oldest(b, drop_len) for b in m),
+                self._roll_predict_state(s))
+
+      def keep(m, s):
+        return tuple(m), s
+      if isinstance(do_roll, jax.core.Tracer):
+        mem, state = lax.cond(do_roll, roll, keep, tuple(mem), state)
+      else:  # Eager call: decide here (an eager lax.cond compiles every time).
+        mem, state = (roll if do_roll else keep)(tuple(mem), state)
       mem_end = jnp.where(do_roll, mem_end - drop_len, mem_end)
       new_inputs = tuple(
           lax.dynamic_update_slice_in_dim(m, x.astype(m.dtype), mem_end, axis=1)
@@ -299,8 +305,14 @@ class EfficientAttentionBase(base.Layer):
     return inputs_grad, weights_grad
 
   def _loop(self, body, carry, xs, length):
-    """`lax.scan(body, carry, xs)`, unrolled in Python when asked or trivial."""
-    if not (self._use_python_loop or length == 1):
+    """`lax.scan(body, carry, xs)`, unrolled in Python when asked, trivial or eager.
+
+    Called eagerly (no tracers), a `lax.scan` would trace and compile its
+    body at every call; the unrolled loop dispatches the same ops instead.
+    """
+    traced = any(isinstance(a, jax.core.Tracer)
+                 for a in jax.tree_util.tree_leaves((carry, xs)))
+    if traced and not (self._use_python_loop or length == 1):
       return lax.scan(body, carry, xs, length=length)
     ys = []
     for i in range(length):

@@ -285,15 +285,16 @@ class LSHSelfAttention(EfficientAttentionBase):
 
   def _roll_buckets(self, buckets, buckets_idx, q_start):
     """Shifts stored buckets like the memory when it dropped old positions."""
-    def roll(b):
-      b = jnp.reshape(b, (self._n_hashes, -1))
-      padded = jnp.concatenate(
-          [b, jnp.zeros((self._n_hashes, self._predict_drop_len), b.dtype)],
-          axis=1)
-      b = lax.dynamic_slice_in_dim(padded, buckets_idx - q_start, b.shape[-1],
-                                   axis=1)
-      return jnp.reshape(b, (-1,))
-    return lax.cond(buckets_idx > q_start, roll, lambda b: b, buckets)
+    b = jnp.reshape(buckets, (self._n_hashes, -1))
+    padded = jnp.concatenate(
+        [b, jnp.zeros((self._n_hashes, self._predict_drop_len), b.dtype)],
+        axis=1)
+    shift = jnp.maximum(buckets_idx - q_start, 0)
+    # A slice at shift 0 is the identity: no conditional (under vmap a
+    # per-unit lax.cond becomes a select anyway, and called eagerly it would
+    # compile at every call).
+    b = lax.dynamic_slice_in_dim(padded, shift, b.shape[-1], axis=1)
+    return jnp.reshape(b, (-1,))
 
   def _incremental_forward_unbatched(self, x, *, q_start, q_len, weights,
                                      state, rng, update_state):

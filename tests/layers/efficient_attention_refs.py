@@ -12,6 +12,8 @@ import pathlib
 import jax
 import numpy as np
 
+from retrax.shapes import signature
+
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / 'fixtures' / 'golden'
 
 
@@ -215,3 +217,44 @@ def grad_temp_bytes(layer, length, d_model=32):
       layer.pure_fn(x, w, state, jax.random.PRNGKey(0))[0])
   compiled = jax.jit(jax.grad(loss, (0, 1))).lower(x, weights).compile()
   return compiled.memory_analysis().temp_size_in_bytes
+
+
+_COMPILES = None
+
+
+def _compile_events():
+  """A list that gets the name of every XLA compilation from now on."""
+  global _COMPILES
+  if _COMPILES is None:
+    _COMPILES = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *a, **k: _COMPILES.append(name)
+        if 'backend_compile' in name else None)
+  return _COMPILES
+
+
+def eager_equals_jitted_without_recompiles(layer, weights, x, prompt_len=1):
+  """Runs predict-mode `layer` position by position eagerly and under jit.
+
+  Asserts equal outputs and that, once every position kind has been seen,
+  eager calls compile nothing (an eager `lax.cond` compiles at every call,
+  which made the blog's token-by-token loop 2-3x slower).
+  """
+  compiles = _compile_events()
+  _, state = layer.init(signature(x[:, :1]))
+  rng = jax.random.PRNGKey(0)
+  jitted, eager = jax.jit(layer.pure_fn), layer.pure_fn
+  ys = {'jit': [], 'eager': []}
+  for name, call in (('jit', jitted), ('eager', eager)):
+    s = state
+    y, s = call(x[:, :prompt_len], weights, s, rng)
+    ys[name].append(y)
+    for t in range(prompt_len, x.shape[1]):
+      if name == 'eager' and t == x.shape[1] - 3:
+        before = len(compiles)
+      y, s = call(x[:, t:t + 1], weights, s, rng)
+      ys[name].append(y)
+  np.testing.assert_allclose(np.concatenate(ys['eager'], 1),
+                             np.concatenate(ys['jit'], 1), rtol=1e-5,
+                             atol=1e-5)
+  assert len(compiles) == before, compiles[before:]

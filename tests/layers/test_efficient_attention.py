@@ -488,3 +488,12 @@ def test_enc_dec_attention_matches_reference():
                                mask[b])
         want[b, i] += o @ w_o
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_self_attention_eager_predict_equals_jitted_and_compiles_once():
+  """The blog's eager token loop: same outputs as jit, across memory rolls."""
+  layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, causal=True,
+                           mode='predict', predict_mem_len=8,
+                           predict_drop_len=4)
+  refs.eager_equals_jitted_without_recompiles(
+      layer, _weights(2, 6, 4, 3), _normal(0, (2, 14, 6)))

@@ -321,3 +321,11 @@ def test_errors_are_clear():
                      'batch size 2'):
     layer.pure_fn(jnp.zeros((2, 8, D_MODEL)), _weights(), _state(1, 8, 1),
                   jax.random.PRNGKey(0))
+
+
+def test_eager_predict_equals_jitted_and_compiles_once():
+  """The blog's eager token loop: same outputs as jit, across memory rolls."""
+  layer = _layer(mode='predict', causal=True, chunk_len=4, n_hashes=2,
+                 n_buckets=4, predict_mem_len=8, predict_drop_len=4)
+  refs.eager_equals_jitted_without_recompiles(
+      layer, _weights(), _normal(3, (1, 14, D_MODEL)), prompt_len=2)
