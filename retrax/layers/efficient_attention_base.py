@@ -18,6 +18,7 @@ state is `(mem_end, mem, per_unit_state)`: `mem` holds the last
 """
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,10 @@ _MAX_INPUT_COPY_BYTES = 1 << 20
 
 def _tree_stack(trees):
   return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=0), *trees)
+
+
+# Per-layer jitted forward for eager calls (weak keys: dies with the layer).
+_EAGER_FORWARD = weakref.WeakKeyDictionary()
 
 
 def _is_differentiable(x):
@@ -189,11 +194,26 @@ class EfficientAttentionBase(base.Layer):
   def forward(self, inputs):
     if self._use_reference_code:
       return self._reference_forward(inputs)
-    output, new_state, _, _ = self.forward_and_or_backward(
-        inputs, self.weights, self.state, self.rng, compute_output=True,
-        update_state=True)
+    args = (inputs, self.weights, self.state, self.rng)
+    leaves = jax.tree_util.tree_leaves(args)
+    if any(isinstance(a, jax.core.Tracer) for a in leaves):
+      output, new_state = self._forward(*args)
+    else:
+      # An eager call (the blog's token-by-token loop) runs one program
+      # compiled per input shape, rather than dispatching every op and
+      # compiling its loops (`lax.scan` over head groups) at each call.
+      fn = _EAGER_FORWARD.get(self)
+      if fn is None:
+        ref = weakref.ref(self)
+        fn = _EAGER_FORWARD[self] = jax.jit(lambda *a: ref()._forward(*a))  # pylint: disable=protected-access
+      output, new_state = fn(*args)
     self.state = new_state
     return output
+
+  def _forward(self, inputs, weights, state, rng):
+    output, new_state, _, _ = self.forward_and_or_backward(
+        inputs, weights, state, rng, compute_output=True, update_state=True)
+    return output, new_state
 
   def _as_tuple(self, inputs, weights):
     if self.n_in == 1:
@@ -258,16 +278,11 @@ class EfficientAttentionBase(base.Layer):
     if seqlen <= drop_len and seqlen < mem_len:
       do_roll = mem_end + seqlen > mem_len
 
-      def roll(m, s):
-        return (tuple(drop_oldest(b, drop_len) for b in m),
-                self._roll_predict_state(s))
-
-      def keep(m, s):
-        return tuple(m), s
-      if isinstance(do_roll, jax.core.Tracer):
-        mem, state = lax.cond(do_roll, roll, keep, tuple(mem), state)
-      else:  # Eager call: decide here (an eager lax.cond compiles every time).
-        mem, state = (roll if do_roll else keep)(tuple(mem), state)
+      mem, state = lax.cond(
+          do_roll,
+          lambda m, s: (tuple(drop_oldest(b, drop_len) for b in m),
+                        self._roll_predict_state(s)),
+          lambda m, s: (tuple(m), s), tuple(mem), state)
       mem_end = jnp.where(do_roll, mem_end - drop_len, mem_end)
       new_inputs = tuple(
           lax.dynamic_update_slice_in_dim(m, x.astype(m.dtype), mem_end, axis=1)
@@ -305,14 +320,8 @@ class EfficientAttentionBase(base.Layer):
     return inputs_grad, weights_grad
 
   def _loop(self, body, carry, xs, length):
-    """`lax.scan(body, carry, xs)`, unrolled in Python when asked, trivial or eager.
-
-    Called eagerly (no tracers), a `lax.scan` would trace and compile its
-    body at every call; the unrolled loop dispatches the same ops instead.
-    """
-    traced = any(isinstance(a, jax.core.Tracer)
-                 for a in jax.tree_util.tree_leaves((carry, xs)))
-    if traced and not (self._use_python_loop or length == 1):
+    """`lax.scan(body, carry, xs)`, unrolled in Python when asked or trivial."""
+    if not (self._use_python_loop or length == 1):
       return lax.scan(body, carry, xs, length=length)
     ys = []
     for i in range(length):
