@@ -31,10 +31,20 @@ Measured on the 2-core CPU (load ~1), default arguments:
   ReformerLM-causal       1           212.4        7.92    26.8x     22.4x
   ReformerLM-causal       8           477.3       57.23     8.3x      7.6x
 
-ReformerLM-self over 128 tokens (--reformer-attention self --tokens 128
---repeats 2, load ~1): 170.7 / 381.2 compiled tok/s against 1.68 / 11.49 for
-the loop, 101.8x / 33.2x wall, 70.1x / 24.4x CPU time (batch 1 / 8); before
-its key/value cache 27.7x / 10.7x.
+With ReformerLM's default SelfAttention and with LSHSelfAttention (128
+tokens, --repeats 2, load ~1), batch 1 / 8:
+
+  model               batch  compiled tok/s  loop tok/s  speedup  CPU-time
+  ReformerLM-self         1           172.8       22.95     7.5x      6.1x
+  ReformerLM-self         8           372.8      142.64     2.6x      2.4x
+  ReformerLM-lsh          1            57.3       22.68     2.5x      2.1x
+  ReformerLM-lsh          8            82.3       54.10     1.5x      1.4x
+
+Their loops are fast because an efficient-attention layer called eagerly
+runs one program compiled per input shape (`EfficientAttentionBase.forward`);
+before, each eager call dispatched every op and compiled its `lax.scan` and
+`lax.cond`: the same loops ran at 1.68 / 11.49 tok/s (self) and 0.21 / 1.33
+tok/s (LSH), 102x / 33x and 270x / 59x slower than the compiled decoder.
 
 On CPU the causal key/value cache is a tuple of segments (slots [0, 128),
 [128, 256), [256, 512), ...; `retrax.layers.kv_cache`): a step writes its
