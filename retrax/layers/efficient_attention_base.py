@@ -277,7 +277,6 @@ class EfficientAttentionBase(base.Layer):
     mem_len, drop_len = self._predict_mem_len, self._predict_drop_len
     if seqlen <= drop_len and seqlen < mem_len:
       do_roll = mem_end + seqlen > mem_len
-
       mem, state = lax.cond(
           do_roll,
           lambda m, s: (tuple(drop_oldest(b, drop_len) for b in m),

@@ -290,9 +290,8 @@ class LSHSelfAttention(EfficientAttentionBase):
         [b, jnp.zeros((self._n_hashes, self._predict_drop_len), b.dtype)],
         axis=1)
     shift = jnp.maximum(buckets_idx - q_start, 0)
-    # A slice at shift 0 is the identity: no conditional (under vmap a
-    # per-unit lax.cond becomes a select anyway, and called eagerly it would
-    # compile at every call).
+    # A slice at shift 0 is the identity, so no conditional is needed (under
+    # vmap a per-unit lax.cond would compute both branches anyway).
     b = lax.dynamic_slice_in_dim(padded, shift, b.shape[-1], axis=1)
     return jnp.reshape(b, (-1,))
 
