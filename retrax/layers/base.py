@@ -123,8 +123,12 @@ def _find_caller():
 
 
 def _short_traceback(exc):
-  lines = traceback.format_exception_only(type(exc), exc)
-  return ''.join(lines).rstrip()
+  """The exception's type and message, without JAX's traceback-filtering note."""
+  info = traceback.TracebackException(type(exc), exc, None, compact=True)
+  if info.__notes__:
+    info.__notes__ = [n for n in info.__notes__
+                      if 'JAX has removed its internal frames' not in n]
+  return ''.join(info.format_exception_only()).rstrip()
 
 
 @contextlib.contextmanager
