@@ -22,6 +22,7 @@ import struct
 import sys
 import time
 
+import google_crc32c
 import numpy as np
 
 from retrax.checkpoints.atomic import atomic_write
@@ -91,25 +92,9 @@ class JsonlWriter:
 # --- TensorBoard event files ------------------------------------------------------
 
 
-def _crc32c_table():
-  table = []
-  for i in range(256):
-    crc = i
-    for _ in range(8):
-      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    table.append(crc)
-  return table
-
-
-_CRC_TABLE = _crc32c_table()
-
-
 def crc32c(data):
-  """CRC-32C (Castagnoli), as TFRecord framing uses."""
-  crc = 0xFFFFFFFF
-  for byte in data:
-    crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  return crc ^ 0xFFFFFFFF
+  """CRC-32C (Castagnoli), as TFRecord framing uses (the `google-crc32c` package)."""
+  return google_crc32c.value(bytes(data))
 
 
 def masked_crc32c(data):
