@@ -174,29 +174,43 @@ def sample_copies(config, n=4, temperature=0.0, seed=0):
   return [(wi, oi) for wi, oi in zip(w, np.asarray(out))]
 
 
-def print_eval(config, n_batches=8):
-  """Prints the eval loss and accuracy of a run's latest weights on its eval stream."""
+EVAL_METRICS = ('WeightedCategoryCrossEntropy', 'WeightedCategoryAccuracy')
+
+
+def evaluate(config, n_batches=8):
+  """Scores a run's latest saved weights on the first `n_batches` of its eval stream.
+
+  The model is loaded from the checkpoint and never re-initialised. Returns
+  `{metric name: mean over the batches}`, as the training `Loop` averages its
+  evals (the metrics in `EVAL_METRICS`).
+  """
   import jax  # pylint: disable=g-import-not-at-top
+  if not isinstance(n_batches, int) or n_batches < 1:
+    raise config_lib.ConfigError(
+        f'the number of eval batches must be an int >= 1; got {n_batches!r}')
   model = load_model(config, 'eval', config.batch_size)
-  metrics = tl.Serial(model, tl.Branch(tl.WeightedCategoryCrossEntropy(),
-                                       tl.WeightedCategoryAccuracy()))
+  metrics = [getattr(tl, name)() for name in EVAL_METRICS]
+
+  def scores(batch, weights, state, rng):
+    x, y, w = batch
+    logits, _ = model.pure_fn(x, weights, state, rng)
+    return [m.pure_fn((logits, y, w), (), (), rng)[0] for m in metrics]
+
+  step = jax.jit(scores)
   stream = build_inputs(config).eval_stream(1)
-  x, y, w = next(stream)
-  metrics.init((x, y, w))
-  metrics.sublayers[0].weights = model.weights
-  metrics.sublayers[0].state = model.state
-  step = jax.jit(metrics.pure_fn)
-  totals = np.zeros(2)
-  for i in range(n_batches):
-    if i:
-      x, y, w = next(stream)
-    (loss, acc), _ = step((x, y, w), metrics.weights, metrics.state,
-                          metrics.rng)
-    totals += (float(loss), float(acc))
-  loss, acc = totals / n_batches
-  print(f'eval over {n_batches} batches: WeightedCategoryCrossEntropy '
-        f'{loss:.6f}  WeightedCategoryAccuracy {acc:.6f}')
-  return loss, acc
+  totals = np.zeros(len(metrics))
+  for _ in range(n_batches):
+    totals += [float(v) for v in step(tuple(next(stream)), model.weights,
+                                      model.state, model.rng)]
+  return dict(zip(EVAL_METRICS, (totals / n_batches).tolist()))
+
+
+def print_eval(config, n_batches=8):
+  """Prints `evaluate(config, n_batches)` on one line; returns it."""
+  results = evaluate(config, n_batches)
+  print(f'eval over {n_batches} batches: ' + '  '.join(
+      f'{name} {value:.6f}' for name, value in results.items()))
+  return results
 
 
 def print_samples(config, n=None, temperature=0.0):
