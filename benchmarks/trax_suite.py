@@ -1,0 +1,196 @@
+"""Run Trax 1.4.1's own unit tests on retrax (and on real Trax) and compare.
+
+The measure of "a Trax program runs unchanged": a checkout of Trax's v1.4.1
+tests is run file by file under pytest, once with `import trax` resolving to
+retrax (`retrax.compat.install()`), and, when an interpreter with real Trax is
+given, once on Trax itself. The per-test outcomes of the Trax run are cached in
+a JSON file so later runs need only retrax.
+
+    git --git-dir=<mirror of google/trax> archive v1.4.1 | tar -x -C /tmp/trax141
+    python benchmarks/trax_suite.py --trax-src /tmp/trax141 [--group core]
+        [--trax-python $TRAX_PY] [--files layers/core_test.py ...] [--jobs 2]
+
+Prints, per test file, the tests that pass on Trax and how many of those pass
+on retrax, then the total ratio. Not part of CI: it needs Trax's sources.
+
+Trax's tests use TensorFlow only for test-case helpers (`tf.test.TestCase`,
+`tf.io.gfile`); retrax has no TensorFlow, so the harness supplies those helpers
+(`trax_suite_shims/`) on the retrax side. Out of scope (TensorFlow datasets,
+gym/RL, TF-numpy, Keras): see `EXCLUDED`.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+HERE = pathlib.Path(__file__).resolve().parent
+SHIMS = HERE / 'trax_suite_shims'
+DEFAULT_CACHE = HERE / 'results' / 'trax_suite_trax141.json'
+
+# Test files outside the measure, with the reason.
+EXCLUDED = {
+    'data/tf_inputs_test.py': 'TensorFlow datasets',
+    'supervised/mnist_test.py': 'TFDS download',
+    'models/rl_test.py': 'RL',
+    'trax2keras_test.py': 'Keras',
+}
+EXCLUDED_DIRS = {'rl/': 'RL / gym', 'tf_numpy/': 'TF-numpy'}
+RESEARCH_DIRS = ('layers/research/', 'models/research/')
+
+CONFTEST = '''\
+import sys
+sys.path.insert(0, {shims!r})
+import retrax.compat
+retrax.compat.install()
+'''
+
+
+def test_files(src, group):
+  """The in-scope `*_test.py` paths (relative to Trax's package) of a group."""
+  root = pathlib.Path(src) / 'trax'
+  out = []
+  for path in sorted(root.rglob('*_test.py')):
+    rel = path.relative_to(root).as_posix()
+    if rel in EXCLUDED or any(rel.startswith(d) for d in EXCLUDED_DIRS):
+      continue
+    research = rel.startswith(RESEARCH_DIRS)
+    if group == 'all' or (group == 'research') == research:
+      out.append(rel)
+  return out
+
+
+def copy_tree(src, dst, retrax_side):
+  """Trax's tests and their data files, without Trax's package code."""
+  root = pathlib.Path(src) / 'trax'
+  for path in root.rglob('*'):
+    if path.is_dir() or (path.suffix == '.py' and
+                         not path.name.endswith('_test.py')):
+      continue
+    target = pathlib.Path(dst) / path.relative_to(root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, target)
+  if retrax_side:
+    (pathlib.Path(dst) / 'conftest.py').write_text(
+        CONFTEST.format(shims=str(SHIMS)))
+
+
+def run_file(python, tree, rel, timeout):
+  """{test id: outcome} of one test file, run in its own interpreter."""
+  xml_path = tempfile.mktemp(suffix='.xml')
+  cmd = [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+         '--import-mode=importlib', '--junitxml', xml_path, '-o',
+         'junit_family=xunit1', rel]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', JAX_PLATFORMS='cpu',
+             PYTHONWARNINGS='ignore')
+  try:
+    subprocess.run(cmd, cwd=tree, env=env, timeout=timeout,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=False)
+  except subprocess.TimeoutExpired:
+    return {f'{rel}::<file>': 'timeout'}
+  if not os.path.exists(xml_path):
+    return {f'{rel}::<file>': 'error'}
+  outcomes = {}
+  for case in ET.parse(xml_path).getroot().iter('testcase'):
+    name = f"{rel}::{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+    tags = {child.tag for child in case}
+    if 'skipped' in tags:
+      outcomes[name] = 'skipped'
+    elif tags & {'failure', 'error'}:
+      outcomes[name] = 'failed'
+    else:
+      outcomes[name] = 'passed'
+  os.unlink(xml_path)
+  if not outcomes:
+    outcomes[f'{rel}::<file>'] = 'error'
+  return outcomes
+
+
+def run_suite(python, src, files, retrax_side, jobs, timeout):
+  with tempfile.TemporaryDirectory(prefix='trax_suite_') as tree:
+    copy_tree(src, tree, retrax_side)
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+      futures = {pool.submit(run_file, python, tree, rel, timeout): rel
+                 for rel in files}
+      for future in concurrent.futures.as_completed(futures):
+        rel = futures[future]
+        results[rel] = future.result()
+        n_pass = sum(v == 'passed' for v in results[rel].values())
+        print(f'  {"retrax" if retrax_side else "trax":6s} {rel}: '
+              f'{n_pass}/{len(results[rel])} passed', file=sys.stderr)
+    return results
+
+
+def report(trax, retrax):
+  """Prints per-file counts; returns (passing on both, passing on Trax)."""
+  total_trax = total_both = 0
+  print(f'{"file":52s} {"trax":>5s} {"retrax":>7s}  ratio')
+  for rel in sorted(retrax):
+    passing = [t for t, o in trax.get(rel, {}).items() if o == 'passed']
+    both = [t for t in passing if retrax[rel].get(t) == 'passed']
+    total_trax += len(passing)
+    total_both += len(both)
+    ratio = f'{len(both) / len(passing):6.1%}' if passing else '    -'
+    print(f'{rel:52s} {len(passing):5d} {len(both):7d}  {ratio}')
+  if total_trax:
+    print(f'{"TOTAL":52s} {total_trax:5d} {total_both:7d}  '
+          f'{total_both / total_trax:6.1%}')
+  return total_both, total_trax
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--trax-src', required=True,
+                 help='a checkout of google/trax at v1.4.1 (holds trax/)')
+  p.add_argument('--group', choices=['core', 'research', 'all'],
+                 default='core')
+  p.add_argument('--files', nargs='*', help='only these test files')
+  p.add_argument('--python', default=sys.executable,
+                 help='interpreter with retrax installed')
+  p.add_argument('--trax-python', help='interpreter with real Trax 1.4.1; '
+                 'its outcomes are cached in --cache')
+  p.add_argument('--cache', default=str(DEFAULT_CACHE))
+  p.add_argument('--jobs', type=int, default=2)
+  p.add_argument('--timeout', type=int, default=1200,
+                 help='seconds per test file')
+  p.add_argument('--failures', action='store_true',
+                 help='list the tests that pass on Trax but not on retrax')
+  args = p.parse_args(argv)
+  if not (pathlib.Path(args.trax_src) / 'trax').is_dir():
+    p.error(f'--trax-src {args.trax_src}: no trax/ directory there')
+  files = args.files or test_files(args.trax_src, args.group)
+
+  cache = {}
+  if os.path.exists(args.cache):
+    cache = json.loads(pathlib.Path(args.cache).read_text())
+  if args.trax_python:
+    todo = [f for f in files if f not in cache]
+    cache.update(run_suite(args.trax_python, args.trax_src, todo, False,
+                           args.jobs, args.timeout))
+    pathlib.Path(args.cache).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.cache).write_text(json.dumps(cache, indent=1,
+                                                   sort_keys=True))
+  missing = [f for f in files if f not in cache]
+  if missing:
+    print(f'no Trax outcomes for {len(missing)} files (give --trax-python): '
+          + ', '.join(missing), file=sys.stderr)
+  retrax = run_suite(args.python, args.trax_src, files, True, args.jobs,
+                     args.timeout)
+  report(cache, retrax)
+  if args.failures:
+    for rel in sorted(retrax):
+      for test, outcome in sorted(cache.get(rel, {}).items()):
+        if outcome == 'passed' and retrax[rel].get(test) != 'passed':
+          print(f'FAIL {test} ({retrax[rel].get(test, "missing")})')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,1 @@
+from tensorflow.compat import v1, v2  # noqa: F401
