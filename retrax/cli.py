@@ -59,7 +59,7 @@ def cmd_eval(args):
 
 def cmd_convert(args):
   from retrax.checkpoints import convert  # pylint: disable=g-import-not-at-top
-  convert.convert(args.src, args.dst, to=args.to)
+  print(convert.convert(args.src, args.dst, to=args.to, force=args.force))
 
 
 def cmd_plot(args):
@@ -114,6 +114,9 @@ def build_parser():
   p.add_argument('dst')
   p.add_argument('--to', choices=('native', 'trax'), default=None,
                  help='target format (default: the other one)')
+  p.add_argument('--force', action='store_true',
+                 help='write even if DST holds files: replaces only the files '
+                 'the conversion writes, deletes nothing else')
   p.set_defaults(func=cmd_convert)
   p = sub.add_parser('plot', help="plot a run's metrics to PNG")
   p.add_argument('output_dir')

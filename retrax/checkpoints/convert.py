@@ -13,8 +13,17 @@ converted checkpoint's `trax_slots` or a training checkpoint's `slots` (one
 tree per task, Trax's slot layout; its empty entries are skipped, as Trax
 stores them). Without either, Trax restores weights and state and starts
 fresh slots.
+
+Nothing at DST is lost by default: the native target must be a new path or an
+empty directory; the Trax target (an existing directory gets `model.*`) must
+not have any of the files it would write (`.pkl.gz`, `.weights.npy.gz`,
+`.opt_slots*.npy.gz` of that basename), and an existing directory it writes
+into must be empty. `force=True` (`--force`) writes anyway and replaces only
+those files (native: `metadata.json` and its `arrays.*.safetensors`); other
+files are never deleted or changed.
 """
 
+import glob
 import os
 
 from retrax.checkpoints import native
@@ -63,13 +72,61 @@ def native_to_trax(src, dst):
       trees.get('input_signature'))
 
 
-def convert(src, dst, to=None):
+def _trax_base(dst):
+  """The Trax basename for `dst`: `DST/model` when `dst` is a directory."""
+  if os.path.isdir(dst) or dst.endswith(os.sep) or dst.endswith('/'):
+    return os.path.join(dst, 'model')
+  suffix = '.pkl.gz'
+  return dst[:-len(suffix)] if dst.endswith(suffix) else dst
+
+
+def _trax_files(base):
+  """The existing files of the Trax checkpoint at `base` (no extension)."""
+  names = [base + '.pkl.gz', base + '.weights.npy.gz']
+  found = [p for p in names if os.path.lexists(p)]
+  return found + sorted(glob.glob(glob.escape(base) + '.opt_slots*.npy.gz'))
+
+
+def _refuse(dst, what):
+  raise FileExistsError(
+      f'{dst} {what}; convert writes only into a new path or an empty '
+      'directory: choose another destination, or pass --force (force=True) to '
+      'replace the files it writes (nothing else is touched).')
+
+
+def check_destination(dst, to, force=False):
+  """Where to write format `to` for `dst`; raises if files would be lost.
+
+  Raises:
+    FileExistsError: naming `dst`, unless it is new or an empty directory
+      (Trax: none of its files exist), or `force` is set.
+  """
+  if to == 'native':
+    if os.path.lexists(dst) and not os.path.isdir(dst):
+      raise FileExistsError(f'{dst} exists and is not a directory; a native '
+                            'checkpoint is a directory: choose another path.')
+    if os.path.isdir(dst) and os.listdir(dst) and not force:
+      _refuse(dst, 'is a directory that is not empty')
+    return dst
+  base = _trax_base(dst)
+  if not force:
+    if os.path.isdir(dst) and os.listdir(dst):
+      _refuse(dst, 'is a directory that is not empty')
+    existing = _trax_files(base)
+    if existing:
+      _refuse(dst, 'would overwrite ' + ', '.join(
+          os.path.basename(p) for p in existing))
+  return base
+
+
+def convert(src, dst, to=None, force=False):
   """Converts `src` into the other format (or `to`), written at `dst`.
 
   Args:
     src: a Trax checkpoint file or a native checkpoint directory.
     dst: the native directory, or the Trax basename (`.pkl.gz` optional).
     to: 'native' or 'trax'; by default the format `src` is not in.
+    force: write even where files exist, replacing only those it writes.
 
   Returns:
     The path written (native directory or `.pkl.gz` file).
@@ -83,4 +140,9 @@ def convert(src, dst, to=None):
     raise ValueError(f'to must be one of {FORMATS}; got {to!r}.')
   if to == source:
     raise ValueError(f'{src} is already a {source} checkpoint.')
-  return native_to_trax(src, dst) if to == 'trax' else trax_to_native(src, dst)
+  target = check_destination(dst, to, force)
+  if to == 'native':
+    return trax_to_native(src, target)
+  parent = os.path.dirname(os.path.abspath(target))
+  os.makedirs(parent, exist_ok=True)
+  return native_to_trax(src, target)
