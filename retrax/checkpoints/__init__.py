@@ -4,6 +4,8 @@ retrax's native safetensors + JSON format."""
 from retrax.checkpoints.errors import CheckpointCorruptedError as CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError as CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError as CheckpointFormatError
+from retrax.checkpoints.errors import CheckpointLimitError as CheckpointLimitError
+from retrax.checkpoints.errors import CheckpointNotFoundError as CheckpointNotFoundError
 from retrax.checkpoints.errors import TreeStructureError as TreeStructureError
 from retrax.checkpoints.errors import UnsafeCheckpointError as UnsafeCheckpointError
 from retrax.checkpoints.native import NativeCheckpoint as NativeCheckpoint

@@ -29,3 +29,11 @@ class CheckpointCorruptedError(CheckpointFormatError):
 
 class TreeStructureError(CheckpointError, ValueError):
   """Flat checkpoint leaves do not fit a weights/state tree (count or shape)."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+  """A checkpoint file (or a sidecar its pickle needs) does not exist."""
+
+
+class CheckpointLimitError(CheckpointFormatError):
+  """A file or array is larger than the reading limit (see `limits`)."""

@@ -34,45 +34,57 @@ pickles that reference only numpy/builtin/`trax.shapes.ShapeDtype` globals.
 """
 
 import collections
+import contextlib
 import gzip
 import os
-import zlib
+import re
+import secrets
 
 import numpy as np
 
+from retrax.checkpoints import limits
 from retrax.checkpoints import npy_stream
 from retrax.checkpoints import pickle_writer
 from retrax.checkpoints.atomic import atomic_write
+from retrax.checkpoints.atomic import fsync_dir
 from retrax.checkpoints.errors import CheckpointCorruptedError
+from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
+from retrax.checkpoints.errors import CheckpointNotFoundError
 from retrax.checkpoints.records import TraxHistory
 from retrax.checkpoints.records import convert_shape_dtypes
 from retrax.checkpoints.records import is_shape_dtype
 from retrax.checkpoints.safe_unpickle import safe_load
+from retrax.checkpoints.safe_unpickle import safe_loads
 from retrax.checkpoints.tree import tree_leaves
 
 LOOP_VERSION_TIMESTAMP = 'Mar-10-2021'
 _GZIP_MAGIC = b'\x1f\x8b'
 _PICKLE_SUFFIX = '.pkl.gz'
+_SIDECARS_KEY = 'retrax_sidecars'
 
 
-def load_trax_pickle(path):
+def load_trax_pickle(path, max_bytes=None):
   """Restricted-unpickles a Trax `.pkl.gz` (or plain `.pkl`) file.
 
-  Gzip is detected from the file's magic bytes, not its name.
+  Gzip is detected from the file's magic bytes, not its name. The whole gzip
+  stream is decompressed first (at most `limits.max_bytes(max_bytes)` bytes),
+  so its CRC and length are verified before anything is unpickled.
   """
   path = os.fspath(path)
-  with open(path, 'rb') as f:
-    gzipped = f.read(2) == _GZIP_MAGIC
-    f.seek(0)
-    if not gzipped:
-      return safe_load(f)
-    try:
-      with gzip.GzipFile(fileobj=f, mode='rb') as gz:
-        return safe_load(gz)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-      raise CheckpointCorruptedError(
-          f'{path}: gzip stream is truncated or corrupted ({e}).') from None
+  limit = limits.max_bytes(max_bytes)
+  try:
+    with open(path, 'rb') as f:
+      gzipped = f.read(2) == _GZIP_MAGIC
+      if not gzipped:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+          raise limits.too_big(path, f'the file ({size} bytes)', limit)
+        f.seek(0)
+        return safe_load(f)
+  except FileNotFoundError:
+    raise CheckpointNotFoundError(f'checkpoint not found: {path}') from None
+  return safe_loads(limits.read_gzip(path, limit))
 
 
 def _base_of(path):
@@ -83,9 +95,49 @@ def _sidecar_weights_path(path):
   """Where Trax looks for the weights of a `flat_weights: int` pickle."""
   if path.endswith(_PICKLE_SUFFIX):
     candidate = _base_of(path) + '.weights.npy.gz'
-    if os.path.exists(candidate):
+    if os.path.exists(candidate) or not os.path.exists(path + '.npy'):
       return candidate
   return path + '.npy'  # The older layout that Trax still reads.
+
+
+def _staged_name(base, kind, step, token):
+  """Where a sidecar is written before its pickle commits the set."""
+  directory, name = os.path.split(base)
+  return os.path.join(directory, f'.{name}.{kind}.{step}-{token}.npy.gz')
+
+
+def _staged_pattern(base):
+  return re.compile(
+      r'^\.' + re.escape(os.path.basename(base)) +
+      r'\.(weights|opt_slots\d+)\.\d+-[0-9a-f]{8}\.npy\.gz$')
+
+
+def _read_sidecar(pkl_path, base, kind, record, max_bytes):
+  """Reads sidecar `kind` of a pickle; `record` is what the pickle says of it."""
+  fixed = f'{base}.{kind}.npy.gz'
+  if record is None:  # Written by Trax: no checksum to tie it to the pickle.
+    if kind == 'weights':
+      fixed = _sidecar_weights_path(pkl_path)
+    if not os.path.exists(fixed):
+      raise CheckpointNotFoundError(
+          f'{fixed}: missing; {pkl_path} keeps its {kind} in this file.')
+    return npy_stream.read_npy_gz(fixed, max_bytes=max_bytes)
+  if not isinstance(record, dict) or not isinstance(record.get('sha256'), str):
+    raise CheckpointFormatError(f'{pkl_path}: malformed sidecar record {kind}.')
+  staged = os.path.join(os.path.dirname(base), str(record.get('staged', '')))
+  candidates = [p for p in (fixed, staged) if os.path.isfile(p)]
+  if not candidates:
+    raise CheckpointNotFoundError(
+        f'{fixed}: missing; {pkl_path} keeps its {kind} in this file.')
+  for candidate in candidates:
+    try:
+      return npy_stream.read_npy_gz(candidate, max_bytes=max_bytes,
+                                    sha256=record['sha256'])
+    except CheckpointCorruptedError as e:
+      error = e
+  raise CheckpointCorruptedError(
+      f'{fixed} does not belong to {pkl_path} (step {record.get("step")}): '
+      f'{error}')
 
 
 def _scalar_or_keep(value):
@@ -143,12 +195,33 @@ def _detect_format(d):
   return 'layer'
 
 
-def _read_slot_files(base):
+def _read_slot_files(path, base, records, max_bytes):
+  if records is not None:
+    kinds = sorted((k for k in records if k.startswith('opt_slots')),
+                   key=lambda k: int(k[len('opt_slots'):]))
+    return [_read_sidecar(path, base, k, records[k], max_bytes) for k in kinds]
   slots, i = [], 0
-  while os.path.exists(f'{base}.opt_slots{i}.npy.gz'):
-    slots.append(npy_stream.read_npy_gz(f'{base}.opt_slots{i}.npy.gz'))
+  while os.path.exists(f'{base}.opt_slots{i}.npy.gz') or i == 0:
+    slots.append(_read_sidecar(path, base, f'opt_slots{i}', None, max_bytes))
     i += 1
   return slots
+
+
+def _sidecar_records(d, path):
+  """The pickle's `retrax_sidecars` records (None in files Trax wrote)."""
+  records = d.get(_SIDECARS_KEY)
+  if records is None:
+    return None
+  if not isinstance(records, dict) or 'weights' not in records:
+    raise CheckpointFormatError(f'{path}: malformed {_SIDECARS_KEY} entry.')
+  for kind, record in records.items():
+    if not isinstance(record, dict):
+      raise CheckpointFormatError(f'{path}: malformed sidecar record {kind}.')
+    if record.get('step') != d.get('step'):
+      raise CheckpointFormatError(
+          f'{path}: sidecar {kind} is recorded for step {record.get("step")}, '
+          f'the pickle is of step {d.get("step")}.')
+  return records
 
 
 def _as_list(x, what, path):
@@ -161,7 +234,7 @@ def _as_list(x, what, path):
 
 
 def read_trax_checkpoint(path, *, restore_bfloat16=False,
-                         shape_dtype_factory=None):
+                         shape_dtype_factory=None, max_bytes=None):
   """Reads any Trax checkpoint layout into the normalized dict described above.
 
   Args:
@@ -179,10 +252,16 @@ def read_trax_checkpoint(path, *, restore_bfloat16=False,
     UnsafeCheckpointError: the pickle references a non-admitted global.
     CheckpointCorruptedError: a file is truncated or damaged.
     CheckpointFormatError: the content is not a Trax checkpoint.
-    FileNotFoundError: the checkpoint or its weights sidecar is missing.
+    CheckpointNotFoundError: the checkpoint or a sidecar it needs is missing.
+    CheckpointLimitError: a file or array is over the size limit.
+
+  A pickle written by retrax records each sidecar's sha256 and step: a
+  sidecar of another save is refused. Sidecars written by Trax carry no
+  checksum; they are read as they are (the loader still checks their count
+  and shapes against the model).
   """
   path = os.fspath(path)
-  d = load_trax_pickle(path)
+  d = load_trax_pickle(path, max_bytes)
   if not isinstance(d, dict):
     raise CheckpointFormatError(
         f'{path}: a Trax checkpoint pickles a dict; got {type(d).__name__}.')
@@ -197,15 +276,18 @@ def read_trax_checkpoint(path, *, restore_bfloat16=False,
     out['flat_eval_state'] = out['flat_state']
     out['slots'] = [_flat_slots(d['slots'])] if d.get('slots') is not None else []
   else:
+    records = _sidecar_records(d, path)
+    base = _base_of(path)
     flat_weights = d['flat_weights']
     if fmt == 'loop' and isinstance(flat_weights, int):
-      flat_weights = npy_stream.read_npy_gz(_sidecar_weights_path(path))
+      flat_weights = _read_sidecar(path, base, 'weights', None if records is
+                                   None else records.get('weights'), max_bytes)
     out['flat_weights'] = _as_list(flat_weights, 'flat_weights', path)
     out['flat_state'] = _as_list(d.get('flat_state'), 'flat_state', path)
     eval_state = d.get('flat_eval_state', d.get('flat_state'))
     out['flat_eval_state'] = _as_list(eval_state, 'flat_eval_state', path)
     if isinstance(d.get('slots_per_task'), int):
-      out['slots'] = _read_slot_files(_base_of(path))
+      out['slots'] = _read_slot_files(path, base, records, max_bytes)
     elif d.get('slots_per_task') is not None:
       out['slots'] = [_flat_slots(s) for s in d['slots_per_task']]
     elif d.get('slots') is not None:
@@ -286,9 +368,14 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
                                input_signature, compresslevel=2):
   """Writes the three-file layout of Trax's `Loop.save_checkpoint`.
 
-  Writes `<basename>.opt_slots{i}.npy.gz` per task, `<basename>.weights.npy.gz`
-  and finally `<basename>.pkl.gz`, each atomically, in the order Trax uses.
-  bfloat16 arrays in the npy files are bit-cast to uint16, as Trax does.
+  The set is written so that a kill at any instant leaves the old set or the
+  new one for `read_trax_checkpoint`: each sidecar is first written (fsynced)
+  under a name unique to this save, `.<name>.<kind>.<step>-<token>.npy.gz`;
+  then `<basename>.pkl.gz` is replaced atomically, recording each sidecar's
+  step, sha256 and staged name (the commit point); then the sidecars are
+  renamed to Trax's names and the staged files of older, unfinished saves
+  are removed. A reader finds each sidecar under one of its two names and
+  checks its sha256. bfloat16 arrays are bit-cast to uint16, as Trax does.
 
   Args:
     basename: path without extension, e.g. `'/out/model'` (a trailing
@@ -312,15 +399,18 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
   base = _base_of(os.fspath(basename))
   if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
     raise TypeError(f'step must be an int; got {step!r}.')
-  for i, slots in enumerate(slots_per_task):
-    npy_stream.write_npy_gz(f'{base}.opt_slots{i}.npy.gz',
-                            _arrays(slots, f'slots_per_task[{i}]'),
-                            compresslevel=compresslevel)
-  npy_stream.write_npy_gz(f'{base}.weights.npy.gz',
-                          _arrays(flat_weights, 'flat_weights'),
-                          compresslevel=compresslevel)
+  step, token = int(step), secrets.token_hex(4)
+  sidecars = [(f'opt_slots{i}', _arrays(slots, f'slots_per_task[{i}]'))
+              for i, slots in enumerate(slots_per_task)]
+  sidecars.append(('weights', _arrays(flat_weights, 'flat_weights')))
+  records = {}
+  for kind, arrays in sidecars:
+    staged = _staged_name(base, kind, step, token)
+    records[kind] = {'step': step, 'staged': os.path.basename(staged),
+                     'sha256': npy_stream.write_npy_gz(
+                         staged, arrays, compresslevel=compresslevel)}
   d = {
-      'step': int(step),
+      'step': step,
       'flat_weights': compresslevel,
       'flat_state': _arrays(flat_state, 'flat_state'),
       'flat_eval_state': _arrays(flat_eval_state, 'flat_eval_state'),
@@ -328,7 +418,47 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
       'slots_per_task': compresslevel if slots_per_task else [],
       'input_signature': _signature(input_signature),
       'version_timestamp': LOOP_VERSION_TIMESTAMP,
+      _SIDECARS_KEY: records,
   }
   pkl_path = base + _PICKLE_SUFFIX
-  _write_pickle_gz(pkl_path, d)
+  _write_pickle_gz(pkl_path, d)  # The commit point.
+  directory = os.path.dirname(os.path.abspath(base))
+  for kind, _ in sidecars:
+    os.replace(_staged_name(base, kind, step, token), f'{base}.{kind}.npy.gz')
+  fsync_dir(directory)
+  remove_staged_sidecars(base, keep=())
   return pkl_path
+
+
+def remove_staged_sidecars(base, keep=None):
+  """Removes the staged sidecars of unfinished saves of `<base>.pkl.gz`.
+
+  Args:
+    base: the checkpoint's path without `.pkl.gz`.
+    keep: names to keep; None keeps those that `<base>.pkl.gz` names (a
+      save killed after its commit point still needs them).
+
+  Returns:
+    The paths removed.
+  """
+  base = _base_of(os.fspath(base))
+  directory = os.path.dirname(os.path.abspath(base))
+  pattern = _staged_pattern(base)
+  try:
+    staged = [n for n in os.listdir(directory) if pattern.match(n)]
+  except FileNotFoundError:
+    return []
+  if not staged:
+    return []
+  if keep is None:
+    keep = set()
+    with contextlib.suppress(CheckpointError, OSError, AttributeError):
+      records = load_trax_pickle(base + _PICKLE_SUFFIX).get(_SIDECARS_KEY)
+      keep = {r.get('staged') for r in (records or {}).values()}
+  removed = []
+  for name in staged:
+    if name not in keep:
+      with contextlib.suppress(OSError):
+        os.remove(os.path.join(directory, name))
+        removed.append(os.path.join(directory, name))
+  return removed
