@@ -22,6 +22,7 @@ from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
+from retrax.layers import tutorial_checks
 
 
 def _check_same_shape(name, what1, x1, what2, x2):
@@ -170,10 +171,16 @@ def _Accuracy():  # pylint: disable=invalid-name
   return base.Fn('_Accuracy', f)
 
 
-def _CrossEntropy():  # pylint: disable=invalid-name
-  """Per-item cross-entropy from log-probabilities: -log_probs[target]."""
+def _CrossEntropy(check_name=None):  # pylint: disable=invalid-name
+  """Per-item cross-entropy from log-probabilities: -log_probs[target].
+
+  With `check_name`, warns once if the inputs are not log-probabilities
+  (`tutorial_checks`), naming that loss layer.
+  """
   def f(model_output, target_category):
     _check_categories('CrossEntropyLoss', model_output, target_category)
+    if check_name is not None:
+      tutorial_checks.check_log_probs(check_name, model_output)
     target_distribution = core.one_hot(target_category, model_output.shape[-1])
     return -1.0 * jnp.sum(model_output * target_distribution, axis=-1)
   return base.Fn('_CrossEntropy', f)
@@ -236,7 +243,7 @@ def CrossEntropyLoss():  # pylint: disable=invalid-name
   `sum(-log_probs[target] * weights) / sum(weights)`. Inputs: log-probs
   [..., n_categories], targets [...] int, weights.
   """
-  return cb.Serial(_CrossEntropy(), _WeightedMean(),
+  return cb.Serial(_CrossEntropy('CrossEntropyLoss'), _WeightedMean(),
                    name='CrossEntropyLoss', sublayers_to_print=[])
 
 
@@ -258,7 +265,7 @@ def BinaryCrossEntropyLoss():  # pylint: disable=invalid-name
 
 def CrossEntropySum():  # pylint: disable=invalid-name
   """Weighted sum of per-item cross-entropies from log-probabilities."""
-  return cb.Serial(_CrossEntropy(), WeightedSum(),
+  return cb.Serial(_CrossEntropy('CrossEntropySum'), WeightedSum(),
                    name='CrossEntropySum', sublayers_to_print=[])
 
 
