@@ -21,6 +21,7 @@ gym/RL, TF-numpy, Keras): see `EXCLUDED`.
 
 import argparse
 import concurrent.futures
+import fcntl
 import json
 import os
 import pathlib
@@ -113,7 +114,21 @@ def run_file(python, tree, rel, timeout):
   return outcomes
 
 
-def run_suite(python, src, files, retrax_side, jobs, timeout):
+def merge_into_cache(path, rel, outcomes):
+  """Adds one file's Trax outcomes to the JSON cache (safe across processes)."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(f'{path}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    cache[rel] = outcomes
+    tmp = f'{path}.tmp'
+    pathlib.Path(tmp).write_text(json.dumps(cache, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def run_suite(python, src, files, retrax_side, jobs, timeout, cache=None):
+  """{file: {test: outcome}}; Trax outcomes go to `cache` file by file."""
   with tempfile.TemporaryDirectory(prefix='trax_suite_') as tree:
     copy_tree(src, tree, retrax_side)
     results = {}
@@ -123,6 +138,8 @@ def run_suite(python, src, files, retrax_side, jobs, timeout):
       for future in concurrent.futures.as_completed(futures):
         rel = futures[future]
         results[rel] = future.result()
+        if cache:
+          merge_into_cache(cache, rel, results[rel])
         n_pass = sum(v == 'passed' for v in results[rel].values())
         print(f'  {"retrax" if retrax_side else "trax":6s} {rel}: '
               f'{n_pass}/{len(results[rel])} passed', file=sys.stderr)
@@ -161,6 +178,8 @@ def main(argv=None):
   p.add_argument('--jobs', type=int, default=2)
   p.add_argument('--timeout', type=int, default=1200,
                  help='seconds per test file')
+  p.add_argument('--trax-only', action='store_true',
+                 help='only fill the Trax cache; do not run retrax')
   p.add_argument('--failures', action='store_true',
                  help='list the tests that pass on Trax but not on retrax')
   args = p.parse_args(argv)
@@ -174,10 +193,9 @@ def main(argv=None):
   if args.trax_python:
     todo = [f for f in files if f not in cache]
     cache.update(run_suite(args.trax_python, args.trax_src, todo, False,
-                           args.jobs, args.timeout))
-    pathlib.Path(args.cache).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.cache).write_text(json.dumps(cache, indent=1,
-                                                   sort_keys=True))
+                           args.jobs, args.timeout, cache=args.cache))
+  if args.trax_only:
+    return
   missing = [f for f in files if f not in cache]
   if missing:
     print(f'no Trax outcomes for {len(missing)} files (give --trax-python): '
