@@ -25,6 +25,8 @@ class RunConfig:
   model: str = 'ReformerLM'         # ReformerLM | TransformerLM
   attention: str = 'lsh'            # lsh | local | full (ReformerLM only)
   data: str = 'duplication'         # duplication | text:PATH
+  tokenizer: str = 'bytes'          # text: bytes | sentencepiece:MODEL_FILE
+  eval_fraction: float = 0.1        # text: held-out share (end of the file)
   vocab_size: int = 32
   length: int = 32                  # sequence length (duplication: 2*(|w|+1))
   d_model: int = 64
@@ -97,7 +99,24 @@ def load(path=None, overrides=(), base=None):
     values[key.strip()] = _coerce(key.strip(), value.strip())
   config = (base or RunConfig()).replace(**values)
   validate(config)
+  if config.data.startswith('text:'):
+    config = _with_text_vocab(config, 'vocab_size' in values)
   return config
+
+
+def _with_text_vocab(config, vocab_given):
+  """Sets vocab_size from the tokenizer (an explicit different one is an error)."""
+  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
+  try:
+    vocab = tasks.TextTokenizer(config.tokenizer).vocab_size
+  except (ValueError, ImportError, FileNotFoundError) as e:
+    raise ConfigError(f'tokenizer: {e}') from e
+  if vocab_given and config.vocab_size != vocab:
+    raise ConfigError(
+        f'vocab_size={config.vocab_size} but the tokenizer {config.tokenizer!r} '
+        f'has {vocab} ids; leave vocab_size out for text data (it is taken '
+        'from the tokenizer).')
+  return config.replace(vocab_size=vocab)
 
 
 def validate(config):
@@ -113,6 +132,17 @@ def validate(config):
                       f'{config.data!r}')
   if config.data.startswith('text:') and not os.path.exists(config.data[5:]):
     raise ConfigError(f'text data path {config.data[5:]!r} does not exist')
+  if config.tokenizer != 'bytes' and not config.data.startswith('text:'):
+    raise ConfigError(f'tokenizer applies to text data (--data text:PATH); '
+                      f'got tokenizer={config.tokenizer!r} with data='
+                      f'{config.data!r}')
+  if not config.tokenizer == 'bytes' and not config.tokenizer.startswith(
+      'sentencepiece:'):
+    raise ConfigError(f"tokenizer must be 'bytes' or 'sentencepiece:MODEL_FILE'"
+                      f'; got {config.tokenizer!r}')
+  if not 0 < config.eval_fraction < 1:
+    raise ConfigError(f'eval_fraction must be in (0, 1); got '
+                      f'{config.eval_fraction}')
   if config.length % 2 or config.length < 4:
     raise ConfigError(f'length must be even and >= 4; got {config.length}')
   if config.attention != 'full' and config.length % config.chunk_len:

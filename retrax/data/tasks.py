@@ -1,4 +1,4 @@
-"""Synthetic tasks as `Inputs`: copy / duplication, addition, random, sine.
+"""Tasks as `Inputs`: copy / duplication, addition, random, sine; LM on a text file.
 
 Trax draws these from numpy's (and Python's) *global* random generators; with
 ``seed=None`` retrax does the same, call for call, so after
@@ -354,3 +354,146 @@ def duplication_inputs(vocab_size: int, length: int, batch_size: int,
                                                   batch_size, n, seed),
       eval_stream=lambda n: _duplication_batches(vocab_size, length,
                                                  eval_batch_size, n, seed + 1))
+
+
+# --- language modelling on a text file (the CLI's `--data text:FILE`) ---------
+
+
+class TextTokenizer:
+  """Text <-> int32 ids for `text_lm_inputs`: UTF-8 bytes or a SentencePiece model.
+
+  Args:
+    spec: ``'bytes'`` (id = byte value, vocab 256) or
+      ``'sentencepiece:PATH'`` (a SentencePiece ``.model`` file; vocab size
+      from the model; lines are joined with its EOS id, decoded as newlines).
+  """
+
+  def __init__(self, spec='bytes'):
+    from retrax.data import tokenizers  # pylint: disable=g-import-not-at-top
+    self.spec = spec
+    if spec == 'bytes':
+      self._bytes = tokenizers.ByteTextEncoder(num_reserved_ids=0)
+      self._spm = None
+    elif isinstance(spec, str) and spec.startswith('sentencepiece:'):
+      self._bytes = None
+      self._spm = tokenizers.SentencePieceVocabulary(spec[len('sentencepiece:'):])
+    else:
+      raise ValueError(f"tokenizer must be 'bytes' or 'sentencepiece:PATH' (a "
+                       f'SentencePiece .model file); got {spec!r}.')
+
+  @property
+  def vocab_size(self):
+    return 256 if self._spm is None else self._spm.vocab_size
+
+  @property
+  def model_file(self):
+    """The SentencePiece model's path (None for bytes)."""
+    return None if self._spm is None else self._spm.model_file
+
+  def encode(self, text):
+    """A str -> int32 ids (for SentencePiece: EOS after every line but the last)."""
+    if self._spm is None:
+      return self._bytes.encode_array(text).astype(np.int32)
+    lines = text.split('\n')
+    pieces = self._spm.encode_batch(lines) if len(lines) > 1 else [
+        self._spm.encode(lines[0])]
+    eos = self._spm.eos_id
+    ids = []
+    for i, p in enumerate(pieces):
+      ids.extend(p)
+      if eos is not None and i < len(pieces) - 1:
+        ids.append(eos)
+    return np.asarray(ids, np.int32)
+
+  def decode(self, ids):
+    """Ids -> str (invalid UTF-8 bytes become U+FFFD)."""
+    ids = [int(i) for i in ids]
+    if self._spm is None:
+      return self._bytes.decode(ids)
+    eos = self._spm.eos_id
+    lines, line = [], []
+    for i in ids:
+      if i == eos:
+        lines.append(line)
+        line = []
+      else:
+        line.append(i)
+    return '\n'.join(self._spm.decode(x) for x in lines + [line])
+
+
+def split_held_out(data: bytes, eval_fraction: float):
+  """(train, held_out) bytes: the held-out part is the last `eval_fraction`.
+
+  The cut moves forward to the next line start (when one follows), so no line
+  is split between the two parts. The parts never overlap.
+  """
+  if not 0 < eval_fraction < 1:
+    raise ValueError(f'eval_fraction must be in (0, 1); got {eval_fraction}.')
+  cut = int(len(data) * (1 - eval_fraction))
+  newline = data.find(b'\n', cut)
+  if 0 <= newline < len(data) - 1:
+    cut = newline + 1
+  return data[:cut], data[cut:]
+
+
+def _train_windows(ids, length, batch_size, seed):
+  rng = np.random.default_rng(seed)
+  n_starts = len(ids) - length + 1
+  weights = np.ones((batch_size, length), np.float32)
+  while True:
+    starts = rng.integers(0, n_starts, size=batch_size)
+    x = np.stack([ids[s:s + length] for s in starts])
+    yield x, x, weights.copy()
+
+
+def _eval_windows(ids, length, batch_size):
+  n_windows = len(ids) // length
+  weights = np.ones((batch_size, length), np.float32)
+  i = 0
+  while True:
+    rows = [(i + k) % n_windows for k in range(batch_size)]
+    i = (i + batch_size) % n_windows
+    x = np.stack([ids[r * length:(r + 1) * length] for r in rows])
+    yield x, x, weights.copy()
+
+
+def text_lm_inputs(path, length: int, batch_size: int, tokenizer=None,
+                   eval_fraction: float = 0.1, seed: int = 0) -> Inputs:
+  """Language-model batches from one text file, evaluated on held-out text.
+
+  The file is split by `split_held_out`: the last `eval_fraction` of its
+  bytes (from a line start) is held out. Training batches are windows of
+  `length` ids at random offsets of the training part
+  (``np.random.default_rng(seed)``); eval batches walk the held-out part in
+  consecutive, non-overlapping windows (cycling). Batches are
+  ``(x, x, ones)``, ``x`` int32 ``[batch_size, length]``.
+
+  Args:
+    path: a UTF-8 text file.
+    length: ids per row.
+    batch_size: rows per batch.
+    tokenizer: a `TextTokenizer` (default: bytes).
+    eval_fraction: the held-out share of the file, in (0, 1).
+    seed: train-stream seed.
+
+  Raises:
+    ValueError: a part too short for one row of `length` ids.
+  """
+  _check_positive(length=length, batch_size=batch_size)
+  tokenizer = tokenizer or TextTokenizer('bytes')
+  with open(path, 'rb') as f:
+    train_text, eval_text = split_held_out(f.read(), eval_fraction)
+  parts = {}
+  for name, text, share in (('training', train_text, 1 - eval_fraction),
+                            ('held-out', eval_text, eval_fraction)):
+    parts[name] = tokenizer.encode(text.decode('utf-8', 'replace'))
+    if len(parts[name]) < length:
+      raise ValueError(
+          f'{path}: the {name} part (about {share:.0%} of the file) has '
+          f'{len(parts[name])} tokens, fewer than one row of length={length}; '
+          'use a longer file, a smaller length or another eval_fraction.')
+  return Inputs(
+      train_stream=lambda _: _train_windows(parts['training'], length,
+                                            batch_size, seed),
+      eval_stream=lambda _: _eval_windows(parts['held-out'], length,
+                                          batch_size))

@@ -23,13 +23,26 @@ from retrax.models.transformer import TransformerDecoder as TransformerDecoder
 from retrax.models.transformer import TransformerEncoder as TransformerEncoder
 from retrax.models.transformer import TransformerLM as TransformerLM
 
-MODELS = {
+from retrax.run import recorded as _recorded
+
+# Models built through these names remember their constructor and arguments,
+# so a run's directory can rebuild them (`retrax.load_run`).
+MODELS = {name: _recorded(fn, name) for name, fn in {
+    'AtariCnn': AtariCnn,
+    'AtariCnnBody': AtariCnnBody,
+    'FrameStackMLP': FrameStackMLP,
+    'GRULM': GRULM,
+    'LSTMSeq2SeqAttn': LSTMSeq2SeqAttn,
     'MLP': MLP,
+    'RNNLM': RNNLM,
     'Reformer': Reformer,
     'ReformerLM': ReformerLM,
     'ReformerShortenLM': ReformerShortenLM,
+    'Resnet50': Resnet50,
     'Transformer': Transformer,
     'TransformerDecoder': TransformerDecoder,
     'TransformerEncoder': TransformerEncoder,
     'TransformerLM': TransformerLM,
-}
+    'WideResnet': WideResnet,
+}.items()}
+globals().update(MODELS)

@@ -8,16 +8,19 @@ one device, so the losses match a one-device run (up to float summation
 order).
 
 Multi-host training: start one process per host, call
-`jax.distributed.initialize()` (with the coordinator address, process count
-and id, or from the cluster's environment) BEFORE creating a `Loop` or
+`initialize_distributed` (or `jax.distributed.initialize()`; the CLI's
+`--coordinator/--num_processes/--process_id`) BEFORE creating a `Loop` or
 `Trainer`, give every host the same `random_seed`, and let each host's data
 stream yield its own share of the global batch (global batch / number of
-hosts examples). The mesh then spans the devices of all hosts; each host's
+hosts examples; `host_shard` cuts it from a global stream). The first batch
+is checked: identical batches on two hosts are an error. The mesh then spans the devices of all hosts; each host's
 local batch becomes its shard of the global array
 (`jax.make_array_from_process_local_data`), and only host 0 (the chief) writes
 checkpoints and logs.
 """
 
+import hashlib
+import os
 import random
 import time
 
@@ -31,6 +34,112 @@ from jax.sharding import PartitionSpec
 from retrax import fastmath
 
 DATA_AXIS = 'data'
+
+# Environment variables read by `initialize_distributed` when no argument is
+# given (the names JAX documents); SLURM, Open MPI and other clusters that JAX
+# detects itself are joined through `jax.distributed.initialize()`.
+ENV_COORDINATOR = 'JAX_COORDINATOR_ADDRESS'
+ENV_NUM_PROCESSES = 'JAX_NUM_PROCESSES'
+ENV_PROCESS_ID = 'JAX_PROCESS_ID'
+_CLUSTER_ENV = ('SLURM_JOB_ID', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE',
+                'TPU_WORKER_HOSTNAMES')
+
+
+def _env_int(env, name):
+  value = env.get(name)
+  if value is None:
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f'{name}={value!r} is not an integer.') from None
+
+
+def initialize_distributed(coordinator=None, num_processes=None,
+                           process_id=None, env=None):
+  """Joins a multi-process (multi-host) run with `jax.distributed.initialize`.
+
+  Arguments left None are read from `JAX_COORDINATOR_ADDRESS`,
+  `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`; with none of them set and a
+  cluster JAX recognises (SLURM, Open MPI, ...), JAX's own detection is used.
+  Call it before anything touches a device.
+
+  Returns:
+    True if this process joined a multi-process run, False for a single
+    process (nothing given and no cluster found).
+
+  Raises:
+    ValueError: a partial or inconsistent setting (names what is missing).
+  """
+  env = os.environ if env is None else env
+  coordinator = coordinator or env.get(ENV_COORDINATOR) or None
+  if num_processes is None:
+    num_processes = _env_int(env, ENV_NUM_PROCESSES)
+  if process_id is None:
+    process_id = _env_int(env, ENV_PROCESS_ID)
+  given = {'--coordinator': coordinator, '--num_processes': num_processes,
+           '--process_id': process_id}
+  if all(v is None for v in given.values()):
+    if not any(k in env for k in _CLUSTER_ENV):
+      return False
+    jax.distributed.initialize()
+    return jax.process_count() > 1
+  missing = [k for k, v in given.items() if v is None]
+  if missing:
+    raise ValueError(
+        f'a multi-process run needs --coordinator, --num_processes and '
+        f'--process_id (or {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, '
+        f'{ENV_PROCESS_ID}); missing {", ".join(missing)}.')
+  if num_processes < 1 or not 0 <= process_id < num_processes:
+    raise ValueError(
+        f'process_id must be in [0, num_processes); got process_id='
+        f'{process_id}, num_processes={num_processes}.')
+  if num_processes == 1:
+    return False
+  jax.distributed.initialize(coordinator_address=coordinator,
+                             num_processes=num_processes,
+                             process_id=process_id)
+  return True
+
+
+def host_shard(batches, host_id=None, n_hosts=None):
+  """Yields this host's rows of each global batch (rows split evenly by host).
+
+  Every host reads the same global stream and keeps rows
+  `[host_id * b, (host_id + 1) * b)` with `b = global rows / n_hosts`, so a
+  multi-host run trains on exactly the batches of a one-process run.
+  """
+  host_id = jax.process_index() if host_id is None else host_id
+  n_hosts = jax.process_count() if n_hosts is None else n_hosts
+  for batch in batches:
+    rows = np.shape(batch[0])[0]
+    if rows % n_hosts:
+      raise ValueError(f'the global batch size {rows} is not divisible by the '
+                       f'number of processes ({n_hosts}).')
+    b = rows // n_hosts
+    yield tuple(x[host_id * b:(host_id + 1) * b] for x in batch)
+
+
+def check_hosts_differ(batch):
+  """Raises if two processes hold identical batches (each must feed its share).
+
+  A collective: every process must call it with its own batch.
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256()
+  for x in batch:
+    x = np.ascontiguousarray(x)
+    h.update(str((x.shape, x.dtype.str)).encode())
+    h.update(x.tobytes())
+  digest = np.frombuffer(h.digest()[:8], np.int64)
+  digests = np.asarray(multihost_utils.process_allgather(digest)).reshape(-1)
+  if len(set(digests.tolist())) < len(digests):
+    same = [i for i, d in enumerate(digests.tolist())
+            if digests.tolist().count(d) > 1]
+    raise ValueError(
+        f'processes {same} feed identical batches; in a multi-process run '
+        f'each process must yield its own share of the global batch (e.g. '
+        f'with retrax.supervised.devices.host_shard), not the whole batch.')
 
 
 def init_random_number_generators(seed=None):
@@ -93,6 +202,7 @@ class DataParallel:
     self.mesh = Mesh(np.array(devices), (DATA_AXIS,))
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
     self.batch = NamedSharding(self.mesh, PartitionSpec(DATA_AXIS))
+    self._hosts_checked = False
 
   def check_batch(self, batch, step=None):
     """Raises a clear error unless every item's batch size splits evenly."""
@@ -117,6 +227,9 @@ class DataParallel:
     """Places a host batch (this host's share) as arrays sharded over 'data'."""
     if jax.process_count() == 1:
       return jax.device_put(tuple(batch), self.batch)
+    if not self._hosts_checked:  # Once: the first batch of every process.
+      check_hosts_differ(batch)
+      self._hosts_checked = True
     return tuple(jax.make_array_from_process_local_data(self.batch, np.asarray(x))
                  for x in batch)
 

@@ -10,8 +10,7 @@
   where `data` is a serialized `tensorflow.Event` protobuf (wall_time = 1,
   step = 2, file_version = 3, summary = 5; `Summary.Value` has tag = 1 and
   simple_value = 2). TensorBoard reads these files as written by TensorFlow.
-* `ProgressBar`: a tqdm bar with steps/s and tokens/s, shown only on a
-  terminal (or when asked).
+* `ProgressBar`: the console bar, now `progress.Progress`.
 """
 
 import json
@@ -19,15 +18,64 @@ import math
 import os
 import socket
 import struct
-import sys
 import time
 
 import google_crc32c
 import numpy as np
 
 from retrax.checkpoints.atomic import atomic_write
+from retrax.supervised import progress
 
 METRICS_FILE = 'metrics.jsonl'
+RUN_FILES = 'run_files.json'
+_RUN_FILES_FORMAT = 'retrax-run-files'
+
+
+# --- which files are the run's -------------------------------------------------
+
+
+class RunFiles:
+  """The log files (paths relative to `output_dir`) that runs there created.
+
+  A file is claimed (recorded, atomically) before it is created, so the list
+  holds every log file the runs wrote, and nothing else.
+  """
+
+  def __init__(self, output_dir):
+    self._dir = output_dir
+    self._path = os.path.join(output_dir, RUN_FILES)
+    self._files = []
+    self.existed = os.path.exists(self._path)
+    if self.existed:
+      try:
+        with open(self._path, 'rb') as f:
+          doc = json.loads(f.read().decode('utf-8'))
+      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f'{self._path}: unreadable ({e}); it lists the log '
+                         'files of the run in this directory.') from None
+      files = doc.get('files') if isinstance(doc, dict) else None
+      if (doc.get('format') != _RUN_FILES_FORMAT or not isinstance(files, list)
+          or not all(isinstance(f, str) for f in files)):
+        raise ValueError(f'{self._path} is not a retrax {RUN_FILES} file.')
+      self._files = files
+
+  def owns(self, relpath):
+    return os.path.normpath(relpath) in self._files
+
+  def files(self):
+    """Absolute paths of the claimed files."""
+    return [os.path.join(self._dir, f) for f in self._files]
+
+  def claim(self, relpath):
+    """Records `relpath` as the run's (before the caller creates it)."""
+    relpath = os.path.normpath(relpath)
+    if relpath in self._files:
+      return
+    self._files.append(relpath)
+    doc = {'format': _RUN_FILES_FORMAT, 'version': 1, 'files': self._files}
+    with atomic_write(self._path) as f:
+      f.write((json.dumps(doc, indent=1) + '\n').encode('utf-8'))
+    self.existed = True
 
 
 # --- JSONL ---------------------------------------------------------------------
@@ -48,11 +96,16 @@ def read_jsonl(path):
 
 
 class JsonlWriter:
-  """Appends metric records to a JSON-lines file."""
+  """Appends metric records to a JSON-lines file.
 
-  def __init__(self, path):
+  With `on_create`, that is called (with the path) before the file is first
+  opened for writing (e.g. `RunFiles.claim`).
+  """
+
+  def __init__(self, path, on_create=None):
     self._path = path
     self._file = None
+    self._on_create = on_create
 
   @property
   def path(self):
@@ -74,6 +127,8 @@ class JsonlWriter:
     if np.ndim(value) != 0:
       return
     if self._file is None:
+      if self._on_create is not None:
+        self._on_create(self._path)
       self._file = open(self._path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
     record = {'step': int(step), 'mode': mode, 'metric': metric,
               'value': float(value), 'time': time.time()}
@@ -148,13 +203,18 @@ def frame_record(data):
 
 
 class EventWriter:
-  """Writes scalar summaries to a TensorBoard event file in `log_dir`."""
+  """Writes scalar summaries to a new TensorBoard event file in `log_dir`.
 
-  def __init__(self, log_dir):
+  With `on_create`, that is called (with the path) before the file is made.
+  """
+
+  def __init__(self, log_dir, on_create=None):
     os.makedirs(log_dir, exist_ok=True)
     name = (f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.'
             f'{os.getpid()}.retrax')
     self._path = os.path.join(log_dir, name)
+    if on_create is not None:
+      on_create(self._path)
     self._file = open(self._path, 'ab')  # pylint: disable=consider-using-with
     self._file.write(frame_record(
         encode_event(time.time(), 0, file_version='brain.Event:2')))
@@ -294,56 +354,5 @@ def truncate_event_file(path, last_step):
 # --- the progress bar ---------------------------------------------------------------
 
 
-class ProgressBar:
-  """A tqdm bar over `n_steps` showing steps/s and tokens/s.
-
-  Args:
-    n_steps: the number of steps the bar counts.
-    enabled: True/False, or None to show it only when stderr is a terminal
-      and the run has at least `min_steps` steps.
-    min_steps: the shortest run that gets an automatic bar.
-    initial: the step count the bar starts from.
-  """
-
-  def __init__(self, n_steps, enabled=None, min_steps=100, initial=0):
-    if enabled is None:
-      enabled = sys.stderr.isatty() and n_steps >= min_steps
-    self._bar = None
-    self._tokens = 0
-    self._steps = 0
-    self._start = time.time()
-    self._last_postfix = 0.0
-    if enabled:
-      import tqdm  # pylint: disable=g-import-not-at-top
-      self._bar = tqdm.tqdm(total=initial + n_steps, initial=initial,
-                            unit='step', dynamic_ncols=True, leave=False)
-
-  def update(self, n_tokens, loss=None):
-    """Advances one step that processed `n_tokens` tokens."""
-    if self._bar is None:
-      return
-    self._steps += 1
-    self._tokens += n_tokens
-    self._bar.update(1)
-    now = time.time()
-    if now - self._last_postfix > 0.5:
-      elapsed = max(now - self._start, 1e-9)
-      postfix = {'steps/s': f'{self._steps / elapsed:.1f}',
-                 'tokens/s': f'{self._tokens / elapsed:.0f}'}
-      if loss is not None:
-        postfix['loss'] = f'{loss:.4f}'
-      self._bar.set_postfix(postfix, refresh=False)
-      self._last_postfix = now
-
-  def write(self, message):
-    """Prints a line without breaking the bar (plain print when no bar)."""
-    if self._bar is None:
-      print(message)
-      sys.stdout.flush()
-    else:
-      self._bar.write(message)
-
-  def close(self):
-    if self._bar is not None:
-      self._bar.close()
-      self._bar = None
+# The bar moved to `progress.Progress` (compile notice, one rate, ETA).
+ProgressBar = progress.Progress

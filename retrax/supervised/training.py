@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax import fastmath
+from retrax import run as run_lib
 from retrax import shapes
 from retrax.layers import base
 from retrax.layers import combinators
@@ -240,6 +241,8 @@ class Loop(loop_io.LoopIO):
         n for t in self._eval_tasks for n in t.metric_names]))
     self._callbacks = [c(self) for c in (callbacks or [])]
     self._open_output_dir(output_dir)
+    if self._is_chief:  # model.json: what `retrax.load_run` rebuilds.
+      run_lib.write_model_file(self._output_dir, self._model)
     if self._output_dir is not None and self.load_checkpoint() is None:
       self._truncate_logs(0)  # A fresh run: drop logs of an unsaved one.
 
@@ -458,7 +461,7 @@ class Loop(loop_io.LoopIO):
     # Checking the previous step's loss waits for that step only, so one step
     # is always queued on the device while Python prepares the next.
     self._check_pending(keep=1)
-    self._bar.update(int(np.prod(np.shape(batch[0]))), self._last_loss)
+    self._bar.update(batch, self._last_loss)
 
   def _check_pending(self, keep=0):
     """Checks the losses of all but `keep` queued steps (NaN/inf stops training)."""
