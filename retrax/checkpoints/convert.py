@@ -26,6 +26,7 @@ files are never deleted or changed.
 import glob
 import os
 
+from retrax import local_paths
 from retrax.checkpoints import native
 from retrax.checkpoints import trax_format
 from retrax.checkpoints.tree import tree_leaves
@@ -131,9 +132,11 @@ def convert(src, dst, to=None, force=False):
   Returns:
     The path written (native directory or `.pkl.gz` file).
   """
-  src, dst = os.fspath(src), os.fspath(dst)
+  src = local_paths.check_local(os.fspath(src), 'convert: source')
+  dst = local_paths.check_local(os.fspath(dst), 'convert: destination')
   if not os.path.exists(src):
-    raise FileNotFoundError(f'no checkpoint at {src}')
+    raise FileNotFoundError(
+        f'no checkpoint at {src}.{local_paths.missing_hint(src)}')
   source = 'native' if native.is_native_checkpoint(src) else 'trax'
   to = to or ('trax' if source == 'native' else 'native')
   if to not in FORMATS:

@@ -7,9 +7,11 @@ Works on any object with Trax's layer interface: `init(signature)`,
 
 import os
 
+from retrax import local_paths
 from retrax.checkpoints import native
 from retrax.checkpoints import trax_format
 from retrax.checkpoints.errors import CheckpointFormatError
+from retrax.checkpoints.errors import CheckpointNotFoundError
 from retrax.checkpoints.tree import flatten_weights_and_state
 from retrax.checkpoints.tree import tree_leaves
 from retrax.checkpoints.tree import unflatten_weights_and_state
@@ -54,7 +56,11 @@ def init_layer_from_file(layer, file_name, weights_only=False,
   are replaced. Leaf counts and shapes are checked against the layer's own
   weight tree; a mismatch raises `TreeStructureError` naming the tree path.
   """
-  file_name = os.fspath(file_name)
+  file_name = local_paths.check_local(os.fspath(file_name), 'init_from_file')
+  if not os.path.exists(file_name):
+    raise CheckpointNotFoundError(
+        f'init_from_file: no file {file_name!r}.'
+        f'{local_paths.missing_hint(file_name)}')
   flat_weights, flat_state, stored_signature = read_flat_checkpoint(file_name)
   signature = input_signature
   if signature is None:

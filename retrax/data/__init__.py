@@ -103,3 +103,11 @@ from retrax.data.transforms import PadToLength as PadToLength
 from retrax.data.transforms import shuffle as shuffle
 from retrax.data.transforms import Shuffle as Shuffle
 from retrax.data.transforms import TruncateToLength as TruncateToLength
+from retrax.data import tensorflow_only as _tensorflow_only
+
+
+def __getattr__(name):
+  # `trax.data.TFDS` and the rest of Trax's tf_inputs: say what to use instead.
+  if name in _tensorflow_only.TF_ONLY_NAMES:
+    raise _tensorflow_only.error(name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

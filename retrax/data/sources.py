@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
+from retrax import local_paths
+
 Source = Callable[..., Iterator[Any]]
 
 
@@ -36,7 +38,7 @@ def list_files(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
   """
   if isinstance(path_or_dir, (list, tuple)):
     return [f for p in path_or_dir for f in list_files(p, pattern)]
-  path = os.fspath(path_or_dir)
+  path = local_paths.check_local(os.fspath(path_or_dir), 'Text source')
   if os.path.isfile(path):
     return [path]
   if not os.path.isdir(path):
@@ -230,6 +232,7 @@ def NumpyArrays(*arrays: Any, repeat: bool = False) -> Source:  # pylint: disabl
   loaded = []
   for a in arrays:
     if isinstance(a, (str, os.PathLike)):
+      a = local_paths.check_local(a, 'NumpyArrays')
       if not os.path.isfile(a):
         raise FileNotFoundError(f'NumpyArrays: no .npy file at {a!r}.')
       a = np.load(a, mmap_mode='r')

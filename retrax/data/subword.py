@@ -21,6 +21,8 @@ import re
 import unicodedata
 from typing import Iterable, List, Sequence
 
+from retrax import local_paths
+
 _UNESCAPE_REGEX = re.compile(r'\\u|\\\\|\\([0-9]+);')
 _ESCAPE_CHARS = frozenset('\\_u;0123456789')
 _UNDEFINED_CHAR = '\u3013'
@@ -112,7 +114,8 @@ class SubwordTextEncoder:
   num_reserved_ids = 2
 
   def __init__(self, filename: str):
-    self.filename = os.fspath(filename)
+    self.filename = local_paths.check_local(os.fspath(filename),
+                                            'SubwordTextEncoder')
     if not os.path.isfile(self.filename):
       raise FileNotFoundError(f'Subword vocab file {self.filename!r} not found.')
     subtokens = []

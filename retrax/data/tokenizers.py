@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from retrax import local_paths
 from retrax.data.subword import SubwordTextEncoder
 
 _RESERVED_TOKENS_BYTES = (b'<pad>', b'<EOS>')
@@ -170,7 +171,8 @@ class SentencePieceVocabulary:
   """
 
   def __init__(self, model_file: str, extra_ids: int = 0):
-    model_file = os.fspath(model_file)
+    model_file = local_paths.check_local(os.fspath(model_file),
+                                         'SentencePieceVocabulary')
     if not os.path.isfile(model_file):
       raise FileNotFoundError(f'SentencePiece model {model_file!r} not found.')
     spm = _import_sentencepiece()
@@ -297,10 +299,7 @@ def _get_vocab(vocab_type='subword', vocab_file=None, vocab_dir=None,
     raise ValueError(f'vocab_type={vocab_type!r} needs vocab_file (and '
                      f'optionally vocab_dir).')
   path = os.path.join(vocab_dir, vocab_file) if vocab_dir else vocab_file
-  path = os.fspath(path)
-  if '://' in path:
-    raise ValueError(f'Vocab path {path!r} is remote; retrax reads local files '
-                     f'only. Download it and pass its folder as vocab_dir.')
+  path = local_paths.check_local(os.fspath(path), f'vocab ({vocab_type})')
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f'Vocab file {path!r} not found (vocab_type={vocab_type!r}). Trax '
