@@ -1,6 +1,5 @@
 """`Loop`'s files: checkpoints, metric logs and console output (a mixin)."""
 
-import glob
 import logging
 import os
 
@@ -12,17 +11,18 @@ from retrax import local_paths
 from retrax.supervised import checkpointing
 from retrax.supervised import history as trax_history
 from retrax.supervised import metrics_log
+from retrax.supervised import progress
 
 _log = logging.getLogger('retrax.supervised')
 
 
 def make_progress_bar(loop, n_steps, enabled=None):
-  """The progress bar for `loop.run(n_steps)` (see `metrics_log.ProgressBar`)."""
+  """The progress bar for `loop.run(n_steps)` (see `progress.Progress`)."""
   if enabled is None:
     enabled = loop._progress_bar_setting  # pylint: disable=protected-access
   if not loop.is_chief:
     enabled = False
-  return metrics_log.ProgressBar(n_steps, enabled=enabled, initial=loop.step)
+  return progress.Progress(n_steps, enabled=enabled, initial=loop.step)
 
 
 def _task_dir(output_dir, tasks, index):
@@ -41,12 +41,29 @@ class LoopIO:
         local_paths.check_local(os.fspath(output_dir), 'Loop: output_dir'))
     self._jsonl = None
     self._writers = None
+    self._run_files = None
     if self._output_dir is None:
       return
     os.makedirs(self._output_dir, exist_ok=True)
     if self._is_chief:
+      self._run_files = metrics_log.RunFiles(self._output_dir)
       self._jsonl = metrics_log.JsonlWriter(
-          os.path.join(self._output_dir, metrics_log.METRICS_FILE))
+          os.path.join(self._output_dir, metrics_log.METRICS_FILE),
+          on_create=self._claim_log)
+
+  def _claim_log(self, path):
+    self._run_files.claim(os.path.relpath(path, self._output_dir))
+
+  def _resume_or_start(self):
+    """Resumes from `output_dir` if it holds a checkpoint, else starts afresh;
+    either way cuts the run's own logs back to the step and removes temporary
+    files that killed writes left."""
+    if self._output_dir is None:
+      return
+    if self._is_chief:
+      checkpointing.remove_orphans(self._output_dir)
+    if self.load_checkpoint() is None:
+      self._truncate_logs(0)  # A fresh run: drop logs of an unsaved one.
 
   def _open_writers(self):
     """Enables TensorBoard writers (`<dir>/train`, `<dir>/eval` per task),
@@ -60,7 +77,8 @@ class LoopIO:
     if (kind, index) not in self._writers:
       tasks = self._tasks if kind == 'train' else self._eval_tasks
       self._writers[kind, index] = metrics_log.EventWriter(os.path.join(
-          _task_dir(self._output_dir, tasks, index), kind))
+          _task_dir(self._output_dir, tasks, index), kind),
+                                                           on_create=self._claim_log)
     return self._writers[kind, index]
 
   def _close_writers(self):
@@ -152,11 +170,13 @@ class LoopIO:
     batches = {'train': [t.n_batches for t in self._tasks],
                'eval': [t.n_batches for t in self._eval_tasks]}
     trees = checkpointing.to_host(self._checkpoint_trees())  # One transfer.
+    checkpointing.check_finite(trees, self._step, self._last_saved_step)
     checkpointing.save_training_checkpoint(
         path, trees, self._step, self._history.to_dict()['_values'], batches,
-        self._checkpoint_kind)
+        self._checkpoint_kind, accumulator=self._acc.to_dict())
     if basename is None and not permanent:
-      checkpointing.rotate(self._output_dir, self._keep_checkpoints)
+      checkpointing.rotate(self._output_dir, self._keep_checkpoints,
+                           report=self._log)
     if self._write_trax_files:  # Trax's names: model, model_<step>, <basename>.
       self._save_trax_files(basename or (
           f'{checkpointing.TRAX_BASENAME}_{self._step}' if permanent
@@ -174,13 +194,16 @@ class LoopIO:
         directory, or a Trax `<name>.pkl.gz`). None takes the newest native
         checkpoint whose checksums verify (a damaged newer one is reported and
         skipped), else Trax's `model.pkl.gz` if present.
+        Checkpoints are ordered by the step recorded inside them.
 
     Returns:
       The path loaded, or None if there was nothing to load.
 
     Raises:
-      CheckpointCorruptedError: the named checkpoint is damaged.
-      FileNotFoundError: the named checkpoint does not exist.
+      CheckpointError: the named checkpoint is damaged; with `filename=None`,
+        checkpoints exist but none is usable (each is named in the message).
+      CheckpointNotFoundError (a FileNotFoundError): the named checkpoint
+        does not exist.
     """
     directory = directory or self._output_dir
     if directory is None:
@@ -188,19 +211,20 @@ class LoopIO:
     directory = os.path.expanduser(
         local_paths.check_local(os.fspath(directory), 'load_checkpoint'))
     if filename is None:
-      path = checkpointing.find_latest_valid(directory, report=self._log)
-      if path is None:
-        trax_path = checkpointing.trax_checkpoint_path(directory)
-        return self._load_trax(trax_path) if trax_path else None
-    else:
-      path = os.path.join(directory, filename)
-      if not ckpt_lib.is_native_checkpoint(path):
-        trax_path = checkpointing.trax_checkpoint_path(directory, filename)
-        if trax_path is None:
-          raise FileNotFoundError(
-              f'No checkpoint named {filename!r} in {directory} (neither a '
-              'native checkpoint directory nor a Trax .pkl.gz file).')
-        return self._load_trax(trax_path)
+      found = checkpointing.find_resume_checkpoint(directory, report=self._log)
+      if found is None:
+        return None
+      kind, path = found
+      return self._load_trax(path) if kind == 'trax' else self._load_native(
+          path)
+    path = os.path.join(directory, filename)
+    if not ckpt_lib.is_native_checkpoint(path):
+      trax_path = checkpointing.trax_checkpoint_path(directory, filename)
+      if trax_path is None:
+        raise ckpt_lib.CheckpointNotFoundError(
+            f'No checkpoint named {filename!r} in {directory} (neither a '
+            'native checkpoint directory nor a Trax .pkl.gz file).')
+      return self._load_trax(trax_path)
     return self._load_native(path)
 
   def _load_native(self, path):
@@ -226,8 +250,14 @@ class LoopIO:
       t.opt_params = replicate(restore(trees['opt_params'][i], t.opt_params,
                                        'opt_params'))
     self._rng = jnp.asarray(trees['rng'])
+    if (self._run_files is not None and not self._run_files.existed and
+        os.path.dirname(os.path.abspath(path)) == os.path.abspath(
+            self._output_dir) and os.path.exists(self._jsonl.path)):
+      # A run of a retrax that kept no run_files.json: its checkpoint and
+      # metrics.jsonl were written together.
+      self._claim_log(self._jsonl.path)
     self._restore_position(int(meta['step']), trax_history.History.from_dict(
-        meta['history']), meta.get('batches', {}))
+        meta['history']), meta.get('batches', {}), meta.get('accumulator'))
     self._log_step(f'Resumed from checkpoint {path}')
     return path
 
@@ -259,12 +289,14 @@ class LoopIO:
                    'history; data streams and random keys start afresh)')
     return path
 
-  def _restore_position(self, step, history, batches):
+  def _restore_position(self, step, history, batches, accumulator=None):
     """Sets step and history, skips consumed batches, cuts logs back to `step`."""
     self._step = step
     self._history = history
     self._pending.clear()
     self._acc.reset(None)
+    if accumulator is not None:
+      self._acc.load(accumulator)
     self._last_saved_step = step
     for kind, tasks in (('train', self._tasks), ('eval', self._eval_tasks)):
       for i, (task, n) in enumerate(zip(tasks, batches.get(kind, []))):
@@ -278,13 +310,24 @@ class LoopIO:
     self._sync_model()
 
   def _truncate_logs(self, step):
-    """Cuts metrics.jsonl and event files back to `step` (a killed run's
-    later records, and any record torn by the kill, go)."""
-    if self._jsonl is not None:
-      self._jsonl.truncate(step)
-    if self._output_dir is not None and self._is_chief:
-      pattern = os.path.join(self._output_dir, '**', 'events.out.tfevents.*')
-      for path in glob.glob(pattern, recursive=True):
+    """Cuts the run's own metrics.jsonl and event files back to `step` (a
+    killed run's later records, and any record torn by the kill, go)."""
+    if self._run_files is None:
+      return
+    metrics = self._jsonl.path
+    if os.path.exists(metrics) and not self._run_files.owns(
+        metrics_log.METRICS_FILE):
+      raise FileExistsError(
+          f'{metrics} was not written by a retrax run in this directory '
+          f'({metrics_log.RUN_FILES} does not list it) and retrax never '
+          'rewrites a log it did not write: move it or choose another '
+          'output_dir.')
+    for path in self._run_files.files():
+      if not os.path.exists(path):
+        continue
+      if path == metrics:
+        self._jsonl.truncate(step)
+      elif os.path.basename(path).startswith('events.out.tfevents.'):
         metrics_log.truncate_event_file(path, step)
 
   def export_trax_checkpoint(self, basename='model'):
