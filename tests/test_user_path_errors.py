@@ -2,7 +2,6 @@
 
 import importlib
 import itertools
-import sys
 
 import numpy as np
 import pytest
@@ -115,12 +114,12 @@ def test_tfds_names_say_what_to_use_instead(name):
     exec(f'from retrax.data import {name}', {})  # pylint: disable=exec-used
 
 
-def test_tf_inputs_module_import_and_compat_alias():
-  sys.modules.pop('retrax.data.tf_inputs', None)
-  with pytest.raises(ImportError, match=r'trax\.data\.tf_inputs needs'):
-    importlib.import_module('retrax.data.tf_inputs')
-  with pytest.raises(ImportError, match='needs TensorFlow'):
+def test_tf_inputs_module_names_raise_with_the_fix():
+  module = importlib.import_module('retrax.data.tf_inputs')
+  with pytest.raises(ImportError, match=r'trax\.data\.TFDS \(from trax'):
     exec('from retrax.data.tf_inputs import TFDS', {})  # pylint: disable=exec-used
+  with pytest.raises(tensorflow_only.TensorFlowOnlyError, match='TextLines'):
+    module.data_streams('wmt')
   # Unknown names still raise a plain AttributeError (hasattr stays usable).
   assert not hasattr(trax.data, 'NoSuchThing')
   # Provided tf_inputs names are not refused.
