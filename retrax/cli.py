@@ -12,6 +12,30 @@ class UsageError(Exception):
   """A user error: printed as one line, exit code 2."""
 
 
+def _count(text):
+  """An argparse type: an int >= 1."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f'expected an int >= 1; got {text!r}') from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'expected an int >= 1; got {value}')
+  return value
+
+
+def _temperature(text):
+  """An argparse type: a float >= 0."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = float('nan')
+  if not value >= 0 or value == float('inf'):
+    raise argparse.ArgumentTypeError(f'expected a finite number >= 0; got '
+                                     f'{text!r}')
+  return value
+
+
 def _add_config_args(p):
   p.add_argument('--config', metavar='TOML', help='a TOML file of config keys')
   p.add_argument('--set', metavar='KEY=VALUE', action='append', default=[],
@@ -19,7 +43,7 @@ def _add_config_args(p):
   p.add_argument('--output_dir', '--output-dir', dest='output_dir',
                  help='run directory (checkpoints, metrics); resumes if it '
                  'holds a run of the same model')
-  p.add_argument('--steps', type=int, help='training steps')
+  p.add_argument('--steps', type=_count, help='training steps')
   p.add_argument('--model', help='ReformerLM | TransformerLM')
   p.add_argument('--attention', help='lsh | local | full')
   p.add_argument('--data', help="'duplication' or 'text:PATH'")
@@ -69,7 +93,11 @@ def cmd_plot(args):
 
 def cmd_bench(args):
   from retrax import jobs  # pylint: disable=g-import-not-at-top
-  jobs.quick_bench()
+  failed = jobs.quick_bench()
+  if failed:
+    print(f'retrax bench: failed: {", ".join(failed)}', file=sys.stderr)
+    return 1
+  return 0
 
 
 def cmd_info(args):
@@ -100,13 +128,14 @@ def build_parser():
   p.set_defaults(func=cmd_train)
   p = sub.add_parser('sample', help='sample from a trained run')
   p.add_argument('output_dir')
-  p.add_argument('-n', type=int, default=4, help='number of samples')
-  p.add_argument('--temperature', type=float, default=0.0,
+  p.add_argument('-n', type=_count, default=4, help='number of samples')
+  p.add_argument('--temperature', type=_temperature, default=0.0,
                  help='0 = greedy (default)')
   p.set_defaults(func=cmd_sample)
   p = sub.add_parser('eval', help='evaluate a trained run')
   p.add_argument('output_dir')
-  p.add_argument('--batches', type=int, default=8)
+  p.add_argument('--batches', type=_count, default=8,
+                 help='eval batches (default 8)')
   p.set_defaults(func=cmd_eval)
   p = sub.add_parser('convert', help='convert between Trax checkpoints '
                      '(model.pkl.gz) and retrax native checkpoints')
@@ -129,6 +158,27 @@ def build_parser():
   return parser
 
 
+# Errors that mean the user asked for something that cannot be done (a bad
+# argument, config key, path or checkpoint, bad data): one line, exit 2.
+# Anything else is a bug and keeps its traceback. Library modules are looked
+# up only if already imported (an error of theirs implies they are).
+_USER_ERRORS = (
+    ('retrax.config', 'ConfigError'),
+    ('retrax.checkpoints.errors', 'CheckpointError'),
+    ('retrax.layers.validation', 'ArgumentError'),
+    ('retrax.supervised.batch_checks', 'TrainingError'),
+)
+
+
+def _is_user_error(e):
+  types = [UsageError, FileNotFoundError, FileExistsError, NotADirectoryError,
+           IsADirectoryError, PermissionError]
+  for module, name in _USER_ERRORS:
+    if module in sys.modules:
+      types.append(getattr(sys.modules[module], name))
+  return isinstance(e, tuple(types))
+
+
 def main(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
@@ -136,16 +186,14 @@ def main(argv=None):
     parser.print_help()
     return 2
   try:
-    args.func(args)
-  except UsageError as e:
-    print(f'retrax {args.command}: error: {e}', file=sys.stderr)
-    return 2
-  except (FileNotFoundError, FileExistsError, ValueError) as e:
-    if type(e).__module__.startswith('jax'):
+    rc = args.func(args)
+  except Exception as e:  # pylint: disable=broad-except
+    if not _is_user_error(e):
       raise
-    print(f'retrax {args.command}: error: {e}', file=sys.stderr)
+    message = ' '.join(str(e).split())
+    print(f'retrax {args.command}: error: {message}', file=sys.stderr)
     return 2
-  return 0
+  return rc or 0
 
 
 if __name__ == '__main__':

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -145,7 +146,8 @@ def validate(config):
                       f'{config.eval_fraction}')
   if config.length % 2 or config.length < 4:
     raise ConfigError(f'length must be even and >= 4; got {config.length}')
-  if config.attention != 'full' and config.length % config.chunk_len:
+  if (config.attention != 'full' and config.chunk_len >= 1 and
+      config.length % config.chunk_len):
     raise ConfigError(f'length ({config.length}) must be a multiple of '
                       f'chunk_len ({config.chunk_len})')
   for key in ('vocab_size', 'd_model', 'd_ff', 'n_layers', 'n_heads', 'd_head',
@@ -153,3 +155,13 @@ def validate(config):
               'checkpoint_every'):
     if getattr(config, key) < 1:
       raise ConfigError(f'{key} must be >= 1; got {getattr(config, key)}')
+  if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
+    raise ConfigError(f'learning_rate must be a finite number > 0; got '
+                      f'{config.learning_rate}')
+  if not 0 <= config.dropout < 1:
+    raise ConfigError(f'dropout must be in [0, 1); got {config.dropout}')
+  if config.warmup_steps < 0:
+    raise ConfigError(f'warmup_steps must be >= 0; got {config.warmup_steps}')
+  if config.model == 'TransformerLM' and config.d_model % config.n_heads:
+    raise ConfigError(f'd_model ({config.d_model}) must be a multiple of '
+                      f'n_heads ({config.n_heads}) for TransformerLM')

@@ -83,7 +83,7 @@ def _check_run_dir(config):
                 'chunk_len')
   diff = [k for k in model_keys if old.get(k) != getattr(config, k)]
   if diff:
-    raise ValueError(
+    raise config_lib.ConfigError(
         f'{config.output_dir} holds a run of another model (differs in '
         f'{", ".join(diff)}); choose another --output_dir.')
 
@@ -139,7 +139,7 @@ def config_of_run(output_dir):
     values = json.load(f)
   unknown = set(values) - set(config_lib.FIELDS)
   if unknown:
-    raise ValueError(f'{path} has unknown keys {sorted(unknown)}.')
+    raise config_lib.ConfigError(f'{path} has unknown keys {sorted(unknown)}.')
   values['output_dir'] = os.fspath(output_dir)
   return config_lib.RunConfig(**values)
 
@@ -239,7 +239,7 @@ BENCH_SCRIPTS = {
 
 
 def quick_bench():
-  """Runs a quick setting of each benchmark script in the source checkout."""
+  """Runs a quick setting of each benchmark script; returns the failed ones."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -256,5 +256,4 @@ def quick_bench():
     print(f'== {name} {" ".join(flags)}', flush=True)
     if subprocess.run([sys.executable, path, *flags], check=False).returncode:
       failed.append(name)
-  if failed:
-    raise ValueError(f'benchmarks failed: {", ".join(failed)}')
+  return failed

@@ -1,0 +1,97 @@
+"""Which errors the CLI prints as one line with exit 2, and which keep their traceback."""
+
+import gzip
+import os
+import pickle
+
+import pytest
+
+from retrax import cli
+from retrax import jobs
+from retrax.checkpoints import errors as checkpoint_errors
+from retrax.layers import validation
+from retrax.supervised import batch_checks
+
+
+def _one_line(capsys, *fragments):
+  err = capsys.readouterr().err.strip()
+  assert '\n' not in err and 'Traceback' not in err, err
+  for fragment in fragments:
+    assert fragment in err, err
+  return err
+
+
+class _Evil:
+
+  def __reduce__(self):
+    return (os.system, ('echo should-not-run',))
+
+
+def test_unsafe_checkpoint_is_one_line_exit_2(tmp_path, capsys):
+  path = tmp_path / 'model.pkl.gz'
+  path.write_bytes(gzip.compress(pickle.dumps(_Evil())))
+  assert cli.main(['convert', str(path), str(tmp_path / 'out')]) == 2
+  _one_line(capsys, 'retrax convert: error:', 'refused global')
+  assert not os.path.exists(tmp_path / 'out')
+
+
+def test_corrupted_checkpoint_is_one_line_exit_2(tmp_path, capsys):
+  path = tmp_path / 'model.pkl.gz'
+  path.write_bytes(b'\x1f\x8b' + b'\x00' * 40)
+  assert cli.main(['convert', str(path), str(tmp_path / 'out')]) == 2
+  _one_line(capsys, 'retrax convert: error:')
+
+
+@pytest.mark.parametrize('error', [
+    checkpoint_errors.CheckpointError('ckpt_000000004: bad\nheader'),
+    validation.ArgumentValueError('Dense: n_units must be an int >= 1'),
+    batch_checks.BadBatchError('train task: token id 40 >= vocab_size 32'),
+    FileNotFoundError('no such run'),
+])
+def test_user_errors_from_the_library_exit_2(monkeypatch, capsys, error):
+  def fail(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(jobs, 'config_of_run', fail)
+  assert cli.main(['eval', 'some-run']) == 2
+  _one_line(capsys, 'retrax eval: error:', str(error).split('\n')[0])
+
+
+@pytest.mark.parametrize('error', [ValueError('a library bug'),
+                                   TypeError('another bug'),
+                                   KeyError('weights')])
+def test_library_bugs_keep_their_traceback(monkeypatch, error):
+  def fail(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(jobs, 'config_of_run', fail)
+  with pytest.raises(type(error)):
+    cli.main(['eval', 'some-run'])
+
+
+@pytest.mark.parametrize('argv', [
+    ['eval', 'run', '--batches', '0'],
+    ['sample', 'run', '-n', '0'],
+    ['sample', 'run', '--temperature', '-1'],
+    ['train', '--steps', '0'],
+])
+def test_bad_counts_are_usage_errors(argv, capsys):
+  with pytest.raises(SystemExit) as info:
+    cli.main(argv)
+  assert info.value.code == 2
+  assert 'error' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('sets,fragment', [
+    (['model=TransformerLM', 'n_heads=3'], 'n_heads'),
+    (['dropout=1.5'], 'dropout'),
+    (['learning_rate=NaN'], 'learning_rate'),
+    (['learning_rate=-1'], 'learning_rate'),
+])
+def test_bad_model_settings_exit_2_before_training(sets, fragment, tmp_path,
+                                                    capsys):
+  argv = ['train', '--output_dir', str(tmp_path / 'run'), '--steps', '1',
+          '--quiet']
+  for item in sets:
+    argv += ['--set', item]
+  assert cli.main(argv) == 2
+  _one_line(capsys, fragment)
+  assert not os.path.exists(tmp_path / 'run')
