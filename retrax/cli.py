@@ -46,13 +46,17 @@ def _add_config_args(p):
   p.add_argument('--steps', type=_count, help='training steps')
   p.add_argument('--model', help='ReformerLM | TransformerLM')
   p.add_argument('--attention', help='lsh | local | full')
-  p.add_argument('--data', help="'duplication' or 'text:PATH'")
+  p.add_argument('--data', help="'duplication' or 'text:PATH' (the last "
+                 'eval_fraction, 10%%, of the file is held out for eval)')
+  p.add_argument('--tokenizer', help="text data: 'bytes' (default) or "
+                 "'sentencepiece:MODEL_FILE' (vocab_size from the model)")
 
 
 def _load_config(args):
   from retrax import config as config_lib  # pylint: disable=g-import-not-at-top
   overrides = list(args.set)
-  for key in ('output_dir', 'steps', 'model', 'attention', 'data'):
+  for key in ('output_dir', 'steps', 'model', 'attention', 'data',
+              'tokenizer'):
     value = getattr(args, key, None)
     if value is not None:
       overrides.append(f'{key}={value}')
@@ -62,18 +66,35 @@ def _load_config(args):
     raise UsageError(str(e)) from e
 
 
+def _join_cluster(args):
+  """Joins a multi-process run (flags, or the cluster's environment)."""
+  from retrax.supervised import devices  # pylint: disable=g-import-not-at-top
+  try:
+    devices.initialize_distributed(args.coordinator, args.num_processes,
+                                   args.process_id)
+  except ValueError as e:
+    raise UsageError(str(e)) from e
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
+
+
 def cmd_train(args):
+  chief = _join_cluster(args)
   from retrax import jobs  # pylint: disable=g-import-not-at-top
   config = _load_config(args)
-  jobs.train(config, quiet=args.quiet)
+  loop = jobs.train(config, quiet=args.quiet)
+  if not chief:
+    return
   if config.n_samples and not args.no_sample:
     jobs.print_samples(config)
+  jobs.print_next_steps(config, loop.step)
 
 
 def cmd_sample(args):
   from retrax import jobs  # pylint: disable=g-import-not-at-top
   jobs.print_samples(jobs.config_of_run(args.output_dir), n=args.n,
-                     temperature=args.temperature)
+                     temperature=args.temperature, prompt=args.prompt,
+                     max_length=args.max_length)
 
 
 def cmd_eval(args):
@@ -115,9 +136,20 @@ def cmd_info(args):
         + ', '.join(str(d) for d in jax.devices()))
 
 
+class _Version(argparse.Action):
+  """--version: prints `retrax <version>` (importing retrax only then)."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    import retrax  # pylint: disable=g-import-not-at-top
+    print(f'retrax {retrax.__version__}')
+    parser.exit()
+
+
 def build_parser():
   parser = argparse.ArgumentParser(
       prog='retrax', description='Trax, revived on today\'s JAX.')
+  parser.add_argument('--version', action=_Version, nargs=0,
+                      help="print retrax's version and exit")
   sub = parser.add_subparsers(dest='command')
   p = sub.add_parser('train', help='train a model (default: a small Reformer '
                      'with LSH attention on the duplication task), then sample')
@@ -125,12 +157,24 @@ def build_parser():
   p.add_argument('--quiet', action='store_true', help='no progress bar')
   p.add_argument('--no-sample', action='store_true',
                  help='do not print samples after training')
+  p.add_argument('--coordinator', metavar='HOST:PORT',
+                 help='multi-process run: address of process 0 (or '
+                 'JAX_COORDINATOR_ADDRESS; SLURM/Open MPI are detected)')
+  p.add_argument('--num_processes', '--num-processes', type=_count,
+                 help='multi-process run: number of processes')
+  p.add_argument('--process_id', '--process-id', type=int,
+                 help='multi-process run: this process (0 writes the run)')
   p.set_defaults(func=cmd_train)
   p = sub.add_parser('sample', help='sample from a trained run')
   p.add_argument('output_dir')
   p.add_argument('-n', type=_count, default=4, help='number of samples')
   p.add_argument('--temperature', type=_temperature, default=0.0,
                  help='0 = greedy (default)')
+  p.add_argument('--prompt', default=None,
+                 help='text runs: the text to continue')
+  p.add_argument('--max_length', '--max-length', type=_count, default=None,
+                 help='text runs: tokens to generate (default: as many as '
+                 'the model\'s length allows)')
   p.set_defaults(func=cmd_sample)
   p = sub.add_parser('eval', help='evaluate a trained run')
   p.add_argument('output_dir')

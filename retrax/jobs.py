@@ -15,6 +15,7 @@ from retrax.checkpoints.atomic import atomic_write
 from retrax import layers as tl
 
 CONFIG_FILE = 'run_config.json'
+TOKENIZER_FILE = 'tokenizer.model'  # A text run's copy of its SentencePiece model.
 
 
 def build_model(config, mode='train'):
@@ -43,32 +44,42 @@ def build_model(config, mode='train'):
       max_len=config.length, attention_type=attention, mode=mode)
 
 
+def tokenizer_of_run(config):
+  """The `TextTokenizer` of a text run (None for the duplication task).
+
+  A SentencePiece model is read from the run's own copy (`TOKENIZER_FILE`,
+  written by `train`) when there is one, so a moved run keeps working.
+  """
+  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
+  if not config.data.startswith('text:'):
+    return None
+  spec = config.tokenizer
+  copy = os.path.join(config.output_dir, TOKENIZER_FILE)
+  if spec.startswith('sentencepiece:') and os.path.exists(copy):
+    spec = 'sentencepiece:' + copy
+  try:
+    return tasks.TextTokenizer(spec)
+  except (ValueError, ImportError, FileNotFoundError) as e:
+    raise config_lib.ConfigError(f'tokenizer: {e}') from e
+
+
 def build_inputs(config):
-  """The `Inputs` of a RunConfig: the duplication task or bytes of a text file."""
+  """The `Inputs` of a RunConfig: the duplication task or a text file.
+
+  A text file's last `eval_fraction` (from a line start) is held out for
+  evaluation; see `retrax.data.tasks.text_lm_inputs`.
+  """
   from retrax import data  # pylint: disable=g-import-not-at-top
+  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
   if config.data == 'duplication':
     return data.duplication_inputs(config.vocab_size, config.length,
                                    config.batch_size, seed=config.seed)
-  path = config.data[len('text:'):]
-  encoder = data.ByteTextEncoder(num_reserved_ids=0)
-
-  def stream(_, seed):
-    rng = np.random.default_rng(seed)
-    chunks = data.TextChunks(path, config.length, repeat=True,
-                             drop_remainder=True)()
-    buf = []
-    for chunk in chunks:
-      ids = np.asarray(encoder.encode(chunk)[:config.length], np.int32)
-      if len(ids) < config.length:
-        ids = np.pad(ids, (0, config.length - len(ids)))
-      buf.append(ids)
-      if len(buf) == config.batch_size:
-        x = np.stack(buf)
-        buf = []
-        rng.shuffle(x)
-        yield x, x, (x != 0).astype(np.float32)
-  return data.Inputs(lambda n: stream(n, config.seed),
-                     lambda n: stream(n, config.seed + 1))
+  try:
+    return tasks.text_lm_inputs(
+        config.data[len('text:'):], config.length, config.batch_size,
+        tokenizer_of_run(config), config.eval_fraction, seed=config.seed)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from e
 
 
 def _check_run_dir(config):
@@ -81,34 +92,86 @@ def _check_run_dir(config):
   model_keys = ('model', 'attention', 'vocab_size', 'length', 'd_model',
                 'd_ff', 'n_layers', 'n_heads', 'd_head', 'n_hashes',
                 'chunk_len')
-  diff = [k for k in model_keys if old.get(k) != getattr(config, k)]
+  model_keys += ('tokenizer',)
+  defaults = config_lib.RunConfig()
+  diff = [k for k in model_keys
+          if old.get(k, getattr(defaults, k)) != getattr(config, k)]
   if diff:
     raise config_lib.ConfigError(
         f'{config.output_dir} holds a run of another model (differs in '
         f'{", ".join(diff)}); choose another --output_dir.')
 
 
+def _is_chief():
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
+
+
+def _write_run_files(config):
+  """Writes run_config.json and a copy of the SentencePiece model (chief only)."""
+  os.makedirs(config.output_dir, exist_ok=True)
+  tokenizer = tokenizer_of_run(config)
+  if not _is_chief():
+    return
+  with atomic_write(os.path.join(config.output_dir, CONFIG_FILE)) as f:
+    f.write(json.dumps(config.to_dict(), indent=1).encode())
+  source = tokenizer.model_file if tokenizer is not None else None
+  copy = os.path.join(config.output_dir, TOKENIZER_FILE)
+  if source is None or os.path.abspath(source) == os.path.abspath(copy):
+    return
+  with open(source, 'rb') as f:
+    data = f.read()
+  if os.path.exists(copy):
+    with open(copy, 'rb') as f:
+      if f.read() != data:
+        raise config_lib.ConfigError(
+            f'{copy} (the tokenizer this run was trained with) differs from '
+            f'{source}; choose another --output_dir.')
+    return
+  with atomic_write(copy) as f:
+    f.write(data)
+
+
+def _streams(config):
+  """(train, eval) batch iterators: this process's rows of the global batches."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from retrax.supervised import devices  # pylint: disable=g-import-not-at-top
+  inputs = build_inputs(config)
+  train_stream, eval_stream = inputs.train_stream(1), inputs.eval_stream(1)
+  n_hosts = jax.process_count()
+  if n_hosts > 1:
+    if config.batch_size % n_hosts:
+      raise config_lib.ConfigError(
+          f'batch_size ({config.batch_size}) must be a multiple of the number '
+          f'of processes ({n_hosts}): each feeds its share of every batch.')
+    train_stream = devices.host_shard(train_stream)
+    eval_stream = devices.host_shard(eval_stream)
+  return train_stream, eval_stream
+
+
 def train(config, quiet=False):
-  """Trains (resuming if `output_dir` holds a checkpoint); returns the Loop."""
+  """Trains (resuming if `output_dir` holds a checkpoint); returns the Loop.
+
+  In a multi-process run (`jax.distributed` initialized) every process feeds
+  its rows of each global batch; process 0 writes the run's files.
+  """
   from retrax import optimizers  # pylint: disable=g-import-not-at-top
   from retrax import lr  # pylint: disable=g-import-not-at-top
   from retrax.supervised import training  # pylint: disable=g-import-not-at-top
   _check_run_dir(config)
-  os.makedirs(config.output_dir, exist_ok=True)
-  with atomic_write(os.path.join(config.output_dir, CONFIG_FILE)) as f:
-    f.write(json.dumps(config.to_dict(), indent=1).encode())
-  inputs = build_inputs(config)
+  _write_run_files(config)
+  train_stream, eval_stream = _streams(config)
   schedule = lr.multifactor(factors='constant * linear_warmup',
                             constant=config.learning_rate,
                             warmup_steps=config.warmup_steps)
   train_task = training.TrainTask(
-      labeled_data=inputs.train_stream(1),
+      labeled_data=train_stream,
       loss_layer=tl.WeightedCategoryCrossEntropy(),
       optimizer=optimizers.Adam(config.learning_rate),
       lr_schedule=schedule,
       n_steps_per_checkpoint=config.checkpoint_every)
   eval_task = training.EvalTask(
-      labeled_data=inputs.eval_stream(1),
+      labeled_data=eval_stream,
       metrics=[tl.WeightedCategoryCrossEntropy(),
                tl.WeightedCategoryAccuracy()],
       n_eval_batches=4)
@@ -117,11 +180,23 @@ def train(config, quiet=False):
       eval_model=build_model(config, 'eval'), eval_tasks=[eval_task],
       output_dir=config.output_dir, random_seed=config.seed,
       eval_at=lambda step: step == 1 or step % config.eval_every == 0,
-      progress_bar=not quiet, write_trax_files=config.trax_files)
+      # A bar only on a terminal (never drawn into a redirected log).
+      progress_bar=False if quiet else None,
+      write_trax_files=config.trax_files)
   remaining = config.steps - loop.step
   if remaining > 0:
     loop.run(remaining)
   return loop
+
+
+def print_next_steps(config, step):
+  """Says where the run was saved and which commands use it."""
+  import shlex  # pylint: disable=g-import-not-at-top
+  d = shlex.quote(config.output_dir)
+  prompt = ' --prompt "..."' if config.data.startswith('text:') else ''
+  print(f'Saved the run (step {step}) in {config.output_dir}\n'
+        f'Next: retrax sample {d}{prompt}  |  retrax eval {d}  |  '
+        f'retrax plot {d}  |  tensorboard --logdir {d}')
 
 
 def config_of_run(output_dir):
@@ -213,11 +288,49 @@ def print_eval(config, n_batches=8):
   return results
 
 
-def print_samples(config, n=None, temperature=0.0):
-  """Prints `w` and the model's copy of it for a few prompts `0 w 0`."""
-  if config.data != 'duplication':
-    print('(sampling prints copies for the duplication task only)')
+def sample_text(run_dir, prompt='', n=1, temperature=0.0, max_length=None,
+                seed=0):
+  """`n` continuations of `prompt` from a text run (via `retrax.load_run`).
+
+  At most `length - 1 - len(prompt ids)` new tokens fit the model's positions;
+  `max_length` (default: all that fit) caps them. Returns a list of str.
+  """
+  from retrax import run as run_lib  # pylint: disable=g-import-not-at-top
+  from retrax.supervised import decoding  # pylint: disable=g-import-not-at-top
+  run = run_lib.load_run(run_dir, mode='predict', batch_size=n)
+  if run.tokenizer is None:
+    raise config_lib.ConfigError(f'{run_dir} is not a text run; --prompt '
+                                 'applies to runs of --data text:FILE.')
+  ids = run.tokenizer.encode(prompt)
+  room = run.config.length - 1 - len(ids)
+  if room < 1:
+    raise config_lib.ConfigError(
+        f'the prompt has {len(ids)} tokens; this model sees {run.config.length}'
+        ' positions, so use a prompt of at most '
+        f'{run.config.length - 2} tokens.')
+  prompt_ids = np.tile(ids[None], (n, 1)) if len(ids) else None
+  out = decoding.autoregressive_sample(
+      run.model, batch_size=n, temperature=temperature, start_id=0,
+      eos_id=None, max_length=min(max_length or room, room),
+      prompt=prompt_ids, rng=seed)
+  return [run.tokenizer.decode(row) for row in np.asarray(out)]
+
+
+def print_samples(config, n=None, temperature=0.0, prompt=None,
+                  max_length=None):
+  """Text runs: prints continuations of `prompt`. Duplication: the copies of
+  `w` for a few prompts `0 w 0`."""
+  if config.data.startswith('text:'):
+    prompt = prompt or ''
+    for i, text in enumerate(sample_text(config.output_dir, prompt,
+                                         n or config.n_samples or 1,
+                                         temperature, max_length)):
+      print(f'--- sample {i + 1}\n{prompt}{text}')
     return
+  if prompt is not None:
+    raise config_lib.ConfigError('--prompt applies to text runs (--data '
+                                 'text:FILE); this run is the duplication '
+                                 'task.')
   rows = sample_copies(config, n or config.n_samples, temperature)
   n_ok = 0
   for w, out in rows:
