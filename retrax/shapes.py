@@ -38,6 +38,7 @@ class ShapeDtype:
     return 1
 
   def as_tuple(self):
+    """`(shape, dtype)`."""
     return self.shape, self.dtype
 
   def replace(self, **kwargs):

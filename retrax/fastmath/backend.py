@@ -116,3 +116,4 @@ class _NumpyProxy:
 
 
 numpy = _NumpyProxy()
+"""`jax.numpy`, or `numpy` under `use_backend('numpy')` (Trax's `fastmath.numpy`)."""

@@ -207,18 +207,22 @@ def custom_grad(f_vjp, f_original):
 
 
 def index_update(x, idx, y):
+  """`x` with `x[idx] = y` (JAX: `x.at[idx].set(y)`); Trax's name."""
   return jnp.asarray(x).at[idx].set(y)
 
 
 def index_add(x, idx, y):
+  """`x` with `x[idx] += y` (`x.at[idx].add(y)`)."""
   return jnp.asarray(x).at[idx].add(y)
 
 
 def index_min(x, idx, y):
+  """`x` with `x[idx] = minimum(x[idx], y)` (`x.at[idx].min(y)`)."""
   return jnp.asarray(x).at[idx].min(y)
 
 
 def index_max(x, idx, y):
+  """`x` with `x[idx] = maximum(x[idx], y)` (`x.at[idx].max(y)`)."""
   return jnp.asarray(x).at[idx].max(y)
 
 
@@ -243,6 +247,7 @@ def avg_pool(x, pool_size, strides, padding):
 
 
 def conv(x, kernel, window_strides, padding, dimension_numbers, rhs_dilation=None):
+  """N-d convolution (`lax.conv_general_dilated`), Trax's argument order."""
   return lax.conv_general_dilated(x, kernel, window_strides, padding,
                                   rhs_dilation=rhs_dilation,
                                   dimension_numbers=dimension_numbers)
@@ -283,14 +288,17 @@ def abstract_eval(f):
 
 
 def global_device_count():
+  """Number of devices over all hosts (`jax.device_count()`)."""
   return jax.device_count()
 
 
 def local_device_count():
+  """Number of devices on this host (`jax.local_device_count()`)."""
   return jax.local_device_count()
 
 
 device_count = global_device_count
+"""Trax <= 1.3.7's name for `global_device_count`."""
 
 
 def dataset_as_numpy(ds):

@@ -39,6 +39,7 @@ EMPTY_STATE = ()
 GET_WEIGHTS_FROM_CACHE = {'__marker_for_cached_weights_': ()}
 GET_STATE_FROM_CACHE = {'__marker_for_cached_state_': ()}
 N_WEIGHTS_SHARDS = 1
+"""Trax's weight-sharding factor; retrax replicates weights (always 1)."""
 
 _LAYERS_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_DIR = os.path.dirname(_LAYERS_DIR)
@@ -222,18 +223,22 @@ class Layer:
 
   @property
   def name(self):
+    """The layer's name, as its repr and error paths show it."""
     return self._name
 
   @property
   def n_in(self):
+    """How many items the layer takes from the data stack."""
     return self._n_in
 
   @property
   def n_out(self):
+    """How many items the layer pushes onto the data stack."""
     return self._n_out
 
   @property
   def sublayers(self):
+    """The layer's direct sublayers (a list; empty for a leaf layer)."""
     return self._sublayers
 
   def _path_element(self, index):

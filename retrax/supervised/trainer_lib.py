@@ -50,6 +50,7 @@ _METRIC_LAYERS = ('WeightedCategoryCrossEntropy', 'WeightedCategoryAccuracy',
 
 
 def named_stream(name, stream):
+  """A `NamedStream(name, stream)`: an eval stream whose metrics carry `name`."""
   return NamedStream(name=name, stream=stream)
 
 
