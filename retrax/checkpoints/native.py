@@ -2,7 +2,11 @@
 
 A checkpoint is a directory holding two files:
 
-  arrays.<sha256-prefix>.safetensors   every array leaf, keyed `<tree>/<index>`
+  arrays.<sha256-prefix>.safetensors   every array leaf, keyed by its path in
+                                       its tree, `<tree>/<i>/<j>/...` (for
+                                       weights: the layer path, e.g.
+                                       `weights/1/0/2`; files written before
+                                       numbered them `<tree>/<n>`; both read)
   metadata.json                        format/version, each tree's structure,
                                        the user metadata (step, rng seed,
                                        history, ...), the arrays file's name,
@@ -121,8 +125,16 @@ class _Encoder:
 
   def encode(self, tree, name):
     self._name = name
-    self._count = 0
     return self._node(tree, ())
+
+  def _key(self, path):
+    """`<tree>/<path>`, e.g. `weights/1/0/2` (sublayer 1, its sublayer 0,
+    weight 2); made unique with `#n` if dict keys holding '/' collide."""
+    key = '/'.join([self._name, *map(str, path)])
+    base, n = key, 1
+    while key in self.arrays:
+      key, n = f'{base}#{n}', n + 1
+    return key
 
   def _array_node(self, x, path, kind='array'):
     arr = np.asarray(x)
@@ -134,8 +146,7 @@ class _Encoder:
           f'(object and structured dtypes are not supported).') from None
     if arr.dtype.byteorder == '>':
       arr = arr.astype(arr.dtype.newbyteorder('<'))
-    key = f'{self._name}/{self._count}'
-    self._count += 1
+    key = self._key(path)
     node = {'t': kind, 'key': key, 'dtype': _dtype_name(arr.dtype),
             'shape': list(arr.shape)}
     if arr.dtype in _SAFETENSORS_DTYPES:
