@@ -1,6 +1,7 @@
 """Checkpoint I/O: Trax's pickle formats (read safely, written compatibly) and
 retrax's native safetensors + JSON format."""
 
+from retrax.checkpoints.atomic import remove_orphan_temps as remove_orphan_temps
 from retrax.checkpoints.errors import CheckpointCorruptedError as CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError as CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError as CheckpointFormatError
@@ -23,12 +24,15 @@ from retrax.checkpoints.records import convert_shape_dtypes as convert_shape_dty
 from retrax.checkpoints.rotation import checkpoint_path as checkpoint_path
 from retrax.checkpoints.rotation import latest_valid_checkpoint as latest_valid_checkpoint
 from retrax.checkpoints.rotation import list_checkpoints as list_checkpoints
+from retrax.checkpoints.rotation import mismatch_error as mismatch_error
 from retrax.checkpoints.rotation import rotate_checkpoints as rotate_checkpoints
+from retrax.checkpoints.rotation import scan_checkpoints as scan_checkpoints
 from retrax.checkpoints.safe_unpickle import RestrictedUnpickler as RestrictedUnpickler
 from retrax.checkpoints.safe_unpickle import safe_load as safe_load
 from retrax.checkpoints.safe_unpickle import safe_loads as safe_loads
 from retrax.checkpoints.trax_format import normalize_history as normalize_history
 from retrax.checkpoints.trax_format import read_trax_checkpoint as read_trax_checkpoint
+from retrax.checkpoints.trax_format import remove_orphan_staged_sidecars as remove_orphan_staged_sidecars
 from retrax.checkpoints.trax_format import write_trax_layer_file as write_trax_layer_file
 from retrax.checkpoints.trax_format import write_trax_loop_checkpoint as write_trax_loop_checkpoint
 from retrax.checkpoints.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE

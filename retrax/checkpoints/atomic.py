@@ -7,6 +7,7 @@ the new file survives a power loss.
 
 import contextlib
 import os
+import re
 import tempfile
 
 
@@ -63,3 +64,33 @@ def atomic_write(path):
       os.remove(tmp)
     raise
   fsync_dir(directory)
+
+
+# `atomic_write`'s temporary names: `.<target>.<8 of mkstemp's letters>.tmp`.
+_TEMP_RE = re.compile(r'^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$')
+# The files retrax writes with `atomic_write` (and native's `.arrays.` temps).
+_OWN_TARGETS = re.compile(
+    r'^(metadata\.json|arrays|metrics\.jsonl|run_files\.json|'
+    r'run_config\.json|model\.json|.+\.pkl\.gz|.+\.npy\.gz)$')
+
+
+def remove_orphan_temps(directory):
+  """Removes the temporary files of retrax's interrupted atomic writes in
+  `directory` (not recursive); returns their paths.
+
+  Only names of the form `.<target>.<8 letters>.tmp` with a target that
+  retrax writes (`metadata.json`, `metrics.jsonl`, `*.pkl.gz`, ...) go.
+  """
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  removed = []
+  for name in names:
+    m = _TEMP_RE.match(name)
+    path = os.path.join(directory, name)
+    if m and _OWN_TARGETS.match(m.group('target')) and os.path.isfile(path):
+      with contextlib.suppress(OSError):
+        os.remove(path)
+        removed.append(path)
+  return removed

@@ -48,6 +48,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy as st_numpy
 
+from retrax.checkpoints import limits
 from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints.atomic import fsync_dir
 from retrax.checkpoints.atomic import set_default_permissions
@@ -316,18 +317,21 @@ def is_native_checkpoint(path):
       os.path.join(path, METADATA_FILE))
 
 
-def _read_verified(path):
-  """Returns (metadata document, arrays file bytes), both checksum-verified."""
+def _read_metadata_doc(path):
+  """The checksum-verified metadata document of a native checkpoint."""
   path = os.fspath(path)
   meta_path = os.path.join(path, METADATA_FILE)
   if not os.path.isfile(meta_path):
     raise CheckpointCorruptedError(
         f'{path}: no {METADATA_FILE}; not a native checkpoint, or its save '
         f'did not complete.')
+  limit = limits.max_bytes()
+  if os.path.getsize(meta_path) > limit:
+    raise limits.too_big(meta_path, 'the file', limit)
   try:
     with open(meta_path, 'rb') as f:
       doc = json.loads(f.read().decode('utf-8'))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
     raise CheckpointCorruptedError(
         f'{meta_path}: unreadable JSON ({e}); the file is truncated or '
         f'corrupted.') from None
@@ -341,10 +345,27 @@ def _read_verified(path):
   if hashlib.sha256(_canonical(body)).hexdigest() != doc.get('checksum'):
     raise CheckpointCorruptedError(
         f'{meta_path}: metadata checksum mismatch; the file is corrupted.')
+  return doc
+
+
+def read_metadata(path):
+  """A native checkpoint's user metadata, its own checksum verified (the
+  arrays file is not read: use `verify_native` for that)."""
+  return _read_metadata_doc(path)['metadata']
+
+
+def _read_verified(path):
+  """Returns (metadata document, arrays file bytes), both checksum-verified."""
+  path = os.fspath(path)
+  doc = _read_metadata_doc(path)
+  meta_path = os.path.join(path, METADATA_FILE)
+  limit = limits.max_bytes()
   arrays_file = doc.get('arrays_file')
   if not isinstance(arrays_file, str) or not _ARRAYS_FILE_RE.match(arrays_file):
     raise CheckpointFormatError(f'{meta_path}: bad arrays_file {arrays_file!r}.')
   arrays_path = os.path.join(path, arrays_file)
+  if os.path.isfile(arrays_path) and os.path.getsize(arrays_path) > limit:
+    raise limits.too_big(arrays_path, 'the file', limit)
   try:
     with open(arrays_path, 'rb') as f:
       data = f.read()

@@ -1,21 +1,51 @@
 """A directory of native checkpoints: naming, keep-last-N, newest valid one.
 
 Checkpoints are subdirectories named `<prefix><step:09d>` (e.g.
-`ckpt_000000100`), each written by `native.save_native`.
+`ckpt_000000100`), each written by `native.save_native` with the step in its
+metadata. Everything here orders checkpoints by the step recorded inside
+them, never by name alone:
+
+* a checkpoint whose name and recorded step differ is refused
+  (`CheckpointFormatError`), so a renamed copy can neither pin a resume to
+  its step nor be deleted by rotation;
+* an unreadable checkpoint (damaged files, no step) is skipped and reported,
+  and never deleted;
+* an incomplete one (no `metadata.json`, only files a killed save leaves)
+  holds nothing loadable: rotation removes it.
 """
 
 import contextlib
 import os
 import re
 import shutil
+import typing
 import warnings
 
 from retrax.checkpoints.atomic import fsync_dir
 from retrax.checkpoints.errors import CheckpointError
+from retrax.checkpoints.errors import CheckpointFormatError
 from retrax.checkpoints.native import METADATA_FILE
+from retrax.checkpoints.native import read_metadata
 from retrax.checkpoints.native import verify_native
 
 DEFAULT_PREFIX = 'ckpt_'
+# What a save killed before its commit point leaves in a checkpoint directory.
+_PARTIAL_FILE_RE = re.compile(
+    r'^(arrays\.[0-9a-f]{16}\.safetensors|\.arrays\.[a-z0-9_]+\.tmp|'
+    r'\.metadata\.json\.[a-z0-9_]+\.tmp)$')
+
+
+class Entry(typing.NamedTuple):
+  """A checkpoint directory found by `scan_checkpoints`.
+
+  `step` is the recorded step (None unless `error` is None); `error` says
+  why it is unusable; `incomplete` marks a save that never committed.
+  """
+  path: str
+  name_step: int
+  step: typing.Optional[int]
+  error: typing.Optional[str]
+  incomplete: bool = False
 
 
 def checkpoint_path(directory, step, prefix=DEFAULT_PREFIX):
@@ -24,7 +54,7 @@ def checkpoint_path(directory, step, prefix=DEFAULT_PREFIX):
 
 
 def list_checkpoints(directory, prefix=DEFAULT_PREFIX):
-  """`[(step, path), ...]` of checkpoint directories, oldest first."""
+  """`[(name step, path), ...]` of checkpoint directories, by name (unverified)."""
   directory = os.fspath(directory)
   if not os.path.isdir(directory):
     return []
@@ -38,6 +68,96 @@ def list_checkpoints(directory, prefix=DEFAULT_PREFIX):
   return sorted(found)
 
 
+def _is_incomplete(path):
+  try:
+    names = os.listdir(path)
+  except OSError:
+    return False
+  return METADATA_FILE not in names and all(
+      _PARTIAL_FILE_RE.match(n) for n in names)
+
+
+_VERIFIED = {}  # Verification results, keyed by the files' stat signatures.
+
+
+def _signature(path):
+  try:
+    return tuple(sorted(
+        (e.name, e.stat().st_size, e.stat().st_mtime_ns, e.inode())
+        for e in os.scandir(path)))
+  except OSError:
+    return None
+
+
+def _verify(path, full, cached):
+  """Recorded metadata of a checkpoint, or raises; cached by file signatures."""
+  if not full:
+    return read_metadata(path)
+  key = (os.path.abspath(path), _signature(path)) if cached else None
+  if key is not None and key in _VERIFIED:
+    return _VERIFIED[key]
+  metadata = verify_native(path)
+  if key is not None:
+    _VERIFIED[key] = metadata
+  return metadata
+
+
+def mismatch_error(path, name_step, step):
+  return CheckpointFormatError(
+      f'{path}: its name says step {name_step} but it records step {step} '
+      f'(a renamed copy?); rename it to the step it holds or move it out of '
+      f'the directory.')
+
+
+def check_entry(path, name_step, full=True, cached=False):
+  """Verifies one checkpoint directory (`full`: also its arrays file, else
+  only its metadata); returns its `Entry`.
+
+  Raises:
+    CheckpointFormatError: its name and recorded step differ.
+  """
+  if _is_incomplete(path):
+    return Entry(path, name_step, None, 'incomplete: the save that made it '
+                 f'was interrupted before writing {METADATA_FILE}', True)
+  try:
+    metadata = _verify(path, full, cached)
+  except (CheckpointError, OSError) as e:
+    return Entry(path, name_step, None, str(e))
+  step = metadata.get('step') if isinstance(metadata, dict) else None
+  if isinstance(step, bool) or not isinstance(step, int):
+    return Entry(path, name_step, None, 'its metadata records no step')
+  if step != name_step:
+    raise mismatch_error(path, name_step, step)
+  return Entry(path, name_step, step, None)
+
+
+def scan_checkpoints(directory, prefixes=(DEFAULT_PREFIX,), full=True,
+                     cached=False):
+  """Every checkpoint directory of `prefixes`, verified, oldest step first.
+
+  Args:
+    directory: where to look.
+    prefixes: directory-name prefixes to include.
+    full: verify the arrays files too (else only each `metadata.json`).
+    cached: reuse the verification of files unchanged (same names, sizes,
+      mtimes, inodes) since last verified in this process.
+
+  Returns:
+    `Entry`s; usable ones (error None) by recorded step, oldest first, then
+    the others, newest name first.
+
+  Raises:
+    CheckpointFormatError: a checkpoint's name and recorded step differ.
+  """
+  entries = [check_entry(path, name_step, full, cached)
+             for prefix in prefixes
+             for name_step, path in list_checkpoints(directory, prefix)]
+  return (sorted((e for e in entries if e.error is None),
+                 key=lambda e: (e.step, e.path)) +
+          sorted((e for e in entries if e.error is not None),
+                 key=lambda e: (-e.name_step, e.path)))
+
+
 def _remove_checkpoint(path):
   # Metadata first: a half-removed directory then reads as incomplete.
   with contextlib.suppress(FileNotFoundError):
@@ -45,15 +165,40 @@ def _remove_checkpoint(path):
   shutil.rmtree(path, ignore_errors=True)
 
 
-def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX):
-  """Deletes all but the newest `keep` checkpoints; returns the removed paths.
+_REPORTED = set()
 
-  Call it after a successful `save_native`, so the newest one is known good.
+
+def _report_once(entry, report):
+  if (entry.path, entry.error) not in _REPORTED:
+    _REPORTED.add((entry.path, entry.error))
+    report(f'checkpoint {entry.path} is unusable and is kept as it is: '
+           f'{entry.error}')
+
+
+def _warn(message):
+  warnings.warn(message, stacklevel=3)
+
+
+def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX, report=None):
+  """Deletes all but the newest `keep` usable checkpoints; returns the removed.
+
+  "Newest" is by recorded step. Unusable checkpoints are not counted, never
+  deleted and reported (once per process) through `report` (default: a
+  warning); incomplete ones (saves that never committed) are removed.
+
+  Raises:
+    ValueError: bad `keep`.
+    CheckpointFormatError: a checkpoint's name and recorded step differ.
   """
   if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
     raise ValueError(f'keep must be an int >= 1; got {keep!r}.')
-  existing = list_checkpoints(directory, prefix)
-  removed = [p for _, p in existing[:-keep]]
+  entries = scan_checkpoints(directory, (prefix,), cached=True)
+  usable = [e for e in entries if e.error is None]
+  removed = [e.path for e in usable[:-keep]]
+  removed += [e.path for e in entries if e.incomplete]
+  for e in entries:
+    if e.error is not None and not e.incomplete:
+      _report_once(e, report or _warn)
   for p in removed:
     _remove_checkpoint(p)
   if removed:
@@ -62,16 +207,18 @@ def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX):
 
 
 def latest_valid_checkpoint(directory, prefix=DEFAULT_PREFIX):
-  """Path of the newest checkpoint whose files verify, or None.
+  """Path of the checkpoint with the highest recorded step that verifies, or None.
 
-  A corrupted or incomplete newer checkpoint is skipped with a warning, so a
-  run killed mid-save resumes from the previous checkpoint.
+  Unusable checkpoints are skipped with a warning each, so a run killed
+  mid-save resumes from the previous checkpoint.
+
+  Raises:
+    CheckpointFormatError: a checkpoint's name and recorded step differ.
   """
-  for step, path in reversed(list_checkpoints(directory, prefix)):
-    try:
-      verify_native(path)
-    except (CheckpointError, OSError) as e:
-      warnings.warn(f'skipping checkpoint of step {step}: {e}', stacklevel=2)
-      continue
-    return path
-  return None
+  entries = scan_checkpoints(directory, (prefix,))
+  for e in entries:
+    if e.error is not None:
+      warnings.warn(f'skipping checkpoint {e.path} (step {e.name_step}): '
+                    f'{e.error}', stacklevel=2)
+  usable = [e for e in entries if e.error is None]
+  return usable[-1].path if usable else None

@@ -462,3 +462,19 @@ def remove_staged_sidecars(base, keep=None):
         os.remove(os.path.join(directory, name))
         removed.append(os.path.join(directory, name))
   return removed
+
+
+_ANY_STAGED_RE = re.compile(
+    r'^\.(?P<base>.+)\.(weights|opt_slots\d+)\.\d+-[0-9a-f]{8}\.npy\.gz$')
+
+
+def remove_orphan_staged_sidecars(directory):
+  """`remove_staged_sidecars` for every basename with staged files in
+  `directory`; returns the paths removed."""
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  bases = {m.group('base') for m in map(_ANY_STAGED_RE.match, names) if m}
+  return [p for b in sorted(bases)
+          for p in remove_staged_sidecars(os.path.join(directory, b))]

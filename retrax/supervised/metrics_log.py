@@ -27,6 +27,55 @@ from retrax.checkpoints.atomic import atomic_write
 from retrax.supervised import progress
 
 METRICS_FILE = 'metrics.jsonl'
+RUN_FILES = 'run_files.json'
+_RUN_FILES_FORMAT = 'retrax-run-files'
+
+
+# --- which files are the run's -------------------------------------------------
+
+
+class RunFiles:
+  """The log files (paths relative to `output_dir`) that runs there created.
+
+  A file is claimed (recorded, atomically) before it is created, so the list
+  holds every log file the runs wrote, and nothing else.
+  """
+
+  def __init__(self, output_dir):
+    self._dir = output_dir
+    self._path = os.path.join(output_dir, RUN_FILES)
+    self._files = []
+    self.existed = os.path.exists(self._path)
+    if self.existed:
+      try:
+        with open(self._path, 'rb') as f:
+          doc = json.loads(f.read().decode('utf-8'))
+      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f'{self._path}: unreadable ({e}); it lists the log '
+                         'files of the run in this directory.') from None
+      files = doc.get('files') if isinstance(doc, dict) else None
+      if (doc.get('format') != _RUN_FILES_FORMAT or not isinstance(files, list)
+          or not all(isinstance(f, str) for f in files)):
+        raise ValueError(f'{self._path} is not a retrax {RUN_FILES} file.')
+      self._files = files
+
+  def owns(self, relpath):
+    return os.path.normpath(relpath) in self._files
+
+  def files(self):
+    """Absolute paths of the claimed files."""
+    return [os.path.join(self._dir, f) for f in self._files]
+
+  def claim(self, relpath):
+    """Records `relpath` as the run's (before the caller creates it)."""
+    relpath = os.path.normpath(relpath)
+    if relpath in self._files:
+      return
+    self._files.append(relpath)
+    doc = {'format': _RUN_FILES_FORMAT, 'version': 1, 'files': self._files}
+    with atomic_write(self._path) as f:
+      f.write((json.dumps(doc, indent=1) + '\n').encode('utf-8'))
+    self.existed = True
 
 
 # --- JSONL ---------------------------------------------------------------------
@@ -47,11 +96,16 @@ def read_jsonl(path):
 
 
 class JsonlWriter:
-  """Appends metric records to a JSON-lines file."""
+  """Appends metric records to a JSON-lines file.
 
-  def __init__(self, path):
+  With `on_create`, that is called (with the path) before the file is first
+  opened for writing (e.g. `RunFiles.claim`).
+  """
+
+  def __init__(self, path, on_create=None):
     self._path = path
     self._file = None
+    self._on_create = on_create
 
   @property
   def path(self):
@@ -73,6 +127,8 @@ class JsonlWriter:
     if np.ndim(value) != 0:
       return
     if self._file is None:
+      if self._on_create is not None:
+        self._on_create(self._path)
       self._file = open(self._path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
     record = {'step': int(step), 'mode': mode, 'metric': metric,
               'value': float(value), 'time': time.time()}
@@ -147,13 +203,18 @@ def frame_record(data):
 
 
 class EventWriter:
-  """Writes scalar summaries to a TensorBoard event file in `log_dir`."""
+  """Writes scalar summaries to a new TensorBoard event file in `log_dir`.
 
-  def __init__(self, log_dir):
+  With `on_create`, that is called (with the path) before the file is made.
+  """
+
+  def __init__(self, log_dir, on_create=None):
     os.makedirs(log_dir, exist_ok=True)
     name = (f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.'
             f'{os.getpid()}.retrax')
     self._path = os.path.join(log_dir, name)
+    if on_create is not None:
+      on_create(self._path)
     self._file = open(self._path, 'ab')  # pylint: disable=consider-using-with
     self._file.write(frame_record(
         encode_event(time.time(), 0, file_version='brain.Event:2')))

@@ -105,6 +105,18 @@ class _Accumulator:
           self.stats[name] += float(value)
     self._unread = []
 
+  def to_dict(self):
+    """The sums as JSON-able values (floats round-trip exactly)."""
+    self._fold()
+    return {'task_index': self.task_index, 'n_steps': self.n_steps,
+            'loss': self.loss, 'stats': dict(self.stats)}
+
+  def load(self, d):
+    """Restores sums saved by `to_dict`."""
+    self.reset(d['task_index'])
+    self.n_steps, self.loss = int(d['n_steps']), float(d['loss'])
+    self.stats.update({k: float(v) for k, v in d['stats'].items()})
+
   def means(self):
     """`(n_steps, mean loss, {stat: mean})`; then starts a new period."""
     self._fold()
@@ -241,10 +253,9 @@ class Loop(loop_io.LoopIO):
         n for t in self._eval_tasks for n in t.metric_names]))
     self._callbacks = [c(self) for c in (callbacks or [])]
     self._open_output_dir(output_dir)
+    self._resume_or_start()  # Run files are written only after this succeeds.
     if self._is_chief:  # model.json: what `retrax.load_run` rebuilds.
       run_lib.write_model_file(self._output_dir, self._model)
-    if self._output_dir is not None and self.load_checkpoint() is None:
-      self._truncate_logs(0)  # A fresh run: drop logs of an unsaved one.
 
   # --- set-up -------------------------------------------------------------------------
 
@@ -378,9 +389,13 @@ class Loop(loop_io.LoopIO):
   def run(self, n_steps=1):
     """Runs `n_steps` training steps, with evals and checkpoints as configured.
 
+    The last step is checkpointed at the end (if `output_dir` is set), even
+    when it is not a checkpoint step.
+
     Raises:
       BadBatchError: a batch does not fit the model (nothing more is saved).
-      NonFiniteLossError: the loss became NaN/inf (nothing more is saved).
+      NonFiniteLossError: the loss, the learning rate or the weights became
+        NaN/inf (nothing more is saved).
     """
     self._open_writers()
     self._bar = loop_io.make_progress_bar(self, n_steps)
@@ -416,6 +431,8 @@ class Loop(loop_io.LoopIO):
               self._checkpoint_high_metric, max):
             self.save_checkpoint(f'highest_{self._checkpoint_high_metric}')
       self._check_pending()
+      if self._last_saved_step != self._step:
+        self.save_checkpoint()  # The final step is always saved.
     finally:
       self._bar.close()
       self._bar = loop_io.make_progress_bar(self, 0, enabled=False)
@@ -441,6 +458,13 @@ class Loop(loop_io.LoopIO):
       self._checkers[task_index].check(batch, step)
     opt_params = dict(state.opt_params)
     lr = state.task.learning_rate(self._opt_step())
+    if lr is not None and not math.isfinite(float(lr)):
+      last = ('no checkpoint was saved' if self._last_saved_step is None
+              else f'the last checkpoint is from step {self._last_saved_step}')
+      raise NonFiniteLossError(
+          f'Step {step}: the learning rate of task {task_index} is {lr}. '
+          f'Training stopped before the step ({last}); check the learning '
+          'rate and lr_schedule.')
     if lr is not None:
       opt_params['learning_rate'] = np.asarray(
           lr, np.asarray(opt_params['learning_rate']).dtype)

@@ -13,6 +13,7 @@ import pytest
 import resume_worker
 import supervised_toys as toys
 from retrax.checkpoints import CheckpointCorruptedError
+from retrax.supervised import callbacks
 from retrax.supervised import metrics_log
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,23 +44,41 @@ def _assert_same_run(loop, ref):
   assert loop.step == ref.step
 
 
+class _Stop(Exception):
+  pass
+
+
+class _StopAfter8(callbacks.TrainingStepCallback):
+  """Stops a run at the end of step 8, as a kill would (no final save)."""
+
+  def call_at(self, step):
+    return step == 8
+
+  def on_step_begin(self, step):
+    pass
+
+  def on_step_end(self, step):
+    raise _Stop()
+
+
 def test_resume_in_process_continues_exactly(tmp_path, capsys):
   ref = resume_worker.run(str(tmp_path / 'ref'), 14)
-  # Run to step 8, then drop the loop without saving (as if killed): the
-  # newest checkpoint is step 6; a new loop resumes there and redoes 7, 8.
-  first = resume_worker.run(str(tmp_path / 'run'), 8)
-  del first
+  # Stop at step 8 without saving (as if killed): the newest checkpoint is
+  # step 6; a new loop resumes there and redoes 7, 8.
+  with pytest.raises(_Stop):
+    resume_worker.run(str(tmp_path / 'run'), 14, [_StopAfter8])
   second = resume_worker.make_loop(str(tmp_path / 'run'))
   assert second.step == 6
   assert 'Resumed from checkpoint' in capsys.readouterr().out
   second.run(14 - second.step)
   _assert_same_run(second, ref)
   assert _metrics(tmp_path / 'run') == _metrics(tmp_path / 'ref')
-  # Rolling checkpoints keep the newest 2; permanent ones (1, 10) stay, and
-  # so do Trax's files of the permanent ones (`model_<step>.pkl.gz`).
+  # Rolling checkpoints keep the newest 2 (the final step 14 is one);
+  # permanent ones (1, 10) stay, and so do Trax's files of the permanent ones
+  # (`model_<step>.pkl.gz`).
   names = os.listdir(tmp_path / 'run')
   assert sorted(n for n in names if n[0] in 'cm' and '.' not in n) == [
-      'ckpt_000000009', 'ckpt_000000012', 'model_000000001',
+      'ckpt_000000012', 'ckpt_000000014', 'model_000000001',
       'model_000000010']
   assert {'model.pkl.gz', 'model_1.pkl.gz', 'model_10.pkl.gz'} <= set(names)
 
@@ -147,6 +166,7 @@ def test_a_run_killed_before_its_first_checkpoint_leaves_no_stale_logs(
     tmp_path):
   out = tmp_path / 'run'
   out.mkdir()
+  metrics_log.RunFiles(str(out)).claim('metrics.jsonl')  # The run's own.
   (out / 'metrics.jsonl').write_text(
       '{"step": 2, "mode": "eval", "metric": "x", "value": 1.0, "time": 0}\n'
       '{"step": 3, "mo')  # An unsaved run's record, and one torn by a kill.
