@@ -17,4 +17,6 @@ def __getattr__(name):
   import importlib  # pylint: disable=g-import-not-at-top
   if name in ('models', 'supervised', 'data'):
     return importlib.import_module(f'retrax.{name}')
+  if name == 'load_run':  # A run directory's model with its weights.
+    return importlib.import_module('retrax.run').load_run
   raise AttributeError(f'module retrax has no attribute {name!r}')

@@ -113,12 +113,8 @@ def cmd_plot(args):
 
 
 def cmd_bench(args):
-  from retrax import jobs  # pylint: disable=g-import-not-at-top
-  failed = jobs.quick_bench()
-  if failed:
-    print(f'retrax bench: failed: {", ".join(failed)}', file=sys.stderr)
-    return 1
-  return 0
+  from retrax import bench  # pylint: disable=g-import-not-at-top
+  bench.main(quick=args.quick)
 
 
 def cmd_info(args):
@@ -195,7 +191,10 @@ def build_parser():
   p.add_argument('output_dir')
   p.add_argument('--out', default=None, help='PNG path (default: in the run)')
   p.set_defaults(func=cmd_plot)
-  p = sub.add_parser('bench', help='a quick subset of the benchmarks')
+  p = sub.add_parser('bench', help='train, decode and data speed on this '
+                     'machine (the package alone; benchmarks/ has more)')
+  p.add_argument('--quick', action='store_true',
+                 help='fewer steps, no 1K-length model (under 2 minutes)')
   p.set_defaults(func=cmd_bench)
   p = sub.add_parser('info', help='versions and devices')
   p.set_defaults(func=cmd_info)

@@ -340,33 +340,3 @@ def print_samples(config, n=None, temperature=0.0, prompt=None,
           f'  copy   {" ".join(map(str, out[:len(w)]))}  '
           f'{"correct" if ok else "WRONG"}')
   print(f'{n_ok}/{len(rows)} copies correct')
-
-
-BENCH_SCRIPTS = {
-    'train_step.py': ['--blog'],
-    'reversible_memory.py': ['--quick'],
-    'attention_scaling.py': ['--quick'],
-    'decode.py': ['--quick'],
-    'data_throughput.py': ['--size-mb', '16', '--tokenizers', 'bytes'],
-}
-
-
-def quick_bench():
-  """Runs a quick setting of each benchmark script; returns the failed ones."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  bench_dir = os.path.join(root, 'benchmarks')
-  if not os.path.isdir(bench_dir):
-    raise FileNotFoundError('retrax bench runs the scripts in benchmarks/ of a '
-                            'source checkout; install with `pip install -e .` '
-                            'from a clone.')
-  failed = []
-  for name, flags in BENCH_SCRIPTS.items():
-    path = os.path.join(bench_dir, name)
-    if not os.path.exists(path):
-      continue
-    print(f'== {name} {" ".join(flags)}', flush=True)
-    if subprocess.run([sys.executable, path, *flags], check=False).returncode:
-      failed.append(name)
-  return failed
