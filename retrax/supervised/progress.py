@@ -1,8 +1,8 @@
 """Console progress of `Loop.run`: a bar on terminals, one rate, an honest ETA.
 
-The bar reads "compiling" until the first step has been compiled; its rate
-(steps/s and tokens/s) and ETA count only the steps after that, so the compile
-time does not inflate the estimate. It is drawn only when stderr is a terminal
+The bar reads "compiling" until the first step (and the evals after it) have
+been compiled and run; its rate (steps/s and tokens/s) and ETA count only the
+steps after that, so compile time does not inflate the estimate. It is drawn only when stderr is a terminal
 (or when asked with ``enabled=True``), never into a redirected log.
 
 Independently of the bar, `Progress` counts the distinct batch shapes it sees:
@@ -60,7 +60,7 @@ class Progress:
     self._steps = 0
     self._tokens = 0
     self._start = time.time()
-    self._compiled_at = None  # (time, steps, tokens) after the first step.
+    self._compiled_at = None  # (time, steps, tokens) when compiled.
     self._last_postfix = 0.0
     self._shapes = set()
     self._warned = False
@@ -95,7 +95,8 @@ class Progress:
     self._steps += 1
     self._tokens += n_tokens
     now = time.time()
-    if self._compiled_at is None:  # Step 1 returned: it has been compiled.
+    # The rate starts at step 2: step 1 (and the evals after it) compiled.
+    if self._compiled_at is None and self._steps >= min(2, self._n_steps):
       self._compiled_at = (now, self._steps, self._tokens)
       if self._bar is not None:
         self._bar.set_description_str('training', refresh=False)
