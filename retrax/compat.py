@@ -11,6 +11,7 @@ import importlib.abc
 import importlib.util
 import runpy
 import sys
+import types
 
 # Trax module paths whose retrax module has another name.
 _RENAMED = {
@@ -60,11 +61,75 @@ class _TraxFinder(importlib.abc.MetaPathFinder):
     return importlib.util.spec_from_loader(fullname, _AliasLoader(name))
 
 
+def _module_alias(name, **attrs):
+  """A module `name` in `sys.modules` with `attrs`, unless `name` imports."""
+  try:
+    importlib.import_module(name)
+    return
+  except ImportError:
+    pass
+  module = types.ModuleType(name)
+  module.__dict__.update(attrs)
+  sys.modules[name] = module
+
+
+def _index_op(method):
+  def op(x, idx, y, indices_are_sorted=False, unique_indices=False):
+    del indices_are_sorted, unique_indices
+    return getattr(x.at[idx], method)(y)
+  op.__name__ = f'index_{method}'
+  op.__doc__ = f'`x.at[idx].{method}(y)` (the removed `jax.ops` name).'
+  return op
+
+
+def _device_put_replicated(x, devices):
+  """`x` stacked once per device, one copy on each (the removed JAX name)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  devices = list(devices)
+  mesh = jax.sharding.Mesh(devices, ('d',))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('d'))
+  def put(leaf):
+    stacked = jax.numpy.stack([jax.numpy.asarray(leaf)] * len(devices))
+    return jax.device_put(stacked, sharding)
+  return jax.tree_util.tree_map(put, x)
+
+
+# JAX names removed since Trax 1.4.1 and what they became.
+_JAX_TOP_LEVEL = {
+    'tree_map': 'tree_map', 'tree_multimap': 'tree_map',
+    'tree_structure': 'tree_structure', 'tree_flatten': 'tree_flatten',
+    'tree_unflatten': 'tree_unflatten', 'tree_leaves': 'tree_leaves',
+    'tree_transpose': 'tree_transpose',
+}
+
+
 def _patch_jax():
-  """Restores `jax.lax.tie_in` (removed from JAX; old Trax code imports it)."""
+  """Restores JAX names that Trax-era code uses and current JAX removed.
+
+  Only missing names are added (nothing JAX still has is replaced):
+  `jax.lax.tie_in`, the `jax.config` module (`from jax.config import
+  config`), `jax.tree_map`/`tree_multimap`/`tree_structure`/`tree_flatten`/
+  `tree_unflatten`/`tree_leaves`/`tree_transpose`, `jax.ops.index` and
+  `jax.ops.index_update`/`add`/`mul`/`min`/`max`,
+  `jax.device_put_replicated` and `jax.ShapedArray`.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   if not hasattr(jax.lax, 'tie_in'):
     jax.lax.tie_in = lambda x, y: y
+  _module_alias('jax.config', config=jax.config)
+  for old, new in _JAX_TOP_LEVEL.items():
+    if not hasattr(jax, old):
+      setattr(jax, old, getattr(jax.tree_util, new))
+  if not hasattr(jax.ops, 'index'):
+    jax.ops.index = jax.numpy.index_exp
+  for method in ('set', 'add', 'mul', 'min', 'max'):
+    name = 'index_update' if method == 'set' else f'index_{method}'
+    if not hasattr(jax.ops, name):
+      setattr(jax.ops, name, _index_op(method))
+  if not hasattr(jax, 'device_put_replicated'):
+    jax.device_put_replicated = _device_put_replicated
+  if not hasattr(jax, 'ShapedArray'):
+    jax.ShapedArray = jax.core.ShapedArray
 
 
 def install():

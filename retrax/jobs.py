@@ -159,7 +159,6 @@ def train(config, quiet=False):
   from retrax import lr  # pylint: disable=g-import-not-at-top
   from retrax.supervised import training  # pylint: disable=g-import-not-at-top
   _check_run_dir(config)
-  _write_run_files(config)
   train_stream, eval_stream = _streams(config)
   schedule = lr.multifactor(factors='constant * linear_warmup',
                             constant=config.learning_rate,
@@ -183,6 +182,7 @@ def train(config, quiet=False):
       # A bar only on a terminal (never drawn into a redirected log).
       progress_bar=False if quiet else None,
       write_trax_files=config.trax_files)
+  _write_run_files(config)  # Only once the Loop has validated the run dir.
   remaining = config.steps - loop.step
   if remaining > 0:
     loop.run(remaining)

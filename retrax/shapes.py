@@ -10,7 +10,7 @@ class ShapeDtype:
   layer's input signature is a `ShapeDtype` (one input) or a tuple of them.
   """
 
-  __slots__ = ('shape', 'dtype')
+  __slots__ = ('shape', 'dtype', '_dtype_repr')
 
   def __init__(self, shape, dtype=np.float32):
     if isinstance(shape, list):
@@ -19,6 +19,10 @@ class ShapeDtype:
       raise TypeError(f'shape must be a tuple or list; got: {shape!r}')
     self.shape = tuple(int(d) if d is not None else None for d in shape)
     self.dtype = np.dtype(dtype)
+    # The repr spells the dtype as given, as Trax's does: a scalar type such
+    # as the default `np.float32` shows as "<class 'numpy.float32'>".
+    self._dtype_repr = str(dtype if isinstance(dtype, (type, str))
+                           else self.dtype)
 
   def __eq__(self, other):
     return (isinstance(other, ShapeDtype) and self.shape == other.shape and
@@ -31,7 +35,7 @@ class ShapeDtype:
     return hash((self.shape, self.dtype))
 
   def __repr__(self):
-    return f'ShapeDtype{{shape:{self.shape}, dtype:{self.dtype}}}'
+    return f'ShapeDtype{{shape:{self.shape}, dtype:{self._dtype_repr}}}'
 
   def __len__(self):
     """Returns 1: a signature of one item."""
@@ -51,6 +55,7 @@ class ShapeDtype:
 
   def __setstate__(self, state):
     self.shape, self.dtype = tuple(state['shape']), np.dtype(state['dtype'])
+    self._dtype_repr = str(self.dtype)
 
 
 def signature(obj):

@@ -30,7 +30,10 @@ def test_equality_hash_len_repr():
   assert a != ShapeDtype((2, 3), np.int32) and a != ShapeDtype((3, 2))
   assert a != (2, 3)
   assert len(a) == 1
-  assert repr(a) == 'ShapeDtype{shape:(2, 3), dtype:float32}'
+  # As Trax's: the dtype spelled as given (the default is the type np.float32).
+  assert repr(a) == "ShapeDtype{shape:(2, 3), dtype:<class 'numpy.float32'>}"
+  assert repr(ShapeDtype((2,), np.dtype('int32'))) == (
+      'ShapeDtype{shape:(2,), dtype:int32}')
   assert len({a, b, ShapeDtype((1,))}) == 2
 
 

@@ -5,14 +5,17 @@ on the current backend. Under the NumPy backend, `jit` is the identity,
 `abstract_eval` runs the function on zeros, random draws come back as NumPy
 arrays and `logsumexp`/`expit`/`erf`/`stop_gradient` are NumPy functions, so
 layers run eagerly on `numpy.ndarray`s. Trax's `'tensorflow-numpy'` backend
-keeps its name (for `backend_name()` / `is_backend`) but computes with JAX,
-which gives the same numbers without TensorFlow.
+keeps its name (for `backend_name()` / `is_backend`) but computes with JAX
+with 64-bit types enabled (TF-numpy, like NumPy, keeps float64 inputs
+float64); random draws still default to 32 bits there, so a key gives the
+same numbers as under 'jax'.
 """
 
 import contextlib
 import enum
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as onp
 
@@ -47,13 +50,25 @@ def _warn_tfnp(b):
                   'computes with JAX, which gives the same numbers.')
 
 
+_x64_before_tfnp = None  # jax_enable_x64 before set_backend('tensorflow-numpy')
+
+
+def _set_default_x64(b):
+  """Enables 64-bit JAX types while TFNP is the default; restores them after."""
+  global _x64_before_tfnp
+  if b == Backend.TFNP and _x64_before_tfnp is None:
+    _x64_before_tfnp = bool(jax.config.jax_enable_x64)
+    jax.config.update('jax_enable_x64', True)
+  elif b != Backend.TFNP and _x64_before_tfnp is not None:
+    jax.config.update('jax_enable_x64', _x64_before_tfnp)
+    _x64_before_tfnp = None
+
+
 def set_backend(name):
   """Sets the default backend ('jax', 'numpy' or 'tensorflow-numpy'); None resets it."""
   global _default
-  if name is None:
-    _default = None
-    return
-  _default = _parse(name)
+  _default = None if name is None else _parse(name)
+  _set_default_x64(_default)
   _warn_tfnp(_default)
 
 
@@ -66,7 +81,11 @@ def use_backend(name):
   old = _override
   _override = b
   try:
-    yield
+    if b == Backend.TFNP:
+      with jax.enable_x64(True):
+        yield
+    else:
+      yield
   finally:
     _override = old
 

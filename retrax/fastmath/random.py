@@ -12,13 +12,25 @@ import numpy as onp
 from retrax.fastmath.backend import is_numpy as _is_numpy
 
 
-def _backend_array(fn):
-  """Wraps a jax.random function to return NumPy arrays under the NumPy backend."""
+def _backend_array(fn, default_dtype=None):
+  """Wraps a jax.random function to return NumPy arrays under the NumPy backend.
+
+  With `default_dtype`, a draw without a `dtype` argument uses it (so 64-bit
+  mode, on under 'tensorflow-numpy', gives the same numbers as 'jax').
+  """
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
+    if default_dtype is not None and 'dtype' not in kwargs and len(
+        args) <= _DTYPE_POSITION[fn.__name__]:
+      kwargs['dtype'] = default_dtype
     out = fn(*args, **kwargs)
     return onp.asarray(out) if _is_numpy() else out
   return wrapped
+
+
+# Index of `dtype` among each wrapped draw's positional arguments.
+_DTYPE_POSITION = {'normal': 2, 'uniform': 2, 'truncated_normal': 4,
+                   'gumbel': 2, 'randint': 4}
 
 
 @_backend_array
@@ -32,10 +44,10 @@ def get_prng(seed):
 bernoulli = _backend_array(jax.random.bernoulli)
 categorical = _backend_array(jax.random.categorical)
 fold_in = _backend_array(jax.random.fold_in)
-gumbel = _backend_array(jax.random.gumbel)
-normal = _backend_array(jax.random.normal)
+gumbel = _backend_array(jax.random.gumbel, onp.float32)
+normal = _backend_array(jax.random.normal, onp.float32)
 permutation = _backend_array(jax.random.permutation)
-randint = _backend_array(jax.random.randint)
+randint = _backend_array(jax.random.randint, onp.int32)
 split = _backend_array(jax.random.split)
-truncated_normal = _backend_array(jax.random.truncated_normal)
-uniform = _backend_array(jax.random.uniform)
+truncated_normal = _backend_array(jax.random.truncated_normal, onp.float32)
+uniform = _backend_array(jax.random.uniform, onp.float32)

@@ -1,6 +1,16 @@
 """retrax.layers: Trax's layers and combinators (`from retrax import layers as tl`)."""
 # pylint: disable=g-importing-member,useless-import-alias
 
+from retrax.layers.acceleration import Accelerate as Accelerate
+from retrax.layers.acceleration import for_n_devices as for_n_devices
+from retrax.layers.acceleration import jit_forward as jit_forward
+from retrax.layers.acceleration import mean_or_pmean as mean_or_pmean
+from retrax.layers.acceleration import on_accelerator as on_accelerator
+from retrax.layers.acceleration import on_cpu as on_cpu
+from retrax.layers.acceleration import reshape_by_device as reshape_by_device
+from retrax.layers.acceleration import shard as shard
+from retrax.layers.acceleration import unshard as unshard
+from retrax.layers.acceleration import unshard_in_pmap as unshard_in_pmap
 from retrax.layers.activation_fns import Elu as Elu
 from retrax.layers.activation_fns import Exp as Exp
 from retrax.layers.activation_fns import FastGelu as FastGelu
@@ -32,13 +42,16 @@ from retrax.layers.attention import PureAttention as PureAttention
 from retrax.layers.attention import SplitIntoHeads as SplitIntoHeads
 from retrax.layers.base import EMPTY_STATE as EMPTY_STATE
 from retrax.layers.base import EMPTY_WEIGHTS as EMPTY_WEIGHTS
+from retrax.layers.base import flatten_weights_and_state as flatten_weights_and_state
 from retrax.layers.base import Fn as Fn
 from retrax.layers.base import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
 from retrax.layers.base import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
 from retrax.layers.base import Layer as Layer
 from retrax.layers.base import LayerError as LayerError
+from retrax.layers.base import N_WEIGHTS_SHARDS as N_WEIGHTS_SHARDS
 from retrax.layers.base import PureLayer as PureLayer
 from retrax.layers.base import to_list as to_list
+from retrax.layers.base import unflatten_weights_and_state as unflatten_weights_and_state
 from retrax.layers.combinators import Add as Add
 from retrax.layers.combinators import BatchLeadingAxes as BatchLeadingAxes
 from retrax.layers.combinators import Bidirectional as Bidirectional
@@ -118,6 +131,8 @@ from retrax.layers.initializers import OrthogonalInitializer as OrthogonalInitia
 from retrax.layers.initializers import RandomNormalInitializer as RandomNormalInitializer
 from retrax.layers.initializers import RandomUniformInitializer as RandomUniformInitializer
 from retrax.layers.initializers import ScaledInitializer as ScaledInitializer
+from retrax.layers.locally_connected import LocallyConnected1d as LocallyConnected1d
+from retrax.layers.locally_connected import SummaryScalar as SummaryScalar
 from retrax.layers.lsh_attention import LSHSelfAttention as LSHSelfAttention
 from retrax.layers.metrics import Accuracy as Accuracy
 from retrax.layers.metrics import BinaryCrossEntropy as BinaryCrossEntropy

@@ -112,6 +112,10 @@ class AssertShape(base.Layer):
     def fail(why):
       raise ValueError(f'Shape {shape} does not match spec {spec!r} '
                        f'({why}); {self._message}')
+    if spec.count('.') > 1:
+      raise ValueError(f'AssertShape: malformed spec {spec!r} (written with '
+                       "'.' for '...'): at most one '...' per tensor; "
+                       f'{self._message}')
     if '.' in spec:
       i = spec.index('.')
       n_tail = len(spec) - i - 1

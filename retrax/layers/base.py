@@ -612,7 +612,12 @@ def _validate_forward_input(x, n_in, name):
 
 
 def _validate_forward_output(out, n_out, name):
-  """Checks that a function layer returned `n_out` items (n_out != 1)."""
+  """Checks that a function layer promising `n_out != 1` outputs returned a tuple.
+
+  As in Trax, a tuple of another length passes (e.g. a `Scan` body returning
+  its carry as an extra item); a single array where a tuple is promised
+  raises, as the stack would silently be one item short.
+  """
   if n_out == 1:
     return
   if not isinstance(out, (tuple, list)):
@@ -620,9 +625,6 @@ def _validate_forward_output(out, n_out, name):
            else f'one {type(out).__name__}')
     raise ValueError(f'{name} promises n_out={n_out} outputs (a tuple) but its '
                      f'function returned {got}; return a tuple or fix n_out.')
-  if len(out) != n_out:
-    raise ValueError(f'{name} promises n_out={n_out} outputs but its function '
-                     f'returned {len(out)}; return {n_out} items or fix n_out.')
 
 
 def _is_empty(x):

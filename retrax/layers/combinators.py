@@ -389,7 +389,16 @@ class Cond(base.Layer):
     self._weights = (None, None, None)
     self._state = (None, None, None)
 
+  def _check_inputs(self, xs):
+    """Cond takes exactly `n_in` items (Trax fails on more, or on fewer)."""
+    n = len(_make_tuple(xs))
+    if n != self.n_in:
+      raise ValueError(f'{self.name} takes exactly n_in={self.n_in} inputs '
+                       f'(cond: {self._cond.n_in}, branches: '
+                       f'{self._true.n_in}); got {n}.')
+
   def init_weights_and_state(self, input_signature):
+    self._check_inputs(input_signature)
     stack = _make_tuple(input_signature)
     weights, states = [], []
     with in_sublayer(self, 0):
@@ -407,6 +416,7 @@ class Cond(base.Layer):
     self.weights = tuple(weights)
 
   def forward(self, xs):
+    self._check_inputs(xs)
     rngs = _split_rngs(self.rng, 3)
     weights, state = self.weights, self.state
     with in_sublayer(self, 0):

@@ -15,8 +15,10 @@ from retrax.layers.base import Fn
 class Dense(base.Layer):
   """Affine map `y = x·W + b` over the last axis (or linear `x·W` with `use_bias=False`).
 
-  Shapes: `x` [..., d_in] float, `W` [d_in, n_units], `b` [n_units],
+  Shapes: `x` [..., d_in], `W` [d_in, n_units], `b` [n_units],
   `y` [..., n_units]. Weights are `(W, b)`, or `W` alone without bias.
+  Integer or boolean inputs are promoted as `jnp.dot` does (int32 with
+  float32 weights gives float32), as in Trax.
   """
 
   def __init__(self, n_units, kernel_initializer=init.GlorotUniformInitializer(),
@@ -46,7 +48,6 @@ class Dense(base.Layer):
     return y + b if b is not None else y
 
   def init_weights_and_state(self, input_signature):
-    _check_float(self, input_signature)
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
     w = self._kernel_initializer((input_signature.shape[-1], self._n_units), rng_w)
     dtype = jnp.bfloat16 if self._use_bfloat16 else None
@@ -289,15 +290,6 @@ _NOT_INITIALIZED_HINT = ('; was the layer initialized? Call '
                          'layer.init(input_signature) before using it.')
 
 
-def _check_float(layer, sig):
-  if not hasattr(sig, 'dtype') or not jax.numpy.issubdtype(sig.dtype,
-                                                        jax.numpy.floating):
-    raise TypeError(
-        f'{layer.name} expects floating-point inputs; got '
-        f'{base.signature(sig)}. Token ids go through an Embedding first; '
-        'cast numeric data with tl.ToFloat() or x.astype(np.float32).')
-
-
 def _check_int(layer, sig):
   if not hasattr(sig, 'dtype') or not jax.numpy.issubdtype(sig.dtype,
                                                         jax.numpy.integer):
@@ -346,3 +338,8 @@ def EncoderDecoderMask():  # pylint: disable=invalid-name
     mask = mask.reshape((mask.shape[0], 1, 1, mask.shape[-1]))
     return mask + jnp.zeros((1, 1, decoder_input.shape[1], 1), jnp.float32)
   return Fn('EncoderDecoderMask', f)
+
+
+# Trax defines these in `trax.layers.core`.
+from retrax.layers.locally_connected import LocallyConnected1d  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position
+from retrax.layers.locally_connected import SummaryScalar  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position

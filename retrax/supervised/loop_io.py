@@ -272,6 +272,11 @@ class LoopIO:
     if d['flat_eval_state'] is not None:
       self._eval_state = self._parallel.replicate(ckpt_lib.unflatten_like(
           d['flat_eval_state'], self._eval_state, what='eval_state'))
+    if d['slots'] and len(d['slots']) != len(self._task_states):
+      raise ckpt_lib.TreeStructureError(
+          f'{path} holds optimizer slots for {len(d["slots"])} training '
+          f'task(s); this loop has {len(self._task_states)} (is a '
+          '.opt_slots<i>.npy.gz file missing?).')
     for t, flat in zip(self._task_states, d['slots']):
       leaves = ckpt_lib.tree_leaves(t.slots)
       present = [i for i, x in enumerate(leaves) if x is not None]
@@ -342,8 +347,9 @@ class LoopIO:
     self._check_pending()
     if self._output_dir is None or not self._is_chief:
       return None
-    return self._save_trax_files(
-        basename, checkpointing.to_host(self._checkpoint_trees()))
+    trees = checkpointing.to_host(self._checkpoint_trees())
+    checkpointing.check_finite(trees, self._step, self._last_saved_step)
+    return self._save_trax_files(basename, trees)
 
   def _save_trax_files(self, basename, trees):
     """Writes Trax's files from `_checkpoint_trees()` already on the host."""

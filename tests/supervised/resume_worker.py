@@ -3,9 +3,17 @@
 Trains the toy MLP (with dropout, so PRNG keys matter) for N steps in OUT,
 resuming from whatever checkpoint OUT holds; prints `step K` after each step;
 at the end writes the final weights and the history to RESULT (.npz).
+
+With `RESUME_WORKER_KILL_AT_OP=n` the process SIGKILLs itself just before its
+n-th file-system commit operation (fsync, rename/replace, remove, rmtree):
+inside a checkpoint or log write, or a rotation. `RESUME_WORKER_COUNT_OPS=1`
+prints the number of such operations at the end instead.
 """
 
 import json
+import os
+import shutil
+import signal
 import sys
 
 import numpy as np
@@ -46,9 +54,35 @@ def run(output_dir, n_steps, extra_callbacks=()):
   return loop
 
 
+_OPS = [(os, 'fsync'), (os, 'replace'), (os, 'rename'), (os, 'remove'),
+        (shutil, 'rmtree')]
+
+
+def install_kill_switch(kill_at):
+  """Counts the file-system commit operations; SIGKILLs before the
+  `kill_at`-th (never if None). Returns the counter (a one-item list)."""
+  count = [0]
+
+  def wrap(fn):
+    def counted(*args, **kwargs):
+      count[0] += 1
+      if count[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+      return fn(*args, **kwargs)
+    return counted
+
+  for module, name in _OPS:
+    setattr(module, name, wrap(getattr(module, name)))
+  return count
+
+
 def main():
   output_dir, n_steps, result = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+  kill_at = os.environ.get('RESUME_WORKER_KILL_AT_OP')
+  count = install_kill_switch(int(kill_at) if kill_at else None)
   loop = run(output_dir, n_steps, [_PrintStep])
+  if os.environ.get('RESUME_WORKER_COUNT_OPS'):
+    print(f'ops {count[0]}', flush=True)
   np.savez(result, history=json.dumps(loop.history.to_dict()),
            *toys.leaves(loop.model.weights))
 

@@ -12,6 +12,7 @@ import pytest
 
 import resume_worker
 import supervised_toys as toys
+from retrax import checkpoints
 from retrax.checkpoints import CheckpointCorruptedError
 from retrax.supervised import callbacks
 from retrax.supervised import metrics_log
@@ -121,45 +122,81 @@ def test_trax_format_export_and_native_init_from_file(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def _run_killed(output_dir, n_steps, kill_at_steps, result, env):
-  """Runs the worker, SIGKILLing it right after each step in `kill_at_steps`."""
+def _kill_plan(n_kills, seed):
+  """`n_kills` kills: ('op', n) SIGKILLs at the n-th file-system commit
+  operation (inside a checkpoint/log write or a rotation); ('step', r) after
+  `r` steps past where the process resumed, at a random instant."""
+  rng = random.Random(seed)
+  return [('op', rng.randint(1, 40)) if rng.random() < 0.6 else
+          ('step', rng.randint(0, 3)) for _ in range(n_kills)]
+
+
+def _run_killed(output_dir, n_steps, plan, result, env):
+  """Runs the worker once per kill of `plan`, then once to the end."""
   cmd = [sys.executable, os.path.join(_HERE, 'resume_worker.py'), output_dir,
          str(n_steps), result]
-  rng = random.Random(0)
-  for kill_at in kill_at_steps:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+  rng = random.Random(len(plan))
+  for kind, n in plan:
+    proc_env = dict(env, RESUME_WORKER_KILL_AT_OP=str(n) if kind == 'op' else '')
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=proc_env,
+                            text=True)
+    first = None
     for line in proc.stdout:
-      if line.startswith('step ') and int(line.split()[1]) >= kill_at:
-        if rng.random() < 0.5:  # Sometimes let it get into the next step.
-          for _ in range(rng.randint(1, 30000)):
-            pass
+      if not line.startswith('step '):
+        continue
+      step = int(line.split()[1])
+      first = step if first is None else first
+      if kind == 'step' and step >= first + n:
+        for _ in range(rng.randint(0, 30000)):  # Sometimes into the next step.
+          pass
         proc.send_signal(signal.SIGKILL)
         break
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+    assert proc.returncode == -signal.SIGKILL, f'the run ended before {kind} {n}'
   subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-@pytest.mark.parametrize('kill_at_steps', [
-    pytest.param([4], id='one-kill'),
-    pytest.param([2, 6, 9, 13], id='four-kills', marks=pytest.mark.slow),
+def _event_scalars(output_dir):
+  """Every (dir, step, tag, value) in the run's TensorBoard files, sorted."""
+  out = []
+  for path in metrics_log.RunFiles(str(output_dir)).files():
+    if 'tfevents' in path and os.path.exists(path):
+      where = os.path.relpath(os.path.dirname(path), output_dir)
+      out += [(where, e['step'], tag, value)
+              for e in metrics_log.read_events(path)
+              for tag, value in e['scalars'] if tag != _TIMING]
+  return sorted(out)
+
+
+@pytest.mark.parametrize('n_steps,n_kills', [
+    pytest.param(16, 1, id='one-kill'),
+    pytest.param(40, 20, id='twenty-kills', marks=pytest.mark.slow),
 ])
 def test_sigkilled_run_resumes_with_the_same_weights_and_history(
-    tmp_path, kill_at_steps):
+    tmp_path, n_steps, n_kills):
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT,
                                        env.get('PYTHONPATH', '')])
   env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
-  n_steps = 16
+  plan = _kill_plan(n_kills, seed=n_kills) if n_kills > 1 else [('op', 23)]
   result = str(tmp_path / 'killed.npz')
-  _run_killed(str(tmp_path / 'run'), n_steps, kill_at_steps, result, env)
+  run_dir = tmp_path / 'run'
+  _run_killed(str(run_dir), n_steps, plan, result, env)
   ref = resume_worker.run(str(tmp_path / 'ref'), n_steps)
   got = np.load(result)
   assert _history(json.loads(str(got['history']))) == _history(
       ref.history.to_dict())
   for i, want in enumerate(toys.leaves(ref.model.weights)):
     np.testing.assert_array_equal(got[f'arr_{i}'], want)
-  assert _metrics(tmp_path / 'run') == _metrics(tmp_path / 'ref')
+  assert _metrics(run_dir) == _metrics(tmp_path / 'ref')
+  assert _event_scalars(run_dir) == _event_scalars(tmp_path / 'ref')
+  trax = checkpoints.read_trax_checkpoint(run_dir / 'model.pkl.gz')
+  assert trax['step'] == n_steps
+  for a, b in zip(trax['flat_weights'], toys.leaves(ref.model.weights)):
+    np.testing.assert_array_equal(a, b)
+  leftovers = [os.path.join(root, n) for root, _, names in os.walk(run_dir)
+               for n in names if n.endswith('.tmp') or n.startswith('.')]
+  assert not leftovers
 
 
 def test_a_run_killed_before_its_first_checkpoint_leaves_no_stale_logs(

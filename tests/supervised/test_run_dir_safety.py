@@ -170,18 +170,34 @@ def test_final_step_is_checkpointed(tmp_path):
   assert resume_worker.make_loop(out).step == 5
 
 
-def test_cli_train_saves_its_last_step(tmp_path, capsys):
-  """Item 7 through `retrax train`: 6 steps, checkpoint_every=4."""
+_TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
+         '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=4',
+         '--set', 'checkpoint_every=4', '--set', 'warmup_steps=2']
+
+
+def test_cli_train_saves_its_last_step_and_validates_before_writing(
+    tmp_path, capsys):
+  """Item 7 through `retrax train` (6 steps, checkpoint_every=4); item 10: a
+  start that fails rewrites no run_config.json."""
   out = str(tmp_path / 'run')
-  tiny = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
-          '--set', 'd_head=8', '--set', 'batch_size=4', '--set',
-          'eval_every=4', '--set', 'checkpoint_every=4', '--set',
-          'warmup_steps=2']
   assert cli.main(['train', '--output_dir', out, '--steps', '6', '--quiet',
-                   '--no-sample', *tiny]) == 0
+                   '--no-sample', *_TINY]) == 0
   capsys.readouterr()
   assert native.read_metadata(os.path.join(out, 'ckpt_000000006'))[
       'step'] == 6
+  for name in os.listdir(out):
+    if name.endswith('.gz'):
+      os.remove(os.path.join(out, name))
+    elif native.is_native_checkpoint(os.path.join(out, name)):
+      _truncate_arrays(os.path.join(out, name))
+  with open(os.path.join(out, 'run_config.json'), 'rb') as f:
+    config = f.read()
+  assert cli.main(['train', '--output_dir', out, '--steps', '8', '--quiet',
+                   '--no-sample', '--set', 'seed=7', *_TINY]) == 2
+  err = capsys.readouterr().err
+  assert 'none is usable' in err and 'ckpt_000000006' in err
+  with open(os.path.join(out, 'run_config.json'), 'rb') as f:
+    assert f.read() == config
 
 
 def _nan_after(step):
