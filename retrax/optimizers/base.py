@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     'chain_stateless',
     'clip_grads',
     'l2_norm',
+    'set_learning_rate',
     'tree_flatten',
     'tree_unflatten',
 ]
@@ -394,6 +396,18 @@ def _check_new_weights(index, weights, new_weights):
     raise ValueError(
         f'New weight array {index} has dtype {jnp.result_type(new_weights)} '
         f'but the old one has dtype {jnp.result_type(weights)}.')
+
+
+def set_learning_rate(opt_params, learning_rate):
+  """Sets ``opt_params['learning_rate']``, keeping the dtype it had there.
+
+  Args:
+    opt_params: an optimizer's hyperparameter dict (changed in place).
+    learning_rate: the new value (a number or a scalar array).
+  """
+  old = opt_params.get('learning_rate')
+  dtype = np.asarray(old).dtype if old is not None else np.float32
+  opt_params['learning_rate'] = jnp.asarray(learning_rate, dtype)
 
 
 class SGD(Optimizer):

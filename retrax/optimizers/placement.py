@@ -1,0 +1,100 @@
+"""Where `optimizers.Trainer`'s arrays live: local devices, shares, host memory.
+
+One step runs as one jitted program over a `jax.sharding.Mesh` of the first
+`n_devices` local devices: the batch is split along its first dimension,
+everything else is replicated, and XLA inserts the gradient all-reduce, so the
+step computes the same function as on one device.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+AXIS = 'batch'
+
+
+class DeviceMesh:
+  """The first `n_devices` local devices (all of them if None)."""
+
+  def __init__(self, n_devices=None):
+    local = jax.local_devices()
+    n = len(local) if n_devices is None else int(n_devices)
+    if not 1 <= n <= len(local):
+      raise ValueError(f'n_devices={n_devices}: this host has {len(local)} '
+                       'local device(s); give a number from 1 to that.')
+    self.n_devices = n
+    if n > 1:
+      mesh = Mesh(np.array(local[:n]), (AXIS,))
+      self._replicated = NamedSharding(mesh, PartitionSpec())
+      self._sharded = NamedSharding(mesh, PartitionSpec(AXIS))
+
+  def replicate(self, tree):
+    """`tree` on every device (unchanged on one device)."""
+    if self.n_devices == 1:
+      return tree
+    return jax.device_put(tree, self._replicated)
+
+  def put_batch(self, batch):
+    """`batch` (a tuple of arrays or one array) split along axis 0."""
+    if self.n_devices == 1:
+      return tuple(batch) if isinstance(batch, list) else batch
+    for x in jax.tree_util.tree_leaves(batch):
+      if not np.shape(x) or np.shape(x)[0] % self.n_devices:
+        raise ValueError(
+            f'A batch of shape {np.shape(x)} cannot be split over '
+            f'{self.n_devices} devices: its first dimension must be a '
+            'multiple of n_devices.')
+    batch = tuple(batch) if isinstance(batch, list) else batch
+    return jax.device_put(batch, self._sharded)
+
+
+def to_host(tree):
+  """`tree` with every JAX array fetched into host (numpy) memory."""
+  return jax.tree_util.tree_map(
+      lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+
+
+def start_host_copy(tree):
+  """Starts copying `tree`'s device arrays to the host; returns `tree`."""
+  for x in jax.tree_util.tree_leaves(tree):
+    if isinstance(x, jax.Array):
+      x.copy_to_host_async()
+  return tree
+
+
+def adasum(per_share_grads):
+  """Merges gradients stacked on axis 0 (one per share) with Adasum.
+
+  Adasum (https://arxiv.org/abs/2006.02924) combines two gradients `a, b` as
+  `(1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b`, array by array, in a
+  butterfly over the shares (a power of two of them); the result is divided by
+  the number of shares, as Trax does.
+
+  Args:
+    per_share_grads: a gradient tree whose arrays have a leading share axis.
+
+  Returns:
+    The merged gradient tree (the share axis removed).
+  """
+  leaves = jax.tree_util.tree_leaves(per_share_grads)
+  n = leaves[0].shape[0] if leaves else 1
+  if n & (n - 1):
+    raise ValueError(f'adasum needs a power-of-two number of devices; got {n}.')
+  shift = 1
+  while shift < n:
+    partner = np.array([i + shift if i % (2 * shift) < shift else i - shift
+                        for i in range(n)])
+
+    def merge(g, partner=partner):
+      gp = g[partner]
+      axes = tuple(range(1, g.ndim))
+      dot = jnp.sum(g * gp, axis=axes, keepdims=True)
+      frac1 = dot / (2 * jnp.sum(g * g, axis=axes, keepdims=True) + 1e-30)
+      frac2 = dot / (2 * jnp.sum(gp * gp, axis=axes, keepdims=True) + 1e-30)
+      return (1 - frac1) * g + (1 - frac2) * gp
+    per_share_grads = jax.tree_util.tree_map(merge, per_share_grads)
+    shift *= 2
+  return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), per_share_grads)
