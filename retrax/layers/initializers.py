@@ -31,14 +31,18 @@ def _get_fans(shape, out_dim=-1, in_dim=-2, nonreceptive_dims=None):
 
 
 def InitializerFromFile(path):  # pylint: disable=invalid-name
-  """Loads a parameter array from a `.npy` file (no pickle); checks its shape."""
+  """Loads a parameter array from a `.npy` file (no pickle); checks its shape.
+
+  The array comes back as stored (a numpy array of the file's dtype), as in
+  Trax.
+  """
   def init(shape, rng):
     del rng
     params = np.load(path, allow_pickle=False)
     if tuple(params.shape) != tuple(shape):
       raise ValueError(f'{path}: expected shape {tuple(shape)}, got '
                        f'{params.shape}.')
-    return jnp.asarray(params)
+    return params
   return init
 
 

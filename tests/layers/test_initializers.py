@@ -109,6 +109,9 @@ def test_initializer_from_file(tmp_path):
                                                                     KEY), arr)
   with pytest.raises(ValueError, match=r'expected shape \(3, 2\)'):
     init.InitializerFromFile(str(path))((3, 2), KEY)
+  np.save(path, arr.astype(np.float64))  # kept as stored, as in Trax
+  loaded = init.InitializerFromFile(str(path))((2, 3), KEY)
+  assert loaded.dtype == np.float64 and loaded.tolist() == arr.tolist()
 
 
 def test_atari_conv_init():
