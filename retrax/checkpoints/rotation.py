@@ -77,7 +77,7 @@ def _is_incomplete(path):
       _PARTIAL_FILE_RE.match(n) for n in names)
 
 
-_VERIFIED = {}  # Verification results, keyed by the files' stat signatures.
+_VERIFIED = {}  # path -> (files' stat signature, {'step': recorded step}).
 
 
 def _signature(path):
@@ -90,16 +90,20 @@ def _signature(path):
 
 
 def _verify(path, full, cached):
-  """Recorded metadata of a checkpoint, or raises; cached by file signatures."""
+  """Recorded metadata of a checkpoint (only its step when `cached`), or
+  raises; cached by the files' signatures."""
   if not full:
     return read_metadata(path)
-  key = (os.path.abspath(path), _signature(path)) if cached else None
-  if key is not None and key in _VERIFIED:
-    return _VERIFIED[key]
+  if not cached:
+    return verify_native(path)
+  key, signature = os.path.abspath(path), _signature(path)
+  hit = _VERIFIED.get(key)
+  if hit is not None and hit[0] == signature:
+    return hit[1]
   metadata = verify_native(path)
-  if key is not None:
-    _VERIFIED[key] = metadata
-  return metadata
+  step = metadata.get('step') if isinstance(metadata, dict) else None
+  _VERIFIED[key] = (signature, {'step': step})  # Small: no history kept.
+  return {'step': step}
 
 
 def mismatch_error(path, name_step, step):
@@ -201,6 +205,7 @@ def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX, report=None):
       _report_once(e, report or _warn)
   for p in removed:
     _remove_checkpoint(p)
+    _VERIFIED.pop(os.path.abspath(p), None)
   if removed:
     fsync_dir(os.fspath(directory))
   return removed

@@ -225,6 +225,17 @@ def trax_checkpoint_path(directory, filename=None):
   return None
 
 
+def trax_file_step(path):
+  """The step of the Trax checkpoint `path`, or None if missing/unreadable."""
+  if not os.path.isfile(path):
+    return None
+  try:
+    d = ckpt_lib.read_trax_checkpoint(path)
+  except (ckpt_lib.CheckpointError, OSError):
+    return None
+  return d.get('step')
+
+
 def write_trax_checkpoint(basename, step, flat_weights, flat_state,
                           flat_eval_state, history_dict, slots_per_task,
                           input_signature):

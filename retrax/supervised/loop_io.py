@@ -178,12 +178,36 @@ class LoopIO:
       checkpointing.rotate(self._output_dir, self._keep_checkpoints,
                            report=self._log)
     if self._write_trax_files:  # Trax's names: model, model_<step>, <basename>.
-      self._save_trax_files(basename or (
-          f'{checkpointing.TRAX_BASENAME}_{self._step}' if permanent
-          else checkpointing.TRAX_BASENAME), trees)
+      self._save_trax_files(self._trax_basename(basename, permanent), trees)
     self._last_saved_step = self._step
     self._log_step(f'Saved checkpoint {path}', stdout=False)
     return path
+
+  def _trax_basename(self, basename=None, permanent=False):
+    if basename is not None:
+      return basename
+    if permanent:
+      return f'{checkpointing.TRAX_BASENAME}_{self._step}'
+    return checkpointing.TRAX_BASENAME
+
+  def _repair_trax_files(self):
+    """After resuming at `step` in `output_dir`: rewrites Trax's files of the
+    step's native checkpoints (`model` for `ckpt_<step>`, `model_<step>` for
+    `model_<step>`) where a kill came between the native save and theirs."""
+    names = [self._trax_basename(permanent=permanent)
+             for permanent, native_path in (
+                 (False, checkpointing.rolling_path(self._output_dir,
+                                                    self._step)),
+                 (True, checkpointing.permanent_path(self._output_dir,
+                                                     self._step)))
+             if ckpt_lib.is_native_checkpoint(native_path)]
+    stale = [n for n in names if checkpointing.trax_file_step(
+        os.path.join(self._output_dir, n + '.pkl.gz')) != self._step]
+    trees = checkpointing.to_host(self._checkpoint_trees()) if stale else None
+    for name in stale:
+      self._save_trax_files(name, trees)
+      self._log_step(f'Rewrote Trax files {name}.* of the resumed step '
+                     '(their save had been interrupted)', stdout=False)
 
   def load_checkpoint(self, directory=None, filename=None):
     """Restores the training state from a checkpoint.
@@ -258,6 +282,10 @@ class LoopIO:
       self._claim_log(self._jsonl.path)
     self._restore_position(int(meta['step']), trax_history.History.from_dict(
         meta['history']), meta.get('batches', {}), meta.get('accumulator'))
+    if (self._write_trax_files and self._is_chief and
+        self._output_dir is not None and os.path.dirname(os.path.abspath(
+            path)) == os.path.abspath(self._output_dir)):
+      self._repair_trax_files()
     self._log_step(f'Resumed from checkpoint {path}')
     return path
 

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from retrax.checkpoints import CheckpointFormatError
 from retrax.checkpoints import native
 from retrax.checkpoints import rotation
 
@@ -43,3 +44,46 @@ def test_rotation_and_latest_valid(tmp_path):
   with pytest.raises(ValueError, match='keep'):
     rotation.rotate_checkpoints(tmp_path, keep=0)
   assert rotation.latest_valid_checkpoint(tmp_path / 'nothing_here') is None
+
+
+def _save(directory, step, recorded=None, name_prefix='ckpt_'):
+  return native.save_native(
+      rotation.checkpoint_path(directory, step, name_prefix),
+      {'w': [np.full(2, step)]}, {'step': step if recorded is None else
+                                  recorded})
+
+
+def test_rotation_orders_by_recorded_step_and_keeps_damaged_ones(tmp_path):
+  """Issue 16 item 3: damaged newest-named checkpoints neither evict a fresh
+  one nor get deleted; incomplete saves go."""
+  for step in (5, 20, 21):
+    _save(tmp_path, step)
+  for step in (20, 21):
+    with open(_arrays_file(rotation.checkpoint_path(tmp_path, step)),
+              'r+b') as f:
+      f.truncate(10)
+  half = rotation.checkpoint_path(tmp_path, 30)  # A save killed early.
+  os.makedirs(half)
+  open(os.path.join(half, '.arrays.abcdefgh.tmp'), 'wb').close()
+  _save(tmp_path, 6)
+  reports = []
+  removed = rotation.rotate_checkpoints(tmp_path, keep=1,
+                                        report=reports.append)
+  assert sorted(os.path.basename(p) for p in removed) == [
+      'ckpt_000000005', 'ckpt_000000030']
+  assert [s for s, _ in rotation.list_checkpoints(tmp_path)] == [6, 20, 21]
+  assert len(reports) == 2 and all('kept' in r for r in reports)
+  with pytest.warns(UserWarning):
+    assert rotation.latest_valid_checkpoint(tmp_path) == (
+        rotation.checkpoint_path(tmp_path, 6))
+
+
+def test_name_and_recorded_step_mismatch_is_refused(tmp_path):
+  _save(tmp_path, 3)
+  _save(tmp_path, 999, recorded=3)
+  with pytest.raises(CheckpointFormatError, match='ckpt_000000999') as e:
+    rotation.latest_valid_checkpoint(tmp_path)
+  assert 'records step 3' in str(e.value)
+  with pytest.raises(CheckpointFormatError, match='ckpt_000000999'):
+    rotation.rotate_checkpoints(tmp_path, keep=1)
+  assert len(rotation.list_checkpoints(tmp_path)) == 2  # Nothing deleted.

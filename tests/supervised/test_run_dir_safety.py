@@ -170,6 +170,34 @@ def test_final_step_is_checkpointed(tmp_path):
   assert resume_worker.make_loop(out).step == 5
 
 
+class _Killed(BaseException):
+  pass
+
+
+def test_a_kill_between_the_two_formats_leaves_no_stale_trax_files(
+    tmp_path, monkeypatch):
+  """Item 7 with item 4: killed after the native checkpoint of the final
+  step 5 but before Trax's files; the resumed run rewrites them."""
+  from retrax.supervised import checkpointing  # pylint: disable=g-import-not-at-top
+  real_write = checkpointing.write_trax_checkpoint
+
+  def write_then_die(basename, step, *args):
+    if step == 5:
+      raise _Killed()
+    real_write(basename, step, *args)
+
+  monkeypatch.setattr(checkpointing, 'write_trax_checkpoint', write_then_die)
+  with pytest.raises(_Killed):
+    resume_worker.run(str(tmp_path), 5)
+  monkeypatch.setattr(checkpointing, 'write_trax_checkpoint', real_write)
+  loop = resume_worker.run(str(tmp_path), 5)
+  assert loop.step == 5
+  trax = read_trax_checkpoint(os.path.join(tmp_path, 'model.pkl.gz'))
+  assert trax['step'] == 5
+  for a, b in zip(trax['flat_weights'], toys.leaves(loop.model.weights)):
+    np.testing.assert_array_equal(a, b)
+
+
 _TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
          '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=4',
          '--set', 'checkpoint_every=4', '--set', 'warmup_steps=2']
