@@ -233,6 +233,29 @@ def _as_list(x, what, path):
   return list(x)
 
 
+def _read_flat_layout(d, fmt, path, max_bytes):
+  """Weights, state and slots of a Loop/Trainer/Layer pickle `d`."""
+  records = _sidecar_records(d, path)
+  base = _base_of(path)
+  flat_weights = d['flat_weights']
+  if fmt == 'loop' and isinstance(flat_weights, int):
+    flat_weights = _read_sidecar(path, base, 'weights', None if records is
+                                 None else records.get('weights'), max_bytes)
+  eval_state = d.get('flat_eval_state', d.get('flat_state'))
+  out = {'flat_weights': _as_list(flat_weights, 'flat_weights', path),
+         'flat_state': _as_list(d.get('flat_state'), 'flat_state', path),
+         'flat_eval_state': _as_list(eval_state, 'flat_eval_state', path)}
+  if isinstance(d.get('slots_per_task'), int):
+    out['slots'] = _read_slot_files(path, base, records, max_bytes)
+  elif d.get('slots_per_task') is not None:
+    out['slots'] = [_flat_slots(s) for s in d['slots_per_task']]
+  elif d.get('slots') is not None:
+    out['slots'] = [_flat_slots(d['slots'])]
+  else:
+    out['slots'] = []
+  return out
+
+
 def read_trax_checkpoint(path, *, restore_bfloat16=False,
                          shape_dtype_factory=None, max_bytes=None):
   """Reads any Trax checkpoint layout into the normalized dict described above.
@@ -276,24 +299,7 @@ def read_trax_checkpoint(path, *, restore_bfloat16=False,
     out['flat_eval_state'] = out['flat_state']
     out['slots'] = [_flat_slots(d['slots'])] if d.get('slots') is not None else []
   else:
-    records = _sidecar_records(d, path)
-    base = _base_of(path)
-    flat_weights = d['flat_weights']
-    if fmt == 'loop' and isinstance(flat_weights, int):
-      flat_weights = _read_sidecar(path, base, 'weights', None if records is
-                                   None else records.get('weights'), max_bytes)
-    out['flat_weights'] = _as_list(flat_weights, 'flat_weights', path)
-    out['flat_state'] = _as_list(d.get('flat_state'), 'flat_state', path)
-    eval_state = d.get('flat_eval_state', d.get('flat_state'))
-    out['flat_eval_state'] = _as_list(eval_state, 'flat_eval_state', path)
-    if isinstance(d.get('slots_per_task'), int):
-      out['slots'] = _read_slot_files(path, base, records, max_bytes)
-    elif d.get('slots_per_task') is not None:
-      out['slots'] = [_flat_slots(s) for s in d['slots_per_task']]
-    elif d.get('slots') is not None:
-      out['slots'] = [_flat_slots(d['slots'])]
-    else:
-      out['slots'] = []
+    out.update(_read_flat_layout(d, fmt, path, max_bytes))
   if restore_bfloat16:
     out['flat_weights'] = npy_stream.from_bits(out['flat_weights'])
     out['slots'] = [npy_stream.from_bits(s) for s in out['slots']]
@@ -403,12 +409,7 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
   sidecars = [(f'opt_slots{i}', _arrays(slots, f'slots_per_task[{i}]'))
               for i, slots in enumerate(slots_per_task)]
   sidecars.append(('weights', _arrays(flat_weights, 'flat_weights')))
-  records = {}
-  for kind, arrays in sidecars:
-    staged = _staged_name(base, kind, step, token)
-    records[kind] = {'step': step, 'staged': os.path.basename(staged),
-                     'sha256': npy_stream.write_npy_gz(
-                         staged, arrays, compresslevel=compresslevel)}
+  records = _stage_sidecars(base, step, token, sidecars, compresslevel)
   d = {
       'step': step,
       'flat_weights': compresslevel,
@@ -422,12 +423,23 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
   }
   pkl_path = base + _PICKLE_SUFFIX
   _write_pickle_gz(pkl_path, d)  # The commit point.
-  directory = os.path.dirname(os.path.abspath(base))
   for kind, _ in sidecars:
     os.replace(_staged_name(base, kind, step, token), f'{base}.{kind}.npy.gz')
-  fsync_dir(directory)
+  fsync_dir(os.path.dirname(os.path.abspath(base)))
   remove_staged_sidecars(base, keep=())
   return pkl_path
+
+
+def _stage_sidecars(base, step, token, sidecars, compresslevel):
+  """Writes each `(kind, arrays)` under its staged name; returns the records
+  (step, staged name, sha256) the pickle keeps of them."""
+  records = {}
+  for kind, arrays in sidecars:
+    staged = _staged_name(base, kind, step, token)
+    records[kind] = {'step': step, 'staged': os.path.basename(staged),
+                     'sha256': npy_stream.write_npy_gz(
+                         staged, arrays, compresslevel=compresslevel)}
+  return records
 
 
 def remove_staged_sidecars(base, keep=None):
