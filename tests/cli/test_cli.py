@@ -41,14 +41,31 @@ def test_train_then_sample_and_resume(tmp_path, capsys):
   assert 'copies correct' in capsys.readouterr().out
 
 
-def test_text_data_trains_a_byte_lm(tmp_path, capsys):
-  path = tmp_path / 'corpus.txt'
-  path.write_text('the quick brown fox jumps over the lazy dog. ' * 200)
+def test_no_progress_bar_in_redirected_stderr(tmp_path, capsys,
+                                               monkeypatch):
+  from retrax.supervised import progress  # pylint: disable=g-import-not-at-top
+  settings = []
+  init = progress.Progress.__init__
+
+  def recording_init(self, n_steps, enabled=None, min_steps=100, initial=0):
+    settings.append(enabled)
+    init(self, n_steps, enabled, min_steps=1, initial=initial)  # Any length.
+  monkeypatch.setattr(progress.Progress, '__init__', recording_init)
   assert cli.main(['train', '--output_dir', str(tmp_path / 'run'),
-                   '--steps', '2', '--quiet', '--data', f'text:{path}',
-                   '--set', 'vocab_size=256', '--attention', 'local',
-                   *TINY]) == 0
-  assert 'duplication task only' in capsys.readouterr().out
+                   '--steps', '2', '--no-sample', *TINY]) == 0
+  # Not --quiet: the CLI leaves the choice to the terminal test (None) and
+  # stderr, captured here, is no terminal.
+  assert None in settings and True not in settings
+  captured = capsys.readouterr()
+  assert '%|' not in captured.err and 'compiling' not in captured.err
+
+
+def test_version(capsys):
+  import retrax  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(['--version'])
+  assert e.value.code == 0
+  assert capsys.readouterr().out == f'retrax {retrax.__version__}\n'
 
 
 @pytest.mark.parametrize('argv,message', [
