@@ -8,8 +8,14 @@
 #
 #     python docs/examples/text_reformer.py [TEXT_FILE] [--steps 600]
 #
-# By default it reads the repository's `LICENSE` (11 KB of English). With the
-# defaults it takes about 3 minutes on a 2-core CPU (figures at the end).
+# By default it reads the repository's `LICENSE` (11 KB of English). Measured
+# with the defaults on the project's 2-core CPU while ~20 other jobs shared it
+# (load 17-25): 240 s of CPU time (16 min wall), held-out loss 6.00 -> 2.06
+# nats per byte (accuracy 0.53), and the sample
+# 'Licensed under the Work or Derivative Works thereof, in or shall of auther
+# ted communications, or p'. On an unshared machine the wall time is at most
+# about the CPU time (4 min), under the 5 minutes this example aims for;
+# `--steps` trades time for quality.
 # In a notebook, `import retrax.compat; retrax.compat.install()` first lets
 # the same cells be written with `import trax`.
 
@@ -167,8 +173,3 @@ def main(argv=None):
 
 if __name__ == '__main__':
   main()
-
-# %% [markdown]
-# Measured on the project's 2-core CPU (shared with other jobs): see
-# `tests/docs/test_text_reformer_example.py` for the small run the test suite
-# makes; the defaults' figures are in the README.
