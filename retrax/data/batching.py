@@ -212,7 +212,9 @@ def bucket_by_length(generator: Iterable[Any],
 
   An example of length ``l`` goes to the first bucket ``i`` with
   ``l <= boundaries[i]``; examples longer than every boundary go to the last
-  bucket, whose length is unbounded. When bucket ``i`` holds
+  bucket, whose length is unbounded (with ``len(boundaries) + 1`` batch
+  sizes; with ``len(boundaries)`` of them, as Trax allows, there is no such
+  bucket and a longer example raises). When bucket ``i`` holds
   ``batch_sizes[i]`` examples they are emitted as one batch, padded by
   `pad_to_max_dims` with ``boundary=boundaries[i]`` (no boundary for the last
   bucket). Examples left in buckets when the stream ends are dropped.
@@ -221,7 +223,8 @@ def bucket_by_length(generator: Iterable[Any],
     generator: iterable of tuple examples.
     length_fn: maps an example to its length.
     boundaries: increasing bucket upper bounds (inclusive).
-    batch_sizes: ``len(boundaries) + 1`` positive batch sizes.
+    batch_sizes: ``len(boundaries) + 1`` (or ``len(boundaries)``) positive
+      batch sizes.
     strict_pad_on_len: pad lengths to a multiple of the bucket boundary.
 
   Yields:
@@ -236,6 +239,11 @@ def bucket_by_length(generator: Iterable[Any],
   for example in generator:
     length = length_fn(example)
     idx = next(i for i, b in enumerate(bounds) if length <= b)
+    if idx == len(batch_sizes):
+      raise ValueError(
+          f'BucketByLength: an example of length {length} is longer than the '
+          f'last boundary {bounds[-2]}, and there is no bucket for longer '
+          f'examples (give len(boundaries) + 1 = {len(bounds)} batch sizes).')
     buckets[idx].append(example)
     if len(buckets[idx]) == batch_sizes[idx]:
       boundary = None if bounds[idx] == math.inf else bounds[idx]
@@ -246,12 +254,12 @@ def bucket_by_length(generator: Iterable[Any],
 
 
 def _check_buckets(boundaries, batch_sizes):
-  if len(batch_sizes) != len(boundaries) + 1:
+  if len(batch_sizes) not in (len(boundaries), len(boundaries) + 1):
     raise ValueError(
         f'BucketByLength needs len(batch_sizes) == len(boundaries) + 1 (the '
-        f'last bucket takes longer examples); got {len(boundaries)} '
-        f'boundaries {list(boundaries)} and {len(batch_sizes)} batch sizes '
-        f'{list(batch_sizes)}.')
+        f'last bucket takes longer examples) or len(boundaries); got '
+        f'{len(boundaries)} boundaries {list(boundaries)} and '
+        f'{len(batch_sizes)} batch sizes {list(batch_sizes)}.')
   if any(b <= 0 for b in batch_sizes):
     raise ValueError(f'Bucket batch sizes must be positive, got '
                      f'{list(batch_sizes)}.')

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as onp
 
+from retrax.fastmath.backend import Backend
 from retrax.fastmath.backend import is_numpy as _is_numpy
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature as _signature
@@ -305,3 +306,12 @@ def dataset_as_numpy(ds):
   """Yields examples of an iterable as numpy trees."""
   for example in ds:
     yield jax.tree_util.tree_map(onp.asarray, example)
+
+
+# Trax's table of backends (`fastmath.ops._backend_dict`): the dict that
+# `fastmath.backend()` returns for each; 'tensorflow-numpy' computes with JAX.
+_backend_dict = {
+    Backend.JAX: {'np': jnp, 'name': Backend.JAX.value},
+    Backend.NUMPY: {'np': onp, 'name': Backend.NUMPY.value},
+    Backend.TFNP: {'np': jnp, 'name': Backend.TFNP.value},
+}

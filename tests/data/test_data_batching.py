@@ -133,10 +133,22 @@ def test_bucket_by_length_length_axis():
 
 
 @pytest.mark.parametrize('boundaries, sizes, match', [
-    ([4, 8], [2, 2], r'len\(batch_sizes\) == len\(boundaries\) \+ 1'),
+    ([4, 8], [2], r'len\(batch_sizes\) == len\(boundaries\) \+ 1'),
+    ([4, 8], [2, 2, 1, 1], r'len\(batch_sizes\) == len\(boundaries\) \+ 1'),
     ([8, 4], [1, 1, 1], 'increasing'),
     ([4], [0, 1], 'positive'),
 ])
 def test_bucket_by_length_bad_arguments(boundaries, sizes, match):
   with pytest.raises(ValueError, match=match):
     data.BucketByLength(boundaries, sizes)
+
+
+def test_bucket_by_length_without_overflow_bucket_as_trax_allows():
+  def ex(n):
+    return (np.ones(n), np.ones(n))
+  batches = list(data.bucket_by_length(iter([ex(5)] * 6), lambda e: len(e[0]),
+                                       [20], [2], strict_pad_on_len=True))
+  assert len(batches) == 3
+  assert [b.shape for b in batches[0]] == [(2, 20), (2, 20)]
+  with pytest.raises(ValueError, match='longer than the last boundary 20'):
+    list(data.bucket_by_length(iter([ex(21)]), lambda e: len(e[0]), [20], [2]))

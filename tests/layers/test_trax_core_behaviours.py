@@ -104,3 +104,13 @@ def test_flatten_weights_and_state_skip_empty_and_shared():
   w, s = tl.unflatten_weights_and_state(
       flat_w, flat_s, (model.weights, model.state))
   np.testing.assert_array_equal(w[0][0], model.weights[0][0])
+
+
+def test_fastmath_backend_table_matches_backend():
+  from retrax.fastmath import ops  # pylint: disable=g-import-not-at-top
+  table = ops._backend_dict  # pylint: disable=protected-access  (Trax's name)
+  assert set(table) == set(ops.Backend)
+  for b in ops.Backend:
+    assert table[b]['name'] == b.value
+    with fastmath.use_backend(b):
+      assert fastmath.backend()['np'] is table[b]['np']
