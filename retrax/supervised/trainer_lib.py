@@ -274,6 +274,11 @@ class Trainer:
     return self._loop.history
 
   @property
+  def _history(self):
+    """Trax's attribute for the history, which Trax programs read."""
+    return self._loop.history
+
+  @property
   def model_weights(self):
     return self._loop._weights  # pylint: disable=protected-access
 

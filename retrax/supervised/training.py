@@ -28,6 +28,7 @@ from retrax.layers import base
 from retrax.layers import combinators
 from retrax.layers import tutorial_checks
 from retrax.supervised import batch_checks
+from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised import engine
 from retrax.supervised import history as trax_history
@@ -100,9 +101,8 @@ class _Accumulator:
 
   def _fold(self):
     for step_stats in jax.device_get(self._unread):
-      for name, value in step_stats.items():
-        if name != 'loss':
-          self.stats[name] += float(value)
+      for name, value in step_stats.items():  # 'loss' too: training/loss.
+        self.stats[name] += float(value)
     self._unread = []
 
   def to_dict(self):
@@ -362,6 +362,21 @@ class Loop(loop_io.LoopIO):
     """Optimizer slots of the first task (replicated device arrays)."""
     return self._task_states[0].slots
 
+  def save_checkpoint(self, basename=None, permanent=False):
+    """Saves a checkpoint, under Trax's names; a hook subclasses may override.
+
+    `run` calls it as Trax's `Loop.run` does, with one positional name:
+    'model' at `checkpoint_at` steps (retrax's rolling `ckpt_<step>` and
+    Trax's `model.*` files), 'model_<step>' at `permanent_checkpoint_at`
+    steps (the permanent `model_<step>`), and 'lowest_<metric>' /
+    'highest_<metric>' for the best ones (see `LoopIO.save_checkpoint`).
+    """
+    if basename == checkpointing.TRAX_BASENAME:
+      basename = None
+    elif basename == f'{checkpointing.TRAX_BASENAME}_{self._step}':
+      basename, permanent = None, True
+    return super().save_checkpoint(basename, permanent)
+
   def new_rng(self):
     """Returns a new single-use PRNG key (splitting the loop's key)."""
     self._rng, rng = _split_key(self._rng)
@@ -400,6 +415,7 @@ class Loop(loop_io.LoopIO):
     self._open_writers()
     self._bar = loop_io.make_progress_bar(self, n_steps)
     start_time = time.time()
+    saved_step = None
     try:
       for _ in range(n_steps):
         prev_task_index = self._which_task(self._step)
@@ -418,11 +434,13 @@ class Loop(loop_io.LoopIO):
           self._log_training_progress(task_index, time.time() - start_time)
           self.run_evals()
           start_time = time.time()
+        # Trax's names, one positional argument: `save_checkpoint` is a hook.
         at_checkpoint = self._checkpoint_at(self._step)
         if at_checkpoint:
-          self.save_checkpoint()
+          self.save_checkpoint(checkpointing.TRAX_BASENAME)
+          saved_step = self._step
         if self._permanent_checkpoint_at(self._step):
-          self.save_checkpoint(permanent=True)
+          self.save_checkpoint(f'{checkpointing.TRAX_BASENAME}_{self._step}')
         if at_checkpoint:
           if self._checkpoint_low_metric is not None and self._at_best(
               self._checkpoint_low_metric, min):
@@ -431,8 +449,9 @@ class Loop(loop_io.LoopIO):
               self._checkpoint_high_metric, max):
             self.save_checkpoint(f'highest_{self._checkpoint_high_metric}')
       self._check_pending()
-      if self._last_saved_step != self._step:
-        self.save_checkpoint()  # The final step is always saved.
+      if self._step not in (self._last_saved_step, saved_step):
+        # The final step is always saved.
+        self.save_checkpoint(checkpointing.TRAX_BASENAME)
     finally:
       self._bar.close()
       self._bar = loop_io.make_progress_bar(self, 0, enabled=False)
