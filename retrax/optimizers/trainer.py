@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax import fastmath
+from retrax import layers as tl
 from retrax.optimizers import base as opt_base
 from retrax.optimizers import placement
 from retrax.optimizers.reversible_trainer import ReversibleSerialTrainer
@@ -65,6 +66,7 @@ class Trainer:
     self._slots = optimizer.slots
     self._opt_params = dict(optimizer.opt_params)
     self._checked_signature = None
+    self._accelerated = None
     self._update = jax.jit(self._update_fn)
 
   @property
@@ -74,12 +76,17 @@ class Trainer:
 
   @property
   def accelerated_model_with_loss(self):
-    """Trax's accelerated copy of the model+loss; here the layer itself.
+    """`tl.Accelerate(model_with_loss)` holding the current weights and state.
 
-    retrax places the arrays through the jitted step, so the layer holds the
-    current (unreplicated) weights and state.
+    The step itself does not use it (it places the arrays over the devices
+    itself); it is built on first use and brought up to date at each access.
     """
-    return self._model_with_loss
+    if self._accelerated is None:
+      self._accelerated = tl.Accelerate(self._model_with_loss,
+                                        n_devices=self._n_devices)
+    self._accelerated.replicate_weights(self._model_with_loss.weights)
+    self._accelerated.replicate_state(self._model_with_loss.state)
+    return self._accelerated
 
   @property
   def optimizer(self):

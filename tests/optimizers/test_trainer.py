@@ -52,6 +52,10 @@ def test_one_step_sgd_is_the_closed_form_gradient_step():
   np.testing.assert_allclose(stats['gradients_l2'],
                              np.sqrt(np.sum(gw**2) + np.sum(gb**2)), rtol=1e-5)
   assert stats['loss'] is loss
+  accelerated = trainer.accelerated_model_with_loss  # Trax's Loop reads it.
+  np.testing.assert_array_equal(accelerated.weights[0][0], model.weights[0][0])
+  np.testing.assert_allclose(accelerated(batch), trainer.one_step(
+      batch, fastmath.random.get_prng(1))[0], rtol=1e-6)
 
 
 def test_learning_rate_given_to_one_step_stays_for_later_steps():
