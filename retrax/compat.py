@@ -18,9 +18,6 @@ _RENAMED = {
     'trax.math': 'retrax.fastmath',
     'trax.learning_rate': 'retrax.lr',
     'trax.lr': 'retrax.lr',
-    'trax.layers.research.efficient_attention': 'retrax.layers.efficient_attention',
-    'trax.layers.research.position_encodings': 'retrax.layers.position',
-    'trax.layers.research': 'retrax.layers',
     'trax.supervised.inputs': 'retrax.data.inputs',
     'trax.data.inputs': 'retrax.data.inputs',
 }

@@ -1,0 +1,21 @@
+"""Trax's `layers.research.efficient_attention` module path.
+
+The layers are defined in `retrax.layers.efficient_attention` (SelfAttention,
+EncDecAttention), `retrax.layers.lsh_attention` (LSHSelfAttention),
+`retrax.layers.efficient_attention_base` and `..._ops` (the shared helpers);
+this module gathers them under Trax's name.
+"""
+# pylint: disable=unused-import,g-importing-member
+
+from retrax.layers.efficient_attention import EncDecAttention
+from retrax.layers.efficient_attention import SelfAttention
+from retrax.layers.efficient_attention_base import EfficientAttentionBase
+from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
+from retrax.layers.efficient_attention_ops import attend
+from retrax.layers.efficient_attention_ops import hash_vecs
+from retrax.layers.efficient_attention_ops import length_normalized
+from retrax.layers.efficient_attention_ops import look_adjacent
+from retrax.layers.efficient_attention_ops import mask_self_attention
+from retrax.layers.efficient_attention_ops import permute_via_gather
+from retrax.layers.efficient_attention_ops import permute_via_sort
+from retrax.layers.lsh_attention import LSHSelfAttention

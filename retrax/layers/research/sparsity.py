@@ -1,0 +1,472 @@
+"""Trax's `layers.research.sparsity`: cheaper Dense layers and the attentions built on them.
+
+- Dense replacements: `FactoredDense` (gate by `n_modules` learned vectors,
+  project each to `d_out / n_modules`), `LocallyConnectedDense` (modules
+  connected to `kernel_size` neighbouring modules), `LowRankDense`,
+  `EinsumDense`, `MultiplicativeModularSparseDense`, `LocallyConvDense`
+  (a Conv over modules, causal over length), and `SparseDenseWithOptions`
+  choosing among them.
+- Causal attentions with those layers for Q/K/V/output: `ModularCausalAttention`,
+  `LowRankCausalAttention`, `MultiplicativeCausalAttention`,
+  `MultiplicativeModularCausalAttention`, `ConvCausalAttention`,
+  `MultiplicativeConvCausalAttention`.
+- Reversible permutations of the last axis: `ReversibleReshapePermute`,
+  `ReversibleRandomPermute`.
+
+Weights have Trax 1.4.1's layout (each `tl.Weights` is one leaf, in order).
+`SparseFF` (1-in-N) is `retrax.layers.sparsity.SparseFF`; `BlockSparseFF`,
+`SwitchSparseFF` and the FAVOR attentions are in sibling modules, re-exported
+here at Trax's path.
+"""
+
+import functools
+import math
+import random as pyrandom
+
+import numpy as np
+
+from retrax.fastmath import numpy as jnp
+from retrax.layers import attention
+from retrax.layers import base
+from retrax.layers import combinators as cb
+from retrax.layers import convolution
+from retrax.layers import core
+from retrax.layers import initializers as init
+from retrax.layers import reversible
+from retrax.layers.assert_shape import assert_shape
+from retrax.layers.research.locally_connected import LocallyConnected1d
+from retrax.layers.research.favor import CausalFavor  # pylint: disable=unused-import
+from retrax.layers.research.favor import CausalFavorAttention  # pylint: disable=unused-import
+from retrax.layers.research.favor import Favor  # pylint: disable=unused-import
+from retrax.layers.research.favor import FavorAttention  # pylint: disable=unused-import
+from retrax.layers.research.sparse_ff import BlockSparseFF  # pylint: disable=unused-import
+from retrax.layers.research.sparse_ff import SwitchSparseFF  # pylint: disable=unused-import
+from retrax.layers.sparsity import SparseFF  # pylint: disable=unused-import
+
+
+def _check_divides(owner, what, value, by_what, by):
+  if by < 1 or value % by:
+    raise ValueError(f'{owner}: {what} ({value}) must be a positive multiple '
+                     f'of {by_what} ({by}).')
+
+
+class _PermuteLastAxis(reversible.ReversibleLayer):
+  """Fixed permutation of the last axis (subclasses give it)."""
+
+  def _permutation(self, d):
+    raise NotImplementedError
+
+  def forward(self, x):
+    return x[..., self._permutation(x.shape[-1])]
+
+  def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
+    del weights, state, new_state, rng
+    return output[..., np.argsort(self._permutation(output.shape[-1]))]
+
+
+@assert_shape('...->...')
+class ReversibleReshapePermute(_PermuteLastAxis):
+  """Permutes a power-of-two last axis by a reshape `(d/m, m)` and a transpose.
+
+  `m = 2^k`, `k` the largest integer `<= log2(d) // 2` that does not divide
+  `log2(d)` (1 if none): the longest permutation cycle among such reshapes.
+  """
+
+  def _permutation(self, d):
+    log_d = int(round(math.log2(d))) if d > 0 else -1
+    if d < 1 or 2**log_d != d:
+      raise ValueError(f'{self.name} needs a power-of-two last axis; got {d}.')
+    k = next((i for i in range(log_d // 2, 0, -1) if log_d % i), 1)
+    m = 2**k
+    return np.arange(d).reshape(-1, m).T.reshape(-1)
+
+
+@assert_shape('...->...')
+class ReversibleRandomPermute(_PermuteLastAxis):
+  """A fixed pseudorandom permutation of the last axis (Python's `Random(42)` shuffle)."""
+
+  def _permutation(self, d):
+    permutation = list(range(d))
+    pyrandom.Random(42).shuffle(permutation)
+    return np.array(permutation)
+
+
+@assert_shape('...a->...bc')
+def SplitLastAxis(num_splits):  # pylint: disable=invalid-name
+  """`(..., d) -> (..., num_splits, d // num_splits)`."""
+  return core.Fn(f'SplitLastAxis_{num_splits}',
+                 lambda x: jnp.reshape(x, x.shape[:-1] + (num_splits, -1)))
+
+
+@assert_shape('...ab->...c')
+def MergeLastTwoAxes():  # pylint: disable=invalid-name
+  """`(..., a, b) -> (..., a * b)`."""
+  return core.Fn('MergeLastTwoAxes',
+                 lambda x: jnp.reshape(x, x.shape[:-2] + (-1,)))
+
+
+@assert_shape('...a->...b')
+def LocallyConnectedDense(n_modules, n_units, kernel_size=1,  # pylint: disable=invalid-name
+                          kernel_initializer=init.GlorotUniformInitializer(),
+                          bias_initializer=init.RandomNormalInitializer(1e-6),
+                          use_bias=True):
+  """Splits the last axis into `n_modules`; each gives `n_units` outputs from `kernel_size` modules around it (wrapping).
+
+  With `n_modules=1` this is `Dense(n_units)`.
+  """
+  if n_modules == 1:
+    return core.Dense(n_units, kernel_initializer=kernel_initializer,
+                      bias_initializer=bias_initializer, use_bias=use_bias)
+  return cb.Serial(
+      SplitLastAxis(n_modules),
+      LocallyConnected1d(n_units, kernel_size,
+                         kernel_initializer=kernel_initializer,
+                         bias_initializer=bias_initializer,
+                         use_bias=use_bias, padding='WRAP'),
+      MergeLastTwoAxes())
+
+
+def _causal_attention_with(make_layer, n_heads, dropout, max_inference_length,
+                           mode):
+  return attention.ConfigurableAttention(
+      make_layer(), make_layer(), make_layer(), make_layer(), n_heads=n_heads,
+      qkv_attention_layer=attention.DotProductCausalAttention(
+          dropout=dropout, max_inference_length=max_inference_length,
+          mode=mode))
+
+
+@assert_shape('bld->bld')
+def ModularCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,  # pylint: disable=invalid-name
+                           max_inference_length=2048, kernel_size=1,
+                           mode='train'):
+  """CausalAttention with `LocallyConnectedDense(sparsity, d / sparsity)` for Q, K, V and output."""
+  n_modules = n_heads if sparsity is None else sparsity
+  _check_divides('ModularCausalAttention', 'd_feature', d_feature,
+                 'sparsity', n_modules)
+  return _causal_attention_with(
+      lambda: LocallyConnectedDense(n_modules, d_feature // n_modules,
+                                    kernel_size=kernel_size),
+      n_heads, dropout, max_inference_length, mode)
+
+
+class _RememberPad(base.Layer):
+  """Pads axis 1 on the left with `n` items: zeros, or in 'predict' the last `n` seen.
+
+  Predict-mode state (Trax's layout): `(last n items, {'init': ()})` after
+  init, `(last n items, {'forward': ()})` after a call.
+  """
+
+  def __init__(self, n_items_to_remember, mode):
+    super().__init__(name='_RememberPad')
+    self._n = n_items_to_remember
+    self._mode = mode
+
+  def forward(self, x):
+    if self._n == 0:
+      return x
+    if self._mode == 'predict':
+      x = jnp.concatenate([self.state[0].astype(x.dtype), x], axis=1)
+      self.state = (x[:, -self._n:], {'forward': ()})
+      return x
+    pad = [(0, 0)] * len(x.shape)
+    pad[1] = (self._n, 0)
+    return jnp.pad(x, pad)
+
+  def init_weights_and_state(self, input_signature):
+    if self._mode == 'predict':
+      shape = list(input_signature.shape)
+      shape[1] = self._n
+      self.state = (jnp.zeros(shape, dtype=jnp.float32), {'init': ()})
+
+
+@assert_shape('...a->...b')
+def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,  # pylint: disable=invalid-name
+                     length_kernel_size=1):
+  """Like LocallyConnectedDense with weights shared over modules (a Conv), causal over `length_kernel_size` positions.
+
+  Input `(batch, length, d)`; the Conv kernel is `(length_kernel_size,
+  kernel_size, d / n_modules, n_units)`, zero-padded across modules; the
+  previous `length_kernel_size - 1` positions come from `_RememberPad`.
+  """
+  if n_modules == 1:
+    return core.Dense(n_units)
+  if kernel_size % 2 != 1:
+    raise ValueError(f'LocallyConvDense: kernel_size must be odd; got '
+                     f'{kernel_size}.')
+  half = (kernel_size - 1) // 2
+  pad_widths = [[0, 0], [0, 0], [half, half], [0, 0]]
+  return cb.Serial(
+      SplitLastAxis(n_modules),
+      core.Fn('Pad', lambda x: jnp.pad(x, pad_width=pad_widths)),
+      _RememberPad(length_kernel_size - 1, mode=mode),
+      convolution.Conv(n_units, kernel_size=(length_kernel_size, kernel_size)),
+      MergeLastTwoAxes())
+
+
+@assert_shape('bld->bld')
+def ConvCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,  # pylint: disable=invalid-name
+                        max_inference_length=2048, kernel_size=1,
+                        mode='train'):
+  """CausalAttention with `LocallyConvDense(sparsity, d / sparsity)` for Q, K, V and output."""
+  n_modules = n_heads if sparsity is None else sparsity
+  _check_divides('ConvCausalAttention', 'd_feature', d_feature, 'sparsity',
+                 n_modules)
+  return _causal_attention_with(
+      lambda: LocallyConvDense(n_modules, d_feature // n_modules, mode=mode,
+                               kernel_size=kernel_size),
+      n_heads, dropout, max_inference_length, mode)
+
+
+@assert_shape('...a->...b')
+def LowRankDense(n_units, d_lowrank):  # pylint: disable=invalid-name
+  """`Dense(d_lowrank)` then `Dense(n_units)`."""
+  return cb.Serial(core.Dense(d_lowrank), core.Dense(n_units))
+
+
+@assert_shape('...a->...b')
+def EinsumDense(d_input, d_output, use_bias):  # pylint: disable=invalid-name
+  """Dense with its kernel stored transposed, `(d_output, d_input)`, as in Trax."""
+  layers = [
+      core.Weights(init.GlorotUniformInitializer(), [d_output, d_input]),
+      core.Fn('EinsumDense',
+              lambda kernel, x: jnp.einsum('xd,...d->...x', kernel, x)),
+  ]
+  if use_bias:
+    layers += [core.Weights(init.RandomNormalInitializer(1e-6), [d_output]),
+               cb.Add()]
+  return cb.Serial(layers)
+
+
+def RandomLayer(layer_a, layer_b, prob_a):  # pylint: disable=invalid-name
+  """Runs `layer_a` with probability `prob_a` (a fresh draw per call), else `layer_b`."""
+  condition = cb.Serial(core.RandomUniform(),
+                        core.Fn('SmallerThan', lambda x: x < prob_a))
+  return cb.Cond(condition, layer_a, layer_b)
+
+
+_SPARSITY_TYPES = (None, 'None', 'mult', 'lowrank', 'einsum', 'local',
+                   'local3')
+
+
+@assert_shape('...a->...b')
+def SparseDenseWithOptions(n_units, d_input=None, sparsity_type=None,  # pylint: disable=invalid-name
+                           sparsity=0, d_lowrank=None, prob_sparse=None,
+                           mode=None, use_bias=True, use_bfloat16=False):
+  """A Dense layer or one of its sparse replacements.
+
+  `sparsity_type` None/'None' (or `sparsity=0`): Dense; 'mult': FactoredDense
+  with `sparsity` modules; 'lowrank': LowRankDense(d_lowrank); 'einsum':
+  EinsumDense; 'local'/'local3': LocallyConnectedDense with kernel 1/3. With
+  `prob_sparse`, a RandomLayer picks the sparse layer with that probability
+  in training and always outside 'train' (both layers' weights exist).
+  """
+  if prob_sparse is not None:
+    if mode is not None and mode != 'train':
+      prob_sparse = 1.0
+    return RandomLayer(
+        SparseDenseWithOptions(n_units, d_input, sparsity_type, sparsity,
+                               d_lowrank, use_bias=use_bias,
+                               use_bfloat16=use_bfloat16),
+        core.Dense(n_units, use_bias=use_bias, use_bfloat16=use_bfloat16),
+        prob_sparse)
+  if sparsity_type not in _SPARSITY_TYPES:
+    raise ValueError(f'SparseDenseWithOptions: unknown sparsity_type '
+                     f'{sparsity_type!r}; use one of {_SPARSITY_TYPES}.')
+  if sparsity_type in (None, 'None') or sparsity == 0:
+    return core.Dense(n_units, use_bias=use_bias, use_bfloat16=use_bfloat16)
+  if d_input is None and sparsity_type in ('mult', 'einsum'):
+    raise ValueError(f"SparseDenseWithOptions: sparsity_type="
+                     f"{sparsity_type!r} needs d_input.")
+  if sparsity_type == 'mult':
+    return FactoredDense(sparsity, d_input, n_units, use_bias=use_bias,
+                         use_bfloat16=use_bfloat16)
+  if use_bfloat16:
+    raise ValueError(f'SparseDenseWithOptions: use_bfloat16 needs '
+                     f"sparsity_type None or 'mult'; got {sparsity_type!r}.")
+  if sparsity_type == 'einsum':
+    return EinsumDense(d_input, n_units, use_bias=use_bias)
+  if not use_bias:
+    raise ValueError(f'SparseDenseWithOptions: use_bias=False is not '
+                     f'available with sparsity_type={sparsity_type!r}.')
+  if sparsity_type == 'lowrank':
+    if not d_lowrank:
+      raise ValueError("SparseDenseWithOptions: sparsity_type='lowrank' "
+                       'needs d_lowrank.')
+    return LowRankDense(n_units, d_lowrank)
+  _check_divides('SparseDenseWithOptions', 'n_units', n_units, 'sparsity',
+                 sparsity)
+  return LocallyConnectedDense(sparsity, n_units // sparsity,
+                               kernel_size=3 if sparsity_type == 'local3' else 1)
+
+
+@assert_shape('bld->bld')
+def LowRankCausalAttention(d_feature, n_heads=1, dropout=0.0,  # pylint: disable=invalid-name
+                           max_inference_length=2048, lowrank=64,
+                           mode='train'):
+  """CausalAttention with `LowRankDense(d_feature, lowrank)` for Q, K, V and output."""
+  return _causal_attention_with(lambda: LowRankDense(d_feature, lowrank),
+                                n_heads, dropout, max_inference_length, mode)
+
+
+def _GateAndProject():  # pylint: disable=invalid-name
+  # Stack: x, gating [n, d], projection [d, m] -> x gated by each module and projected.
+  return core.Fn('_GateAndProject', lambda projection, gating, x: jnp.einsum(
+      '...d,nd,dm->...nm', x, gating, projection))
+
+
+@assert_shape('...a->...b')
+def FactoredDense(n_modules, d_in, d_out, use_bias=True, use_bfloat16=False):  # pylint: disable=invalid-name
+  """`y[..., i*m:(i+1)*m] = (x * g_i) @ P (+ b)`: `n_modules` gates `g_i` share one projection.
+
+  Weights (in order): gates `(n_modules, d_in)` ~ N(0, 0.5²), projection
+  `(d_in, d_out / n_modules)` Glorot-uniform, and with `use_bias` a bias
+  `(d_out,)`. About `1 / n_modules` of a Dense layer's weights.
+  """
+  _check_divides('FactoredDense', 'd_out', d_out, 'n_modules', n_modules)
+  d_module = d_out // n_modules
+  layers = [
+      core.Weights(init.RandomNormalInitializer(stddev=0.5),
+                   shape=[n_modules, d_in], use_bfloat16=use_bfloat16),
+      core.Weights(init.GlorotUniformInitializer(), shape=[d_in, d_module],
+                   use_bfloat16=use_bfloat16),
+      _GateAndProject(),
+      MergeLastTwoAxes(),
+  ]
+  if use_bias:
+    layers += [core.Weights(init.RandomNormalInitializer(1e-6), shape=[d_out],
+                            use_bfloat16=use_bfloat16),
+               cb.Add()]
+  return cb.Serial(layers)
+
+
+@assert_shape('...a->...a')
+def MultiplicativeModularSparseDense(sparsity, d_feature):  # pylint: disable=invalid-name
+  """FactoredDense followed by a per-module `(d_module, d_module)` Dense, in one einsum.
+
+  Weights: gates `(sparsity, d)`, shared kernel `(d, d / sparsity)`, module
+  kernels `(sparsity, d / sparsity, d / sparsity)`, bias `(d,)`.
+  """
+  _check_divides('MultiplicativeModularSparseDense', 'd_feature', d_feature,
+                 'sparsity', sparsity)
+  d_module = d_feature // sparsity
+  return cb.Serial(
+      core.Weights(init.RandomNormalInitializer(stddev=0.5),
+                   shape=[sparsity, d_feature]),
+      core.Weights(init.GlorotUniformInitializer(), [d_feature, d_module]),
+      core.Weights(functools.partial(init.GlorotUniformInitializer(),
+                                     nonreceptive_dims=[0]),
+                   [sparsity, d_module, d_module]),
+      core.Fn('SparseDenseEinsum',
+              lambda kmod, kmult, multiplier, x: jnp.einsum(
+                  'hxo,dx,hd,...d->...ho', kmod, kmult, multiplier, x)),
+      MergeLastTwoAxes(),
+      core.Weights(init.RandomNormalInitializer(1e-6), [d_feature]),
+      cb.Add(),
+  )
+
+
+@assert_shape('bld->bld')
+def MultiplicativeCausalAttention(d_feature, n_heads=1, sparsity=None,  # pylint: disable=invalid-name
+                                  dropout=0.0, max_inference_length=2048,
+                                  mode='train'):
+  """CausalAttention with `FactoredDense(sparsity, d, d)` for Q, K, V and output."""
+  sparsity = n_heads if sparsity is None else sparsity
+  return _causal_attention_with(
+      lambda: FactoredDense(sparsity, d_feature, d_feature), n_heads, dropout,
+      max_inference_length, mode)
+
+
+@assert_shape('bld->bld')
+def MultiplicativeModularCausalAttention(  # pylint: disable=invalid-name
+    d_feature, n_heads=1, sparsity=None, dropout=0.0, max_inference_length=2048,
+    mode='train'):
+  """CausalAttention with `MultiplicativeModularSparseDense` for Q, K, V and output."""
+  sparsity = n_heads if sparsity is None else sparsity
+  return _causal_attention_with(
+      lambda: MultiplicativeModularSparseDense(sparsity, d_feature), n_heads,
+      dropout, max_inference_length, mode)
+
+
+def _v_concat_layers(v_concat_type, sparsity, d_module, d_feature):
+  """Combines (shared QK activations, layer input) into V's input."""
+  if v_concat_type == 'original':
+    return [cb.Concatenate()]
+  if v_concat_type == 'fixed':  # Interleave per module: [qk_i, x_i] for each i.
+    split = lambda x: jnp.reshape(x, x.shape[:2] + (sparsity, d_module))
+    return [cb.Parallel(core.Fn('Reshape1', split), core.Fn('Reshape2', split)),
+            cb.Concatenate(),
+            core.Fn('Reshape3', lambda x: jnp.reshape(
+                x, x.shape[:2] + (2 * d_feature,)))]
+  return [cb.Select([0], n_in=2)]
+
+
+_OUTPUT_LAYER_TYPES = ('none', 'mult', 'conv', 'multconv')
+_V_CONCAT_TYPES = ('original', 'fixed', 'none')
+
+
+@assert_shape('bld->bld')
+def MultiplicativeConvCausalAttention(  # pylint: disable=invalid-name
+    d_feature, n_heads=1, sparsity=None, length_kernel_size=3, dropout=0.0,
+    force_no_dropout=False, max_inference_length=2048, share_qk=False,
+    output_layer_type='none', v_concat_type='none', mode='train'):
+  """Causal attention whose Q, K, V come from one shared FactoredDense and per-module convolutions.
+
+  `FactoredDense(sparsity, d, d)` feeds `LocallyConvDense` layers (kernel 3
+  over modules, causal `length_kernel_size` over positions) for Q and K (one
+  shared layer if `share_qk`), and one of kernel 1 for V, whose input is
+  chosen by `v_concat_type`: 'none' (the shared activations), 'fixed' (those
+  and the layer input, interleaved per module) or 'original' (concatenated).
+  `output_layer_type` adds a FactoredDense ('mult'), a LocallyConvDense
+  ('conv'), or both ('multconv') after the heads are merged.
+  """
+  if output_layer_type not in _OUTPUT_LAYER_TYPES:
+    raise ValueError(f'MultiplicativeConvCausalAttention: output_layer_type '
+                     f'must be one of {_OUTPUT_LAYER_TYPES}; got '
+                     f'{output_layer_type!r}.')
+  if v_concat_type not in _V_CONCAT_TYPES:
+    raise ValueError(f'MultiplicativeConvCausalAttention: v_concat_type must '
+                     f'be one of {_V_CONCAT_TYPES}; got {v_concat_type!r}.')
+  dropout = 0.0 if force_no_dropout else dropout
+  sparsity = n_heads if sparsity is None else sparsity
+  _check_divides('MultiplicativeConvCausalAttention', 'd_feature', d_feature,
+                 'sparsity', sparsity)
+  d_module = d_feature // sparsity
+  output_layers = []
+  if 'mult' in output_layer_type:
+    output_layers.append(FactoredDense(sparsity, d_feature, d_feature))
+  if 'conv' in output_layer_type:
+    output_layers.append(LocallyConvDense(
+        sparsity, d_module, mode=mode, kernel_size=3,
+        length_kernel_size=length_kernel_size))
+  concat_layers = _v_concat_layers(v_concat_type, sparsity, d_module,
+                                   d_feature)
+
+  def conv(kernel_size):
+    return LocallyConvDense(sparsity, d_module, mode=mode,
+                            kernel_size=kernel_size,
+                            length_kernel_size=length_kernel_size)
+
+  v_layer = [concat_layers, conv(1), attention.SplitIntoHeads(n_heads)]
+  causal_attention = attention.DotProductCausalAttention(
+      dropout=dropout, max_inference_length=max_inference_length, mode=mode)
+  if share_qk:
+    return cb.Serial(
+        cb.Select([0, 0]),                 # x x
+        FactoredDense(sparsity, d_feature, d_feature),
+        cb.Select([0, 0]),                 # qk qk x
+        conv(3), attention.SplitIntoHeads(n_heads),
+        cb.Select([0, 0]),                 # q k qk x
+        cb.Parallel([], [], v_layer),      # q k v
+        causal_attention,
+        attention.MergeHeads(n_heads),
+        output_layers)
+  return cb.Serial(
+      cb.Select([0, 0]),                   # x x
+      FactoredDense(sparsity, d_feature, d_feature),
+      cb.Select([0, 0, 0]),                # qk qk qk x
+      cb.Parallel([conv(3), attention.SplitIntoHeads(n_heads)],
+                  [conv(3), attention.SplitIntoHeads(n_heads)],
+                  v_layer),                # q k v
+      causal_attention,
+      attention.MergeHeads(n_heads),
+      output_layers)
