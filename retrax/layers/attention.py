@@ -25,6 +25,7 @@ from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers import initializers as init
 from retrax.layers import kv_cache
+from retrax.layers import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
 # Re-exported for Trax's module path (trax.layers.attention.ShiftRight etc.).
@@ -39,21 +40,23 @@ _MODES = ('train', 'eval', 'predict', 'viz')
 _MASK_VALUE = -1e9
 
 
-def _check_mode(mode):
-  if mode not in _MODES:
-    raise ValueError(f'mode must be one of {_MODES}; got {mode!r}.')
+def _check_mode(owner, mode):
+  validation.check_choice(owner, 'mode', mode, _MODES)
 
 
-def _check_dropout(dropout):
-  if dropout is not None and not 0.0 <= dropout < 1.0:
-    raise ValueError(f'Dropout rate must be in [0, 1); got {dropout}.')
+def _check_dropout(owner, dropout):
+  if dropout is not None:
+    validation.check_rate(owner, 'dropout', dropout)
 
 
-def _check_heads(d_feature, n_heads):
-  if n_heads < 1 or d_feature % n_heads != 0:
-    raise ValueError(
-        f'Dimensionality of feature embedding ({d_feature}) is not a multiple '
-        f'of the requested number of attention heads ({n_heads}).')
+def _check_heads(owner, d_feature, n_heads):
+  d_feature = validation.check_int(owner, 'd_feature', d_feature, 1)
+  n_heads = validation.check_int(owner, 'n_heads', n_heads, 1)
+  if d_feature % n_heads != 0:
+    raise validation.ArgumentValueError(
+        f'{owner}: dimensionality of feature embedding (d_feature='
+        f'{d_feature}) is not a multiple of the requested number of attention '
+        f'heads (n_heads={n_heads}).')
 
 
 # inputs are (batch, length, depth) and a (batch, 1, 1, length) mask.
@@ -95,9 +98,9 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',
     q_sparsity: None (a `Dense` layer for queries) or 'noop' (no layer).
     result_sparsity: None (a `Dense` output layer) or 'noop' (no layer).
   """
-  _check_heads(d_feature, n_heads)
-  _check_dropout(dropout)
-  _check_mode(mode)
+  _check_heads('AttentionQKV', d_feature, n_heads)
+  _check_dropout('AttentionQKV', dropout)
+  _check_mode('AttentionQKV', mode)
 
   def SparsifiableDense(layer_sparsity, arg_name):
     if layer_sparsity is None:
@@ -133,15 +136,15 @@ class PureAttention(base.Layer):
 
   def __init__(self, n_heads=1, dropout=0.0, mode='train'):
     super().__init__(n_in=4, n_out=2)
-    _check_dropout(dropout)
-    _check_mode(mode)
+    _check_dropout('PureAttention', dropout)
+    _check_mode('PureAttention', mode)
     self._n_heads = n_heads
     self._dropout = dropout
     self._mode = mode
 
   def forward(self, inputs):
     q, k, v, mask = inputs
-    _check_heads(q.shape[-1], self._n_heads)
+    _check_heads(self.name, q.shape[-1], self._n_heads)
     split = lambda x: _split_into_heads(x, self._n_heads, False)  # pylint: disable=unnecessary-lambda-assignment
     per_head, dots = _per_head_attention(
         split(q), split(k), split(v), mask, dropout=self._dropout,
@@ -151,7 +154,7 @@ class PureAttention(base.Layer):
     return _merge_heads(per_head, self._n_heads, False), mask
 
   def init_weights_and_state(self, input_signature):
-    _check_heads(input_signature[0].shape[-1], self._n_heads)
+    _check_heads(self.name, input_signature[0].shape[-1], self._n_heads)
 
 
 def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
@@ -215,8 +218,8 @@ class DotProductAttention(base.Layer):
 
   def __init__(self, dropout=0.0, mode='train'):
     super().__init__(n_in=4, n_out=1)
-    _check_dropout(dropout)
-    _check_mode(mode)
+    _check_dropout('DotProductAttention', dropout)
+    _check_mode('DotProductAttention', mode)
     self._dropout = dropout
     self._mode = mode
 
@@ -315,7 +318,8 @@ def CausalAttention(d_feature, n_heads=1, dropout=0.0,
       convolution (kernel 3) after their `Dense` layer.
     mode: One of 'train', 'eval', 'predict' or 'viz'.
   """
-  _check_heads(d_feature, n_heads)
+  _check_heads('CausalAttention', d_feature, n_heads)
+  _check_dropout('CausalAttention', dropout)
 
   def QKVLayer():
     if use_dconv:
@@ -349,11 +353,11 @@ class DotProductCausalAttention(base.Layer):
 
   def __init__(self, dropout=0.0, max_inference_length=2048, mode='train'):
     super().__init__(n_in=3, n_out=1)
-    _check_dropout(dropout)
-    _check_mode(mode)
-    if max_inference_length < 1:
-      raise ValueError('max_inference_length must be positive; got '
-                       f'{max_inference_length}.')
+    _check_dropout('DotProductCausalAttention', dropout)
+    _check_mode('DotProductCausalAttention', mode)
+    max_inference_length = validation.check_int(
+        'DotProductCausalAttention', 'max_inference_length',
+        max_inference_length, 1)
     self._dropout = dropout
     self._mode = mode
     self._max_len = max_inference_length

@@ -7,6 +7,7 @@ from retrax import fastmath
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
+from retrax.layers import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
 
@@ -24,6 +25,7 @@ class Dense(base.Layer):
   def __init__(self, n_units, kernel_initializer=init.GlorotUniformInitializer(),
                bias_initializer=init.RandomNormalInitializer(1e-6),
                use_bias=True, use_bfloat16=False):
+    n_units = validation.check_int('Dense', 'n_units', n_units, 1)
     super().__init__(name=f'Dense_{n_units}')
     self._n_units = n_units
     self._kernel_initializer = kernel_initializer
@@ -73,6 +75,8 @@ class Embedding(base.Layer):
                kernel_initializer=init.ScaledInitializer(
                    out_dim=-1, in_dim=-2, scale=1., mode='fan_out',
                    distribution='uniform')):
+    vocab_size = validation.check_int('Embedding', 'vocab_size', vocab_size, 1)
+    d_feature = validation.check_int('Embedding', 'd_feature', d_feature, 1)
     super().__init__(name=f'Embedding_{vocab_size}_{d_feature}')
     self._vocab_size = vocab_size
     self._d_feature = d_feature
@@ -107,8 +111,7 @@ class Dropout(base.Layer):
 
   def __init__(self, rate=0.0, shared_axes=None, mode='train'):
     super().__init__()
-    if not 0.0 <= rate < 1.0:
-      raise ValueError(f'Dropout rate must be in [0, 1); got {rate}.')
+    validation.check_rate('Dropout', 'rate', rate)
     self._initial_rate = rate
     self._shared_axes = [] if shared_axes is None else list(shared_axes)
     self._mode = mode

@@ -33,6 +33,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from retrax.layers import validation
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
@@ -53,16 +54,20 @@ DEFAULT_PREDICT_DROP_LEN = 256
 
 
 def check_mode(name, mode):
-  if mode not in _MODES:
-    raise ValueError(f"{name}: mode must be one of {_MODES}; got {mode!r}.")
+  validation.check_choice(name, 'mode', mode, _MODES)
 
 
 def check_count(name, what, value, minimum=0, allow_none=False):
-  if value is None and allow_none:
-    return
-  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-    raise ValueError(f'{name}: {what} must be an int >= {minimum}; '
-                     f'got {value!r}.')
+  return validation.check_int(name, what, value, minimum, allow_none)
+
+
+def check_depths_and_rates(name, d_qk, d_v, attention_dropout,
+                           output_dropout):
+  """Per-head depths are ints >= 1, dropout rates in [0, 1)."""
+  validation.check_int(name, 'd_qk', d_qk, 1)
+  validation.check_int(name, 'd_v', d_v, 1)
+  validation.check_rate(name, 'attention_dropout', attention_dropout)
+  validation.check_rate(name, 'output_dropout', output_dropout)
 
 
 def dropout_rngs(layer, rng):
@@ -134,6 +139,7 @@ class SelfAttention(EfficientAttentionBase):
     check_count(name, 'chunk_len', chunk_len, 1, allow_none=True)
     check_count(name, 'n_chunks_before', n_chunks_before)
     check_count(name, 'n_chunks_after', n_chunks_after)
+    check_depths_and_rates(name, d_qk, d_v, attention_dropout, output_dropout)
     if chunk_len is None and (n_chunks_before or n_chunks_after):
       raise ValueError(f'{name}: n_chunks_before/n_chunks_after need '
                        f'chunk_len; got chunk_len=None.')
@@ -381,6 +387,8 @@ class EncDecAttention(EfficientAttentionBase):
                n_parallel_heads=None, use_python_loop=False,
                use_reference_code=False):
     check_mode(type(self).__name__, mode)
+    check_depths_and_rates(type(self).__name__, d_qk, d_v, attention_dropout,
+                           output_dropout)
     super().__init__(n_heads, n_in=3 if masked else 2,
                      n_parallel_heads=n_parallel_heads,
                      use_python_loop=use_python_loop,

@@ -26,6 +26,7 @@ from jax import lax
 import numpy as np
 
 from retrax.layers import base
+from retrax.layers import validation
 from retrax.shapes import ShapeDtype
 
 
@@ -85,8 +86,7 @@ class EfficientAttentionBase(base.Layer):
                predict_mem_len=None, predict_drop_len=None,
                use_python_loop=False, use_reference_code=False):
     super().__init__(n_in=n_in, n_out=1)
-    if not isinstance(n_heads, int) or n_heads < 1:
-      raise ValueError(f'n_heads must be a positive int; got {n_heads!r}.')
+    n_heads = validation.check_int(type(self).__name__, 'n_heads', n_heads, 1)
     self._n_heads = n_heads
     self._incremental = incremental
     if incremental:

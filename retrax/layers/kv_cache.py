@@ -17,6 +17,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from retrax.layers import validation
+
 # Smallest cache prefix read by predict-mode causal attention on CPU.
 PREFIX_BLOCK = 128
 
@@ -119,16 +121,17 @@ def update_state(new_k, new_v, state, buffer_length=None):
   """Appends keys/values at the index; returns `(new_state, (ks, vs, start))`.
 
   `start` is the position of the first new entry. Going past
-  `buffer_length` raises when the index is concrete (eager calls).
+  `buffer_length` raises when the index is concrete (eager calls); under
+  `jax.jit` writes clamp to the last slots and `checkify` reports it
+  (`validation.check_predict_position`).
   """
   ks, vs, idx = state
   n = new_k.shape[-2]
-  if buffer_length is not None and not isinstance(idx, jax.core.Tracer):
-    if int(idx) + n > buffer_length:
-      raise ValueError(
-          f'Predict-mode causal attention is at position {int(idx)} and got '
-          f'{n} more, beyond max_inference_length={buffer_length}; '
-          'build the layer with a larger max_inference_length.')
+  if buffer_length is not None:
+    validation.check_predict_position(
+        'causal attention', idx, n, buffer_length,
+        f' (max_inference_length={buffer_length}); build the layer with a '
+        'larger max_inference_length')
   ks, vs = _write(ks, new_k, idx), _write(vs, new_v, idx)
   return (ks, vs, idx + n), (ks, vs, idx)
 

@@ -36,6 +36,7 @@ from jax import lax
 
 from retrax.layers.efficient_attention import attention_kernel_init
 from retrax.layers.efficient_attention import check_count
+from retrax.layers.efficient_attention import check_depths_and_rates
 from retrax.layers.efficient_attention import check_mode
 from retrax.layers.efficient_attention import check_width
 from retrax.layers.efficient_attention import dropout_rngs
@@ -105,6 +106,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     check_count(name, 'n_chunks_before', n_chunks_before)
     check_count(name, 'n_chunks_after', n_chunks_after)
     check_count(name, 'n_hashes', n_hashes, 1)
+    check_depths_and_rates(name, d_qk, d_v, attention_dropout, output_dropout)
     check_count(name, 'max_length_for_buckets', max_length_for_buckets, 1,
                 allow_none=True)
     _check_n_buckets(name, n_buckets)

@@ -12,10 +12,20 @@ The weighted layers return `sum(value * weights) / sum(weights)`. Trax divided
 by the weight sum per device inside `pmap`; under retrax's jit with a sharded
 batch, the sums already run over the global batch.
 
+Integer targets must be categories of the model outputs, in `[0,
+n_categories)`; called eagerly, the category layers (cross-entropies and
+accuracies) raise a ValueError for any other target with a nonzero weight.
+Under `jax.jit` they cannot see the values: such a target has an all-zero
+one-hot row, so it adds 0 cross-entropy and is never counted correct (Trax's
+behaviour); the training `Loop` checks each batch's targets on the host.
+
 Several layers are `Serial` compositions, as in Trax (e.g. `CrossEntropyLoss`
 is `Serial(_CrossEntropy, _WeightedMean)`, printed `CrossEntropyLoss_in3`),
 so their weight trees and reprs match Trax's.
 """
+
+import jax
+import numpy as np
 
 from retrax import fastmath
 from retrax.fastmath import numpy as jnp
@@ -42,6 +52,32 @@ def _check_categories(name, model_output, targets, predictions_shape=None):
         f'targets of shape {tuple(targets.shape)}.')
 
 
+def _check_target_range(name, targets, n_classes, weights=None):
+  """Eager calls: each target with a nonzero weight must be in [0, n_classes).
+
+  Under `jax.jit` the values are traced and cannot be checked: an
+  out-of-range target then has an all-zero one-hot row (0 cross-entropy for
+  that item) and is never counted correct, as in Trax. The training `Loop`
+  checks every batch's targets on the host before its jitted step.
+  """
+  if any(isinstance(x, jax.core.Tracer) for x in (targets, weights)):
+    return
+  t = np.asarray(targets)
+  if t.dtype.kind not in 'iu':
+    return
+  bad = (t < 0) | (t >= n_classes)
+  if weights is not None and bad.any():
+    try:
+      bad &= np.broadcast_to(np.asarray(weights) != 0, t.shape)
+    except ValueError:
+      pass  # Weights not of the targets' shape: check every target.
+  if bad.any():
+    raise ValueError(
+        f'{name}: target {t[bad][0]} is not a category of the model outputs '
+        f'({n_classes} categories, 0 to {n_classes - 1}); {int(bad.sum())} '
+        f'of {t.size} targets are out of range.')
+
+
 def _weight_sum(weights):
   """The sum of the weights (global under sharded jit)."""
   return jnp.sum(weights)
@@ -64,6 +100,7 @@ def CategoryAccuracy():  # pylint: disable=invalid-name
     predictions = jnp.argmax(model_output, axis=-1)
     _check_same_shape('CategoryAccuracy', 'predictions', predictions,
                       'targets', targets)
+    _check_target_range('CategoryAccuracy', targets, model_output.shape[-1])
     n_correct = jnp.sum(jnp.equal(predictions, targets))
     return n_correct / predictions.size
   return base.Fn('CategoryAccuracy', f)
@@ -79,6 +116,8 @@ def WeightedCategoryAccuracy():  # pylint: disable=invalid-name
     predictions = jnp.argmax(model_output, axis=-1)
     _check_same_shape('WeightedCategoryAccuracy', 'predictions', predictions,
                       'targets', targets)
+    _check_target_range('WeightedCategoryAccuracy', targets,
+                        model_output.shape[-1], weights)
     correct = jnp.equal(predictions, targets)
     return jnp.sum(correct * weights) / _weight_sum(weights)
   return base.Fn('WeightedCategoryAccuracy', f)
@@ -109,6 +148,8 @@ def CategoryCrossEntropy(label_smoothing=None):  # pylint: disable=invalid-name
   """
   def f(model_output, targets):
     _check_categories('CategoryCrossEntropy', model_output, targets)
+    _check_target_range('CategoryCrossEntropy', targets,
+                        model_output.shape[-1])
     cross_entropies = _category_cross_entropy(
         model_output, targets, label_smoothing, 0.0)
     return jnp.average(cross_entropies)
@@ -124,6 +165,8 @@ def WeightedCategoryCrossEntropy(label_smoothing=None, cutoff=0.0):  # pylint: d
   """
   def f(model_output, targets, weights):
     _check_categories('WeightedCategoryCrossEntropy', model_output, targets)
+    _check_target_range('WeightedCategoryCrossEntropy', targets,
+                        model_output.shape[-1], weights)
     cross_entropies = _category_cross_entropy(
         model_output, targets, label_smoothing, cutoff)
     return jnp.sum(cross_entropies * weights) / _weight_sum(weights)
@@ -153,6 +196,8 @@ def MaskedSequenceAccuracy():  # pylint: disable=invalid-name
     predictions = jnp.argmax(model_output, axis=-1)
     _check_same_shape('MaskedSequenceAccuracy', 'predictions', predictions,
                       'targets', targets)
+    _check_target_range('MaskedSequenceAccuracy', targets,
+                        model_output.shape[-1], weights)
     position_is_padding = jnp.equal(weights, 0)
     position_is_accurate = jnp.logical_or(jnp.equal(predictions, targets),
                                           position_is_padding)
@@ -179,6 +224,8 @@ def _CrossEntropy(check_name=None):  # pylint: disable=invalid-name
   """
   def f(model_output, target_category):
     _check_categories('CrossEntropyLoss', model_output, target_category)
+    _check_target_range(check_name or 'CrossEntropyLoss', target_category,
+                        model_output.shape[-1])
     if check_name is not None:
       tutorial_checks.check_log_probs(check_name, model_output)
     target_distribution = core.one_hot(target_category, model_output.shape[-1])

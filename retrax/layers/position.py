@@ -6,39 +6,34 @@ and each call encodes the next `length` positions. For the tables of
 `PositionalEncoding` and `AxialPositionalEncoding`, going past their last
 position raises a ValueError when the call runs eagerly; under `jax.jit`
 (the index is traced) the read is clamped to the last rows instead, as in
-Trax.
+Trax, and a step run through `jax.experimental.checkify.checkify(step,
+errors=checkify.user_checks)` reports the overflow (`validation.
+check_predict_position`).
 """
 
 import functools
 import operator
 
-import jax
 import numpy as np
 
 from retrax import fastmath
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
+from retrax.layers import validation
 from retrax.layers.assert_shape import assert_shape
 
 _MODES = ('train', 'eval', 'predict', 'viz')
 
 
-def _check_args(dropout, mode):
-  if not 0.0 <= dropout < 1.0:
-    raise ValueError(f'Dropout rate must be in [0, 1); got {dropout}.')
-  if mode not in _MODES:
-    raise ValueError(f'mode must be one of {_MODES}; got {mode!r}.')
+def _check_args(owner, dropout, mode):
+  validation.check_rate(owner, 'dropout', dropout)
+  validation.check_choice(owner, 'mode', mode, _MODES)
 
 
 def _check_predict_range(layer, index, length, max_len):
-  """Raises if an eager predict-mode call would read past `max_len` positions."""
-  if isinstance(index, jax.core.Tracer):
-    return
-  if int(index) + length > max_len:
-    raise ValueError(
-        f'{layer.name} in predict mode is at position {int(index)} and got '
-        f'{length} more, beyond the {max_len} positions it encodes.')
+  """Predict mode must not read past `max_len` positions (`validation`)."""
+  validation.check_predict_position(layer.name, index, length, max_len)
 
 
 def _check_3d(layer, x):
@@ -88,7 +83,8 @@ class PositionalEncoding(base.Layer):
                use_bfloat16=False, start_from_zero_prob=1.0,
                max_offset_to_add=0, d_feature=None, mode='train'):
     super().__init__()
-    _check_args(dropout, mode)
+    _check_args('PositionalEncoding', dropout, mode)
+    max_len = validation.check_int('PositionalEncoding', 'max_len', max_len, 1)
     self._max_len = max_len
     self._dropout = dropout if mode == 'train' else 0.0
     self._dropout_broadcast_dims = dropout_broadcast_dims
@@ -166,7 +162,7 @@ class AxialPositionalEncoding(base.Layer):
                kernel_initializer=init.RandomNormalInitializer(1.0),
                dropout=0.0, dropout_broadcast_dims=(), mode='train'):
     super().__init__()
-    _check_args(dropout, mode)
+    _check_args('AxialPositionalEncoding', dropout, mode)
     shape, d_embs = tuple(shape), tuple(d_embs)
     if len(shape) != len(d_embs) or not shape:
       raise ValueError(
@@ -253,7 +249,7 @@ class SinCosPositionalEncoding(base.Layer):
   def __init__(self, add_offset=2048, dropout=0.0, dropout_broadcast_dims=(-2,),
                start_from_zero_one_in=2, mode='train'):
     super().__init__()
-    _check_args(dropout, mode)
+    _check_args('SinCosPositionalEncoding', dropout, mode)
     self._add_offset = add_offset
     self._dropout = dropout if mode == 'train' else 0.0
     self._dropout_broadcast_dims = dropout_broadcast_dims

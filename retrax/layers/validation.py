@@ -9,6 +9,9 @@ booleans are refused where a number is expected.
 import math
 import numbers
 
+import jax
+from jax.experimental import checkify
+
 
 class ArgumentError(Exception):
   """A constructor argument of the wrong type or out of its range."""
@@ -44,27 +47,36 @@ def check_int(owner, name, value, minimum=None, allow_none=False):
   return int(value)
 
 
+def is_real_scalar(value):
+  """A real number: Python/numpy int or float (not bool), or a 0-d array of one."""
+  if isinstance(value, numbers.Real):
+    return not isinstance(value, bool)
+  dtype = getattr(value, 'dtype', None)
+  return (getattr(value, 'shape', None) == () and dtype is not None and
+          getattr(dtype, 'kind', None) in 'iuf')
+
+
 def check_real(owner, name, value, minimum=None, maximum=None,
-               include_max=True, allow_none=False):
-  """`value` as a finite float in `[minimum, maximum]` (or `[., maximum)`)."""
+               include_min=True, include_max=True, allow_none=False):
+  """`value` as a finite float in the interval `[minimum, maximum]`.
+
+  `include_min`/`include_max` False make that end open; None is unbounded.
+  """
   if value is None and allow_none:
     return None
-  lo = '-inf' if minimum is None else f'{minimum}'
-  hi = 'inf' if maximum is None else f'{maximum}'
-  span = f'[{lo}, {hi}{"]" if include_max and maximum is not None else ")"}'
-  if not _is_real(value):
-    try:  # A scalar array (numpy or jax) holding a real number.
-      ok = getattr(value, 'shape', None) == () and value.dtype.kind in 'iuf'
-    except AttributeError:
-      ok = False
-    if not ok:
-      raise ArgumentTypeError(f'{owner}: {name} must be a real number in '
-                              f'{span}; got {value!r} '
-                              f'({type(value).__name__}).')
+  span = ('[' if include_min and minimum is not None else '(') + (
+      '-inf' if minimum is None else f'{minimum:g}') + ', ' + (
+          'inf' if maximum is None else f'{maximum:g}') + (
+              ']' if include_max and maximum is not None else ')')
+  if not is_real_scalar(value):
+    raise ArgumentTypeError(f'{owner}: {name} must be a real number in '
+                            f'{span}; got {value!r} ({type(value).__name__}).')
   x = float(value)
-  too_high = maximum is not None and (x > maximum or (
-      x == maximum and not include_max))
-  if not math.isfinite(x) or (minimum is not None and x < minimum) or too_high:
+  low = minimum is not None and (x < minimum or (x == minimum and
+                                                 not include_min))
+  high = maximum is not None and (x > maximum or (x == maximum and
+                                                  not include_max))
+  if not math.isfinite(x) or low or high:
     raise ArgumentValueError(f'{owner}: {name} must be a finite number in '
                              f'{span}; got {value!r}.')
   return x
@@ -81,3 +93,43 @@ def check_choice(owner, name, value, choices):
     raise ArgumentValueError(f'{owner}: {name} must be one of '
                              f'{tuple(choices)}; got {value!r}.')
   return value
+
+
+def check_predict_position(what, index, n, max_len, hint=''):
+  """Predict mode: positions `index .. index + n - 1` must be < `max_len`.
+
+  With a concrete `index` (eager calls) raises a ValueError. Under `jax.jit`
+  the index is traced and nothing can raise; this records a
+  `checkify.debug_check`, so a step run through `jax.experimental.checkify.
+  checkify(step, errors=checkify.user_checks)` returns the error. Without
+  checkify the calling layer clamps (see its docstring).
+  """
+  if not isinstance(index, jax.core.Tracer):
+    if int(index) + n > max_len:
+      raise ValueError(f'{what} in predict mode is at position {int(index)} '
+                       f'and got {n} more, beyond the {max_len} positions it '
+                       f'holds{hint}.')
+    return
+  checkify.debug_check(
+      index + n <= max_len,
+      f'{what} in predict mode is at position {{index}} and got {n} more, '
+      f'beyond the {max_len} positions it holds{hint}.', index=index)
+
+
+def check_sizes(owner, **sizes):
+  """Each keyword is an int >= 1 (None, an optional size left out, passes)."""
+  for name, value in sizes.items():
+    check_int(owner, name, value, 1, allow_none=True)
+
+
+def check_counts(owner, **counts):
+  """Each keyword is an int >= 0 (e.g. a number of layers)."""
+  for name, value in counts.items():
+    check_int(owner, name, value, 0)
+
+
+def check_rates(owner, **rates):
+  """Each keyword is a dropout rate in [0, 1) (None passes)."""
+  for name, value in rates.items():
+    if value is not None:
+      check_rate(owner, name, value)

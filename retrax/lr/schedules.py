@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from retrax.layers import validation
+
 __all__ = [
     'FACTOR_NAMES',
     'constant',
@@ -55,10 +57,8 @@ def finish(value, xp):
 # Body-and-tail curves.
 
 
-def _check_n_warmup_steps(n_warmup_steps):
-  if not isinstance(n_warmup_steps, (int, np.integer)) or n_warmup_steps < 0:
-    raise ValueError(
-        f'n_warmup_steps must be an integer >= 0; got {n_warmup_steps!r}.')
+def _check_n_warmup_steps(owner, n_warmup_steps):
+  validation.check_int(owner, 'n_warmup_steps', n_warmup_steps, 0)
 
 
 def constant(value):
@@ -72,6 +72,7 @@ def constant(value):
   Returns:
     A function ``step -> learning_rate``.
   """
+  validation.check_real('lr.constant', 'value', value)
   return _BodyAndTail(value, body_start=1)
 
 
@@ -86,7 +87,8 @@ def warmup(n_warmup_steps, max_value):
   Returns:
     A function ``step -> learning_rate``.
   """
-  _check_n_warmup_steps(n_warmup_steps)
+  _check_n_warmup_steps('lr.warmup', n_warmup_steps)
+  validation.check_real('lr.warmup', 'max_value', max_value)
   return _BodyAndTail(max_value, body_start=n_warmup_steps + 1)
 
 
@@ -103,7 +105,8 @@ def warmup_and_rsqrt_decay(n_warmup_steps, max_value):
   Returns:
     A function ``step -> learning_rate``.
   """
-  _check_n_warmup_steps(n_warmup_steps)
+  _check_n_warmup_steps('lr.warmup_and_rsqrt_decay', n_warmup_steps)
+  validation.check_real('lr.warmup_and_rsqrt_decay', 'max_value', max_value)
   return _BodyAndTail(max_value, tail_start=n_warmup_steps + 1,
                       tail_fn=_rsqrt)
 
@@ -278,6 +281,10 @@ def multifactor(factors='constant * linear_warmup * rsqrt_decay',
   """
   names = parse_factors(factors)
   check_factor_params(names, warmup_steps, steps_per_decay, steps_per_cycle)
+  for name, value in (('constant', constant), ('decay_factor', decay_factor),
+                      ('second_constant', second_constant),
+                      ('minimum', minimum)):
+    validation.check_real('lr.multifactor', name, value)
   params = dict(constant=constant, warmup_steps=warmup_steps,
                 decay_factor=decay_factor, steps_per_decay=steps_per_decay,
                 steps_per_cycle=steps_per_cycle,

@@ -4,6 +4,7 @@ Layer trees equal Trax 1.4.1's, so Trax checkpoints load leaf for leaf.
 """
 
 from retrax import layers as tl
+from retrax.layers import validation
 
 
 def _dropout(dropout, dropout_shared_axes, mode):
@@ -70,6 +71,11 @@ def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,  # pyli
                        dropout_shared_axes=None, mode='train',
                        ff_activation=None):
   """Token ids (0 = padding) -> `n_classes` raw activations (mean over positions)."""
+  validation.check_sizes('TransformerEncoder', vocab_size=vocab_size,
+                         n_classes=n_classes, d_model=d_model, d_ff=d_ff,
+                         n_heads=n_heads, max_len=max_len)
+  validation.check_counts('TransformerEncoder', n_layers=n_layers)
+  validation.check_rates('TransformerEncoder', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
   blocks = [_EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                           mode, ff_activation) for _ in range(n_layers)]
@@ -91,6 +97,11 @@ def TransformerDecoder(vocab_size=None, d_model=512, d_ff=2048, n_layers=6,  # p
                        dropout_shared_axes=None, mode='train',
                        ff_activation=None):
   """Causal decoder (no shift): ids (or vectors if `vocab_size` is None) -> d_model vectors."""
+  validation.check_sizes('TransformerDecoder', vocab_size=vocab_size,
+                         d_model=d_model, d_ff=d_ff, n_heads=n_heads,
+                         max_len=max_len)
+  validation.check_counts('TransformerDecoder', n_layers=n_layers)
+  validation.check_rates('TransformerDecoder', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
   embed = (tl.Embedding(vocab_size, d_model) if vocab_size is not None
            else tl.Dense(d_model))
@@ -109,6 +120,11 @@ def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,  # 
                   max_len=2048, dropout=0.1, dropout_shared_axes=None,
                   mode='train', ff_activation=None):
   """Autoregressive language model: ids -> logits over `vocab_size` (input shifted right)."""
+  validation.check_sizes('TransformerLM', vocab_size=vocab_size,
+                         d_model=d_model, d_ff=d_ff, n_heads=n_heads,
+                         max_len=max_len)
+  validation.check_counts('TransformerLM', n_layers=n_layers)
+  validation.check_rates('TransformerLM', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
   blocks = [_DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                           mode, ff_activation) for _ in range(n_layers)]
@@ -128,6 +144,12 @@ def Transformer(input_vocab_size, output_vocab_size=None, d_model=512,  # pylint
                 max_len=2048, dropout=0.1, dropout_shared_axes=None,
                 mode='train', ff_activation=None):
   """Encoder-decoder: (source ids, target ids) -> target logits; encoder cached in predict mode."""
+  validation.check_sizes('Transformer', input_vocab_size=input_vocab_size,
+                         output_vocab_size=output_vocab_size, d_model=d_model,
+                         d_ff=d_ff, n_heads=n_heads, max_len=max_len)
+  validation.check_counts('Transformer', n_encoder_layers=n_encoder_layers,
+                          n_decoder_layers=n_decoder_layers)
+  validation.check_rates('Transformer', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
   encoder_mode = 'eval' if mode == 'predict' else mode
   in_embedder = tl.Embedding(input_vocab_size, d_model)

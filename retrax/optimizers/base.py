@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from retrax.layers import validation
+
 __all__ = [
     'Optimizer',
     'SGD',
@@ -229,10 +231,13 @@ class Optimizer:
         down together so that their global L2 norm does not exceed this value.
       **init_opt_params: Initial values of further hyperparameters.
     """
-    if clip_grad_norm is not None and not clip_grad_norm > 0:
-      raise ValueError(
-          f'clip_grad_norm must be None or a positive number; got '
-          f'{clip_grad_norm!r}.')
+    owner = type(self).__name__
+    validation.check_real(owner, 'clip_grad_norm', clip_grad_norm, 0.0,
+                          include_min=False, allow_none=True)
+    validation.check_real(owner, 'learning_rate', learning_rate)
+    for name, value in init_opt_params.items():  # A NaN would train to NaN.
+      if validation.is_real_scalar(value):
+        validation.check_real(owner, name, value)
     init_opt_params['learning_rate'] = learning_rate
     self._init_opt_params = {
         name: jnp.asarray(value) for name, value in init_opt_params.items()}

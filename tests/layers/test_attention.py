@@ -445,7 +445,7 @@ def test_pure_attention_indivisible_heads_fails_at_init():
 def test_bad_mode_and_dropout_rejected():
   with pytest.raises(ValueError, match='mode'):
     attn.DotProductCausalAttention(mode='decode')
-  with pytest.raises(ValueError, match='Dropout'):
+  with pytest.raises(ValueError, match='dropout must be'):
     attn.Attention(8, dropout=1.0)
 
 

@@ -150,7 +150,7 @@ def test_positional_encoding_predict_state_and_overflow():
 
 
 def test_positional_encoding_bad_arguments():
-  with pytest.raises(ValueError, match='Dropout'):
+  with pytest.raises(ValueError, match='dropout must be'):
     position.PositionalEncoding(dropout=1.0)
   with pytest.raises(ValueError, match='mode'):
     position.PositionalEncoding(mode='test')

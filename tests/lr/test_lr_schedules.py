@@ -128,8 +128,8 @@ def test_unknown_factor_is_a_clear_error():
   with pytest.raises(ValueError, match="'linear_warmup' needs warmup_steps > "
                      '0; got 0'):
     lr.multifactor('constant * linear_warmup', warmup_steps=0)
-  with pytest.raises(ValueError, match='n_warmup_steps must be an integer >= '
-                     '0; got -1'):
+  with pytest.raises(ValueError, match='lr.warmup: n_warmup_steps must be an '
+                     'int >= 0; got -1'):
     lr.warmup(-1, 0.1)
 
 

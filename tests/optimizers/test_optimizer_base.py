@@ -165,6 +165,6 @@ def test_bad_inputs_are_reported(tree_case):
   with pytest.raises(ValueError, match=r'Gradient 0 has shape \(4, 3\) but '
                      r'weight array 0 has shape \(3, 4\)'):
     opt.tree_update(0, bad, w, slots, params)
-  with pytest.raises(ValueError, match='clip_grad_norm must be None or a '
-                     'positive number; got 0'):
+  with pytest.raises(ValueError, match=r'Adam: clip_grad_norm must be a '
+                     r'finite number in \(0, inf\); got 0'):
     optimizers.Adam(clip_grad_norm=0)

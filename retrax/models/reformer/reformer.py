@@ -8,6 +8,7 @@ through reversible blocks; LSH attention is chosen with
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
+from retrax.layers import validation
 from retrax.models.research import configurable_transformer as ct
 
 # Trax 1.2 exported the half-residual layer from this module (the RevNet lab imports it).
@@ -88,6 +89,12 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,  # pylint
     attention_chunk_size: if > 0, attention runs over batch chunks.
     mode: 'train', 'eval' or 'predict'.
   """
+  validation.check_sizes('ReformerLM', vocab_size=vocab_size, d_model=d_model,
+                         d_ff=d_ff, d_attention_key=d_attention_key,
+                         d_attention_value=d_attention_value, n_heads=n_heads,
+                         max_len=max_len)
+  validation.check_counts('ReformerLM', n_layers=n_layers)
+  validation.check_rates('ReformerLM', dropout=dropout)
   attention_type = tl.SelfAttention if attention_type is None else attention_type
   ff_activation = tl.FastGelu if ff_activation is None else ff_activation
   _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob)
@@ -239,6 +246,12 @@ def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,  
   In predict mode the encoder runs once (`tl.Cache`) and the decoder decodes
   one token per call.
   """
+  validation.check_sizes('Reformer', input_vocab_size=input_vocab_size,
+                         output_vocab_size=output_vocab_size, d_model=d_model,
+                         d_ff=d_ff, n_heads=n_heads, max_len=max_len)
+  validation.check_counts('Reformer', n_encoder_layers=n_encoder_layers,
+                          n_decoder_layers=n_decoder_layers)
+  validation.check_rates('Reformer', dropout=dropout, ff_dropout=ff_dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
   in_encoder, out_encoder, output_vocab_size = (
       ct.EmbeddingAndPositionalEncodings(

@@ -1,6 +1,7 @@
 """Building blocks shared by Transformer/Reformer variants (Trax 1.4.1 layout)."""
 
 from retrax import layers as tl
+from retrax.layers import validation
 
 
 def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16,  # pylint: disable=invalid-name
@@ -114,6 +115,8 @@ def ApplyAttentionLayer(attention_type, d_model, n_heads, d_qk, d_v, causal,  # 
         n_heads=n_heads, d_qk=d_qk, d_v=d_v, causal=causal, masked=masked,
         output_dropout=output_dropout, attention_dropout=attention_dropout,
         mode=mode)
+  except validation.ArgumentError:
+    raise
   except TypeError:  # Dense attention layers take d_feature instead.
     attention = attention_type(d_model, n_heads=n_heads,
                                dropout=attention_dropout, mode=mode)
