@@ -177,6 +177,7 @@ class LoopIO:
     if basename is None and not permanent:
       checkpointing.rotate(self._output_dir, self._keep_checkpoints,
                            report=self._log)
+      self._last_rolling_step = self._step
     if self._write_trax_files:  # Trax's names: model, model_<step>, <basename>.
       self._save_trax_files(self._trax_basename(basename, permanent), trees)
     self._last_saved_step = self._step
@@ -331,6 +332,7 @@ class LoopIO:
     if accumulator is not None:
       self._acc.load(accumulator)
     self._last_saved_step = step
+    self._last_rolling_step = step
     for kind, tasks in (('train', self._tasks), ('eval', self._eval_tasks)):
       for i, (task, n) in enumerate(zip(tasks, batches.get(kind, []))):
         if n >= task.n_batches:

@@ -224,6 +224,7 @@ class Loop(loop_io.LoopIO):
     self._acc = _Accumulator()
     self._last_loss = None
     self._last_saved_step = None
+    self._last_rolling_step = None  # Of the newest ckpt_<step> / model.pkl.gz.
     self._bar = loop_io.make_progress_bar(self, 0, enabled=False)
 
     # Initialization, in Trax's order of PRNG use.
@@ -415,7 +416,6 @@ class Loop(loop_io.LoopIO):
     self._open_writers()
     self._bar = loop_io.make_progress_bar(self, n_steps)
     start_time = time.time()
-    saved_step = None
     try:
       for _ in range(n_steps):
         prev_task_index = self._which_task(self._step)
@@ -438,7 +438,6 @@ class Loop(loop_io.LoopIO):
         at_checkpoint = self._checkpoint_at(self._step)
         if at_checkpoint:
           self.save_checkpoint(checkpointing.TRAX_BASENAME)
-          saved_step = self._step
         if self._permanent_checkpoint_at(self._step):
           self.save_checkpoint(f'{checkpointing.TRAX_BASENAME}_{self._step}')
         if at_checkpoint:
@@ -449,8 +448,9 @@ class Loop(loop_io.LoopIO):
               self._checkpoint_high_metric, max):
             self.save_checkpoint(f'highest_{self._checkpoint_high_metric}')
       self._check_pending()
-      if self._step not in (self._last_saved_step, saved_step):
-        # The final step is always saved.
+      if self._last_rolling_step != self._step:
+        # The final step is always saved as the newest checkpoint (also when
+        # it is only a permanent one's step), so model.pkl.gz holds it too.
         self.save_checkpoint(checkpointing.TRAX_BASENAME)
     finally:
       self._bar.close()

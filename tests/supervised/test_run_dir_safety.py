@@ -156,18 +156,19 @@ def test_damaged_trax_fallback_is_an_error_not_a_restart(tmp_path):
     resume_worker.make_loop(out)
 
 
-def test_final_step_is_checkpointed(tmp_path):
-  """Item 7: run(5) with checkpoints every 3 saves step 5 (native and Trax)."""
+@pytest.mark.parametrize('n', [5, 10])
+def test_final_step_is_checkpointed(tmp_path, n):
+  """Item 7: with rolling checkpoints every 3 (permanent every 10), run(n)
+  leaves step n as the newest checkpoint, native and Trax."""
   out = str(tmp_path)
-  loop = resume_worker.run(out, 5)
-  assert os.path.isdir(os.path.join(out, 'ckpt_000000005'))
-  assert native.load_native(os.path.join(out, 'ckpt_000000005')).metadata[
-      'step'] == 5
-  assert read_trax_checkpoint(os.path.join(out, 'model.pkl.gz'))['step'] == 5
-  for a, b in zip(read_trax_checkpoint(os.path.join(out, 'model.pkl.gz'))[
-      'flat_weights'], toys.leaves(loop.model.weights)):
+  loop = resume_worker.run(out, n)
+  path = os.path.join(out, f'ckpt_{n:09d}')
+  assert native.load_native(path).metadata['step'] == n
+  trax = read_trax_checkpoint(os.path.join(out, 'model.pkl.gz'))
+  assert trax['step'] == n
+  for a, b in zip(trax['flat_weights'], toys.leaves(loop.model.weights)):
     np.testing.assert_array_equal(a, b)
-  assert resume_worker.make_loop(out).step == 5
+  assert resume_worker.make_loop(out).step == n
 
 
 class _Killed(BaseException):
