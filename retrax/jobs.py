@@ -160,7 +160,8 @@ def train(config, quiet=False):
   from retrax.supervised import training  # pylint: disable=g-import-not-at-top
   _check_run_dir(config)
   train_stream, eval_stream = _streams(config)
-  schedule = lr.multifactor(factors='constant * linear_warmup',
+  factors = 'constant * linear_warmup' if config.warmup_steps else 'constant'
+  schedule = lr.multifactor(factors=factors,
                             constant=config.learning_rate,
                             warmup_steps=config.warmup_steps)
   train_task = training.TrainTask(

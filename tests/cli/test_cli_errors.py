@@ -95,3 +95,13 @@ def test_bad_model_settings_exit_2_before_training(sets, fragment, tmp_path,
   assert cli.main(argv) == 2
   _one_line(capsys, fragment)
   assert not os.path.exists(tmp_path / 'run')
+
+
+def test_no_warmup_trains(tmp_path, capsys):
+  # warmup_steps=0 is a valid config (no warm-up), not a traceback.
+  assert cli.main(['train', '--output_dir', str(tmp_path / 'run'), '--steps',
+                   '1', '--quiet', '--no-sample', '--set', 'warmup_steps=0',
+                   '--set', 'd_model=16', '--set', 'd_ff=32', '--set',
+                   'n_layers=1', '--set', 'd_head=8', '--set',
+                   'batch_size=4']) == 0
+  capsys.readouterr()
