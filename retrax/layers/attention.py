@@ -54,9 +54,9 @@ def _check_heads(owner, d_feature, n_heads):
   n_heads = validation.check_int(owner, 'n_heads', n_heads, 1)
   if d_feature % n_heads != 0:
     raise validation.ArgumentValueError(
-        f'{owner}: dimensionality of feature embedding (d_feature='
-        f'{d_feature}) is not a multiple of the requested number of attention '
-        f'heads (n_heads={n_heads}).')
+        f'{owner}: dimensionality of feature embedding d_feature '
+        f'({d_feature}) is not a multiple of the requested number of attention '
+        f'heads n_heads ({n_heads}).')
 
 
 # inputs are (batch, length, depth) and a (batch, 1, 1, length) mask.
