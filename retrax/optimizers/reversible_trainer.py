@@ -13,8 +13,9 @@ runs each layer as its own jitted call:
   soon as its gradient exists.
 
 Weights and optimizer slots are kept in host memory between the calls that
-use them, so the accelerator holds one layer's weights at a time (plus the
-activations of the stack). Each layer has its own optimizer (made by
+use them: a layer's new weights start copying to the host when its update is
+done and are collected one layer later, so the accelerator holds the weights
+of about two layers at a time (plus the activations of the stack). Each layer has its own optimizer (made by
 `optimizer_fn`); for optimizers that treat each weight array on its own (SGD,
 Momentum, Adam, Adafactor, ... without `clip_grad_norm`) the updates equal
 those of `optimizers.Trainer` on the whole model.
@@ -163,6 +164,7 @@ class ReversibleSerialTrainer:
                     [_Unit(layer, optimizer_fn, 'reversible') for layer in revs])
                    for std, revs in self._blocks]
     self._loss_unit = _Unit(loss_layer, optimizer_fn, 'loss')
+    self._pending = None  # The last updated unit, its weights still moving.
 
   @property
   def loss_layer(self):
@@ -230,19 +232,26 @@ class ReversibleSerialTrainer:
         opt_base.set_learning_rate(unit.opt_params, learning_rate)
     rngs = list(fastmath.random.split(rng, self._n_layers))
     step = np.int32(step)
+    self._pending = None
     stack, saved = self._forward(self._mesh.put_batch(batch), rngs)
     loss_stats, grad_stack = self._loss_backward(stack, rngs[-1], step)
     stats = [loss_stats]
     for b in reversed(range(len(self._units))):
       stack, grad_stack = self._block_backward(b, stack, grad_stack, saved[b],
                                                rngs, step, stats)
-    for unit in units:
-      unit.collect()
+    self._pending.collect()
     joint = {}
     for i, layer_stats in enumerate(reversed(stats)):
       for name, value in layer_stats.items():
         joint[f'layer{i}/{name}'] = value
     return loss_stats['loss'], joint
+
+  def _store(self, unit, weights, slots, state=None):
+    """Stores `unit`'s update; moves the previous unit's to host memory."""
+    unit.store(weights, slots, state)
+    if self._pending is not None:
+      self._pending.collect()
+    self._pending = unit
 
   def _rng_index(self, block):
     """Index in the step's rngs of `block`'s standard layer."""
@@ -281,7 +290,7 @@ class ReversibleSerialTrainer:
     new_weights, new_state, new_slots, x_ct, stats = unit.backward(
         x, replicate(layer.weights), replicate(layer.state), rng, None,
         replicate(unit.optimizer.slots), replicate(unit.opt_params), step)
-    unit.store(new_weights, new_slots, new_state)
+    self._store(unit, new_weights, new_slots, new_state)
     return stats, x_ct
 
   def _block_backward(self, b, stack, grad_stack, saved, rngs, step, stats):
@@ -298,7 +307,7 @@ class ReversibleSerialTrainer:
           replicate(old_state), replicate(new_state), rngs[i + 1 + j],
           cb.inputs_from_stack(grad_stack, layer.n_out),
           replicate(unit.optimizer.slots), replicate(unit.opt_params), step)
-      unit.store(new_weights, new_slots)
+      self._store(unit, new_weights, new_slots)
       stack = cb.outputs_onto_stack(x, stack, layer.n_out)
       grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, layer.n_out)
       stats.append(layer_stats)
@@ -307,7 +316,7 @@ class ReversibleSerialTrainer:
         std_inputs, replicate(layer.weights), replicate(std_state), rngs[i],
         cb.inputs_from_stack(grad_stack, layer.n_out),
         replicate(std.optimizer.slots), replicate(std.opt_params), step)
-    std.store(new_weights, new_slots)
+    self._store(std, new_weights, new_slots)
     stack = cb.outputs_onto_stack(std_inputs, stack, layer.n_out)
     grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, layer.n_out)
     stats.append(layer_stats)
