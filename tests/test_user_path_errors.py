@@ -102,8 +102,14 @@ def test_local_paths_pass_through(tmp_path):
   assert local_paths.url_scheme('GS://b/x') == 'gs'
 
 
-@pytest.mark.parametrize('name', ['TFDS', 'data_streams', 'CreateBertInputs',
-                                  'tf_inputs'])
+def test_tf_inputs_attribute_path_says_what_to_use_instead():
+  # Whether or not the module was imported before (the package's __getattr__
+  # or the module's answers).
+  with pytest.raises(tensorflow_only.TensorFlowOnlyError, match='TextLines'):
+    trax.data.tf_inputs.TFDS('mnist')  # pylint: disable=expression-not-assigned
+
+
+@pytest.mark.parametrize('name', ['TFDS', 'data_streams', 'CreateBertInputs'])
 def test_tfds_names_say_what_to_use_instead(name):
   with pytest.raises(tensorflow_only.TensorFlowOnlyError) as e:
     getattr(trax.data, name)
