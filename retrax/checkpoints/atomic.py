@@ -74,12 +74,13 @@ _OWN_TARGETS = re.compile(
     r'run_config\.json|model\.json|.+\.pkl\.gz|.+\.npy\.gz)$')
 
 
-def remove_orphan_temps(directory):
+def remove_orphan_temps(directory, targets=None):
   """Removes the temporary files of retrax's interrupted atomic writes in
   `directory` (not recursive); returns their paths.
 
   Only names of the form `.<target>.<8 letters>.tmp` with a target that
-  retrax writes (`metadata.json`, `metrics.jsonl`, `*.pkl.gz`, ...) go.
+  retrax writes (`metadata.json`, `metrics.jsonl`, `*.pkl.gz`, ...), or
+  with `targets` one of those names, go.
   """
   try:
     names = os.listdir(directory)
@@ -89,7 +90,9 @@ def remove_orphan_temps(directory):
   for name in names:
     m = _TEMP_RE.match(name)
     path = os.path.join(directory, name)
-    if m and _OWN_TARGETS.match(m.group('target')) and os.path.isfile(path):
+    own = (_OWN_TARGETS.match(m.group('target')) if targets is None else
+           m.group('target') in targets) if m else False
+    if own and os.path.isfile(path):
       with contextlib.suppress(OSError):
         os.remove(path)
         removed.append(path)

@@ -86,10 +86,14 @@ def check_finite(trees, step, last_saved_step):
             'gradients (clip_grad_norm=).')
 
 
-def remove_orphans(output_dir):
-  """Removes the temporary files that killed writes left in `output_dir` and
-  its checkpoint directories (only names of retrax's own temporary files)."""
+def remove_orphans(output_dir, log_files=()):
+  """Removes the temporary files that killed writes left in `output_dir`, its
+  checkpoint directories and beside the run's `log_files` (only names of
+  retrax's own temporary files)."""
   removed = ckpt_lib.remove_orphan_temps(output_dir)
+  for path in log_files:
+    removed += ckpt_lib.remove_orphan_temps(os.path.dirname(path),
+                                            {os.path.basename(path)})
   removed += ckpt_lib.remove_orphan_staged_sidecars(output_dir)
   for prefix in (ROLLING_PREFIX, PERMANENT_PREFIX):
     for _, path in ckpt_lib.list_checkpoints(output_dir, prefix):

@@ -61,7 +61,7 @@ class LoopIO:
     if self._output_dir is None:
       return
     if self._is_chief:
-      checkpointing.remove_orphans(self._output_dir)
+      checkpointing.remove_orphans(self._output_dir, self._run_files.files())
     if self.load_checkpoint() is None:
       self._truncate_logs(0)  # A fresh run: drop logs of an unsaved one.
 

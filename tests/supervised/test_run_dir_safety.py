@@ -322,6 +322,12 @@ def test_orphan_temp_files_of_killed_writes_are_removed(tmp_path):
   for name in ours + theirs:
     os.makedirs(os.path.dirname(out / name), exist_ok=True)
     (out / name).write_bytes(b'x')
+  events = [os.path.relpath(p, out)
+            for p in metrics_log.RunFiles(str(out)).files() if 'tfevents' in p]
+  for rel in events:  # A kill while cutting an event file back.
+    d, name = os.path.split(rel)
+    ours.append(os.path.join(d, f'.{name}.isl09l73.tmp'))
+    (out / ours[-1]).write_bytes(b'x')
   loop = resume_worker.make_loop(str(out))
   assert loop.step == 3
   for name in ours:
