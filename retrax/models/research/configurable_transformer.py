@@ -1,6 +1,14 @@
-"""Building blocks shared by Transformer/Reformer variants (Trax 1.4.1 layout)."""
+"""Trax 1.4.1's configurable Transformers and the blocks Reformer variants share.
+
+`ConfigurableTransformerEncoder`, `ConfigurableTransformerLM` and
+`ConfigurableTransformer` are Trax's `models.Transformer*` with every block
+option exposed (attention type and chunking, sparse or chunked or SRU
+feed-forward, positional-encoding type, sparse output layer); with default
+arguments their layer and weight trees are Trax's, leaf for leaf.
+"""
 
 from retrax import layers as tl
+from retrax.layers.research import sparsity as research_sparsity
 from retrax.layers import validation
 
 
@@ -59,25 +67,23 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,  # pylin
     ff_use_sru: If > 0, a residual branch `LayerNorm, Dense(n), SRU(n) x k,
       Dense(d_model)` is added to the block's output; an int k (n = 32) or a
       pair (k, n).
-    ff_sparsity: If nonzero, `tl.SparseFF` (with `ff_sparsity_type='1inN'`)
-      replaces the dense feed-forward: an int N (blocks of N, d_lowrank
-      d_ff // N), or (N, d_lowrank[, temperature, quant_prob]), or the same
-      as a space-separated string.
+    ff_sparsity: If nonzero, a sparse block replaces the dense feed-forward:
+      with `ff_sparsity_type='1inN'`, `tl.SparseFF` from an int N (blocks of
+      N, d_lowrank d_ff // N), or (N, d_lowrank[, temperature, quant_prob]),
+      or the same as a space-separated string; with 'Block' or 'Switch',
+      `tl.BlockSparseFF` / `tl.SwitchSparseFF` with `n_experts=ff_sparsity`.
     center_layernorm: False for RMS normalization.
     mode: 'train', 'eval' or 'predict'.
     use_bfloat16: bfloat16 weights.
-    ff_sparsity_type: Only '1inN' (Trax's 'Block' and 'Switch' experts are
-      not implemented).
+    ff_sparsity_type: '1inN', 'Block' or 'Switch'.
 
   Returns:
     A one-element list holding the block (vectors -> vectors).
   """
-  sparse = bool(ff_sparsity)
-  if sparse and ff_sparsity_type != '1inN':
-    raise ValueError(f'ff_sparsity_type={ff_sparsity_type!r} (Trax\'s '
-                     'BlockSparseFF / SwitchSparseFF) is not implemented in '
-                     "retrax; use '1inN'.")
-  if sparse:
+  if ff_sparsity_type not in ('1inN', 'Block', 'Switch'):
+    raise ValueError(f"ff_sparsity_type must be '1inN', 'Block' or 'Switch'; "
+                     f'got {ff_sparsity_type!r}.')
+  if ff_sparsity and ff_sparsity_type == '1inN':
     n_elements_in_block, d_lowrank, temperature, quant_prob = _parse_sparsity(
         ff_sparsity, d_ff)
     ff = tl.SparseFF(
@@ -88,8 +94,17 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,  # pylin
     # SparseFF brings its own Dropout and chunking.
     res = [tl.LayerNorm(center=center_layernorm), ff]
   else:
-    ff = _FeedForward(d_model, d_ff, dropout, ff_activation, ff_dropout,
-                      use_bfloat16, mode)
+    if not ff_sparsity:
+      ff = _FeedForward(d_model, d_ff, dropout, ff_activation, ff_dropout,
+                        use_bfloat16, mode)
+    elif not isinstance(ff_sparsity, int):
+      raise ValueError(f'ff_sparsity_type={ff_sparsity_type!r} needs an int '
+                       f'ff_sparsity (the number of experts); got '
+                       f'{ff_sparsity!r}.')
+    elif ff_sparsity_type == 'Block':
+      ff = tl.BlockSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
+    else:
+      ff = tl.SwitchSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
     res = [tl.LayerNorm(center=center_layernorm), ff,
            tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode)]
     if ff_chunk_size > 0:
@@ -127,14 +142,18 @@ def ApplyAttentionLayer(attention_type, d_model, n_heads, d_qk, d_v, causal,  # 
 def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,  # pylint: disable=invalid-name
                       pos_axial_shape=None, pos_d_axial_embs=None,
                       pos_start_from_zero_prob=1.0, pos_max_offset_to_add=0,
-                      use_bfloat16=False):
+                      use_bfloat16=False, pos_time_bin_length=None):
   """The positional-encoding layer for `pos_type`.
 
   `None` is a learned table (PositionalEncoding), 'sin-cos', 'fixed-base',
-  'no', or 'axial'. Unlike Trax (which silently ignored them), axial
-  arguments with `pos_type=None` select axial encoding.
+  'infinite' (InfinitePositionalEncoding without random phase),
+  'infinite-affine' (with it), 'time-bin' (TimeBinPositionalEncoding, whose
+  bin length Trax took from gin: here `pos_time_bin_length`), 'no', or
+  'axial'. Unlike Trax (which silently ignored them), axial arguments with
+  `pos_type=None` select axial encoding; unlike Trax, the infinite and
+  time-bin encodings get `mode` (so 'predict' continues the positions).
   """
-  if not pos_type and pos_axial_shape:
+  if not pos_type and isinstance(pos_axial_shape, (tuple, list)):
     pos_type = 'axial'
   if not pos_type:
     return tl.PositionalEncoding(
@@ -145,6 +164,14 @@ def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,  # pylint
     return tl.SinCosPositionalEncoding(mode=mode)
   if pos_type == 'fixed-base':
     return tl.FixedBasePositionalEncoding(mode=mode)
+  if pos_type in ('infinite', 'infinite-affine'):
+    return tl.InfinitePositionalEncoding(affine=pos_type == 'infinite-affine',
+                                         mode=mode)
+  if pos_type == 'time-bin':
+    if pos_time_bin_length is None:
+      raise ValueError("pos_type='time-bin' needs pos_time_bin_length (the "
+                       'bin length of TimeBinPositionalEncoding).')
+    return tl.TimeBinPositionalEncoding(pos_time_bin_length, mode=mode)
   if pos_type == 'no':
     return tl.Serial()
   if pos_type in ('axial', 'axial-pos'):
@@ -156,7 +183,8 @@ def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,  # pylint
         dropout_broadcast_dims=tuple(range(1, len(pos_axial_shape) + 1)),
         dropout=dropout, mode=mode)
   raise ValueError(f"Unknown pos_type {pos_type!r}; use None, 'sin-cos', "
-                   "'fixed-base', 'axial' or 'no'.")
+                   "'fixed-base', 'infinite', 'infinite-affine', 'time-bin', "
+                   "'axial' or 'no'.")
 
 
 def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,  # pylint: disable=invalid-name
@@ -166,7 +194,8 @@ def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,  # pylint: 
                                     pos_d_axial_embs=None,
                                     pos_start_from_zero_prob=1.0,
                                     pos_max_offset_to_add=0,
-                                    use_bfloat16=False):
+                                    use_bfloat16=False,
+                                    pos_time_bin_length=None):
   """Input and output embedders (embedding, dropout, positions) for encoder-decoders."""
 
   def embedder(vocab_size, embedding_mode):
@@ -184,7 +213,8 @@ def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,  # pylint: 
         pos_type=pos_type, pos_axial_shape=pos_axial_shape,
         pos_d_axial_embs=pos_d_axial_embs,
         pos_start_from_zero_prob=pos_start_from_zero_prob,
-        pos_max_offset_to_add=pos_max_offset_to_add, use_bfloat16=use_bfloat16)
+        pos_max_offset_to_add=pos_max_offset_to_add, use_bfloat16=use_bfloat16,
+        pos_time_bin_length=pos_time_bin_length)
 
   encoder_mode = 'eval' if mode == 'predict' else mode
   in_embedder = embedder(input_vocab_size, encoder_mode)
@@ -200,3 +230,250 @@ def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,  # pylint: 
   in_encoder = tl.AssertFunction(in_spec, in_encoder)
   out_encoder = tl.AssertFunction('...->...d', out_encoder)
   return in_encoder, out_encoder, output_vocab_size
+
+
+def _residual_attention(attention, dropout, dropout_shared_axes, mode):
+  return tl.Residual(
+      tl.LayerNorm(), attention,
+      tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode))
+
+
+def _residual_ff(d_model, d_ff, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+                 ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
+                 ff_sparsity, ff_sparsity_type):
+  return tl.Residual(FeedForwardWithOptions(
+      d_model, d_ff, dropout, dropout_shared_axes, ff_activation, ff_dropout,
+      ff_chunk_size, ff_use_sru, ff_sparsity, True, mode, False,
+      ff_sparsity_type))
+
+
+def EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+                 ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
+                 ff_sparsity, ff_sparsity_type, attention_chunk_size,
+                 attention_type, n_attention_layers=1, n_feedforward_layers=1):
+  """`(vectors, mask) -> (vectors, mask)`: masked attention and feed-forward residuals."""
+  attentions = [_residual_attention(
+      ApplyAttentionLayer(attention_type, d_model, n_heads, d_model // n_heads,
+                          d_model // n_heads, causal=False, masked=True,
+                          attention_dropout=dropout, output_dropout=dropout,
+                          attention_chunk_size=attention_chunk_size,
+                          mode=mode),
+      dropout, dropout_shared_axes, mode) for _ in range(n_attention_layers)]
+  feed_forwards = [_residual_ff(
+      d_model, d_ff, dropout, dropout_shared_axes, mode, ff_activation,
+      ff_dropout, ff_chunk_size, ff_use_sru, ff_sparsity, ff_sparsity_type)
+                   for _ in range(n_feedforward_layers)]
+  return attentions + feed_forwards
+
+
+def DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+                 ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
+                 ff_sparsity, ff_sparsity_type, attention_chunk_size,
+                 attention_type, n_attention_layers=1, n_feedforward_layers=1):
+  """`vectors -> vectors`: causal attention and feed-forward residuals."""
+  attentions = [_residual_attention(
+      ApplyAttentionLayer(attention_type, d_model, n_heads, d_model // n_heads,
+                          d_model // n_heads, causal=True, masked=False,
+                          attention_dropout=dropout, output_dropout=dropout,
+                          attention_chunk_size=attention_chunk_size,
+                          mode=mode),
+      dropout, dropout_shared_axes, mode) for _ in range(n_attention_layers)]
+  feed_forwards = [_residual_ff(
+      d_model, d_ff, dropout, dropout_shared_axes, mode, ff_activation,
+      ff_dropout, ff_chunk_size, ff_use_sru, ff_sparsity, ff_sparsity_type)
+                   for _ in range(n_feedforward_layers)]
+  return attentions + feed_forwards
+
+
+def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,  # pylint: disable=invalid-name
+                        mode, ff_activation, ff_dropout, ff_chunk_size,
+                        ff_use_sru, ff_sparsity, ff_sparsity_type,
+                        attention_chunk_size, attention_type,
+                        enc_dec_attention_sparsity=0):
+  """`(dec, mask, enc) -> (dec, mask, enc)`: causal, encoder-decoder and feed-forward residuals.
+
+  `enc_dec_attention_sparsity`: 0 (dense), an int (that sparsity for the
+  queries, no output Dense) or a pair `(q_sparsity, result_sparsity)`.
+  """
+  if isinstance(enc_dec_attention_sparsity, tuple):
+    q_sparsity, result_sparsity = enc_dec_attention_sparsity
+  elif enc_dec_attention_sparsity > 0:
+    q_sparsity, result_sparsity = enc_dec_attention_sparsity, 'noop'
+  else:
+    q_sparsity = result_sparsity = None
+  attention_qkv = tl.AttentionQKV(
+      d_model, n_heads=n_heads, dropout=dropout, mode=mode,
+      cache_KV_in_predict=True, q_sparsity=q_sparsity,
+      result_sparsity=result_sparsity)
+  causal_attention = ApplyAttentionLayer(
+      attention_type, d_model, n_heads, d_model // n_heads, d_model // n_heads,
+      causal=True, masked=True, attention_dropout=dropout,
+      output_dropout=dropout, attention_chunk_size=attention_chunk_size,
+      mode=mode)
+  feed_forward = FeedForwardWithOptions(
+      d_model, d_ff, dropout, dropout_shared_axes, ff_activation, ff_dropout,
+      ff_chunk_size, ff_use_sru, ff_sparsity, True, mode, False,
+      ff_sparsity_type)
+  return [
+      _residual_attention(causal_attention, dropout, dropout_shared_axes,
+                          mode),
+      tl.Residual(tl.LayerNorm(), tl.Select([0, 2, 2, 1, 2]), attention_qkv,
+                  tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes,
+                             mode=mode)),
+      tl.Residual(feed_forward),
+  ]
+
+
+def _check_heads(model, d_model, n_heads):
+  if n_heads < 1 or d_model % n_heads:
+    raise ValueError(f'{model}: d_model ({d_model}) must be a positive '
+                     f'multiple of n_heads ({n_heads}).')
+
+
+def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,  # pylint: disable=invalid-name
+                                   d_ff=2048, n_layers=6, n_heads=8,
+                                   max_len=2048, dropout=0.1,
+                                   dropout_shared_axes=None, mode='train',
+                                   ff_activation=tl.Relu, ff_dropout=0.1,
+                                   ff_chunk_size=0, ff_use_sru=0,
+                                   ff_sparsity=0, ff_sparsity_type='1inN',
+                                   attention_chunk_size=0,
+                                   attention_type=tl.Attention, pos_type=None,
+                                   pos_axial_shape=None, pos_d_axial_embs=None,
+                                   pos_time_bin_length=None):
+  """Tokens `(batch, length)` -> class logits `(batch, n_classes)` (Trax's layout).
+
+  Embedding, dropout, positions; `n_layers` EncoderBlocks (padding-masked
+  attention, feed-forward); LayerNorm, mean over positions, Dense. The
+  arguments are Trax's (see FeedForwardWithOptions and PositionalEncoder).
+  """
+  _check_heads('ConfigurableTransformerEncoder', d_model, n_heads)
+  positional_encoder = tl.AssertFunction('...->...d', [
+      tl.Embedding(vocab_size, d_model),
+      tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode),
+      PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
+                        pos_d_axial_embs,
+                        pos_time_bin_length=pos_time_bin_length)])
+  encoder_blocks = [
+      EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
+                   ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
+                   ff_sparsity, ff_sparsity_type, attention_chunk_size,
+                   attention_type) for _ in range(n_layers)]
+  return tl.Serial(
+      tl.Branch(positional_encoder, tl.PaddingMask()),  # vecs masks
+      encoder_blocks,                                   # vecs masks
+      tl.Select([0], n_in=2),                           # vecs
+      tl.LayerNorm(),
+      tl.Mean(axis=1),
+      tl.Dense(n_classes),
+  )
+
+
+def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,  # pylint: disable=invalid-name
+                              n_heads=8, max_len=2048, dropout=0.1,
+                              dropout_shared_axes=None, mode='train',
+                              ff_activation=tl.Relu, ff_dropout=0.1,
+                              ff_chunk_size=0, ff_use_sru=0, ff_sparsity=0,
+                              ff_sparsity_type='1inN',
+                              loss_sparsity_type='mult', loss_sparsity=0,
+                              loss_d_lowrank=0, loss_sparsity_prob=None,
+                              attention_chunk_size=0,
+                              attention_type=tl.CausalAttention,
+                              pos_type=None, pos_axial_shape=None,
+                              pos_d_axial_embs=None,
+                              pos_start_from_zero_prob=1.0,
+                              pos_max_offset_to_add=0,
+                              pos_time_bin_length=None):
+  """Tokens `(batch, length)` -> logits `(batch, length, vocab_size)` (Trax's layout).
+
+  ShiftRight, embedding, dropout, positions; `n_layers` DecoderBlocks;
+  LayerNorm; the output layer `SparseDenseWithOptions(vocab_size,
+  sparsity_type=loss_sparsity_type, sparsity=loss_sparsity, d_lowrank=
+  loss_d_lowrank, prob_sparse=loss_sparsity_prob)` (a Dense when
+  `loss_sparsity=0`). Predict mode decodes one or more tokens per call.
+  """
+  _check_heads('ConfigurableTransformerLM', d_model, n_heads)
+  positional_encoder = [
+      tl.Embedding(vocab_size, d_model),
+      tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode),
+      PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
+                        pos_d_axial_embs, pos_start_from_zero_prob,
+                        pos_max_offset_to_add,
+                        pos_time_bin_length=pos_time_bin_length)]
+  decoder_blocks = [
+      DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
+                   ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
+                   ff_sparsity, ff_sparsity_type, attention_chunk_size,
+                   attention_type) for _ in range(n_layers)]
+  return tl.Serial(
+      tl.ShiftRight(mode=mode),
+      positional_encoder,
+      decoder_blocks,
+      tl.LayerNorm(),
+      research_sparsity.SparseDenseWithOptions(
+          vocab_size, d_input=d_model, sparsity_type=loss_sparsity_type,
+          sparsity=loss_sparsity, d_lowrank=loss_d_lowrank,
+          prob_sparse=loss_sparsity_prob, mode=mode),
+  )
+
+
+def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,  # pylint: disable=invalid-name
+                            d_model=512, d_ff=2048, n_encoder_layers=6,
+                            n_decoder_layers=6, n_heads=8, max_len=2048,
+                            dropout=0.1, dropout_shared_axes=None,
+                            mode='train', ff_activation=tl.Relu,
+                            ff_dropout=0.1, ff_chunk_size=0, ff_use_sru=0,
+                            ff_sparsity=0, ff_sparsity_type='1inN',
+                            loss_sparsity_type='mult', loss_sparsity=0,
+                            loss_d_lowrank=0, loss_sparsity_prob=None,
+                            attention_chunk_size=0,
+                            encoder_attention_type=tl.Attention,
+                            encoder_decoder_attention_type=tl.CausalAttention,
+                            pos_type=None, pos_axial_shape=None,
+                            pos_d_axial_embs=None,
+                            enc_dec_attention_sparsity=0,
+                            pos_time_bin_length=None):
+  """`(source, target)` tokens -> `(logits, target)` (Trax's encoder-decoder layout).
+
+  The encoder (EncoderBlocks, LayerNorm; cached in predict mode) reads the
+  source; the decoder (EncoderDecoderBlocks: causal self-attention, attention
+  to the encoder, feed-forward) the right-shifted target; the output layer
+  is `SparseDenseWithOptions` as in ConfigurableTransformerLM.
+  """
+  _check_heads('ConfigurableTransformer', d_model, n_heads)
+  in_encoder, out_encoder, output_vocab_size = EmbeddingAndPositionalEncodings(
+      input_vocab_size, d_model, mode, dropout, dropout_shared_axes, max_len,
+      output_vocab_size=output_vocab_size, pos_type=pos_type,
+      pos_axial_shape=pos_axial_shape, pos_d_axial_embs=pos_d_axial_embs,
+      pos_time_bin_length=pos_time_bin_length)
+  encoder_blocks = [
+      EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
+                   ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
+                   ff_sparsity, ff_sparsity_type, attention_chunk_size,
+                   encoder_attention_type) for _ in range(n_encoder_layers)]
+  encoder = tl.Serial(in_encoder, encoder_blocks, tl.LayerNorm())
+  if mode == 'predict':
+    encoder = tl.Cache(encoder)
+  encoder_decoder_blocks = [
+      EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
+                          mode, ff_activation, ff_dropout, ff_chunk_size,
+                          ff_use_sru, ff_sparsity, ff_sparsity_type,
+                          attention_chunk_size, encoder_decoder_attention_type,
+                          enc_dec_attention_sparsity)
+      for _ in range(n_decoder_layers)]
+  return tl.Serial(
+      tl.Select([0, 1, 1]),                 # tok_e tok_d tok_d
+      tl.Branch([], tl.PaddingMask()),      # tok_e mask tok_d tok_d
+      encoder,                              # vec_e mask tok_d tok_d
+      tl.Select([2, 1, 0]),                 # tok_d mask vec_e tok_d
+      tl.ShiftRight(mode=mode),
+      out_encoder,                          # vec_d mask vec_e tok_d
+      tl.Branch([], tl.EncoderDecoderMask()),  # vec_d mask vec_e tok_d
+      encoder_decoder_blocks,
+      tl.LayerNorm(),
+      tl.Select([0], n_in=3),               # vec_d tok_d
+      research_sparsity.SparseDenseWithOptions(
+          output_vocab_size, d_input=d_model, sparsity_type=loss_sparsity_type,
+          sparsity=loss_sparsity, d_lowrank=loss_d_lowrank,
+          prob_sparse=loss_sparsity_prob, mode=mode),
+  )
