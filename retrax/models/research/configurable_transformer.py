@@ -153,7 +153,8 @@ def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,  # pylint
   `pos_type=None` select axial encoding; unlike Trax, the infinite and
   time-bin encodings get `mode` (so 'predict' continues the positions).
   """
-  if not pos_type and isinstance(pos_axial_shape, (tuple, list)):
+  if not pos_type and pos_axial_shape and isinstance(pos_axial_shape,
+                                                    (tuple, list)):
     pos_type = 'axial'
   if not pos_type:
     return tl.PositionalEncoding(
