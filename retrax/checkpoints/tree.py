@@ -157,7 +157,9 @@ def unflatten_like(flat_list, tree, *, what='tree', check_shapes=True):
 def _check_leaf(leaf, template, index, where, check_shapes):
   want_shape, got_shape = _shape_of(template), _shape_of(leaf)
   if check_shapes and want_shape is not None and got_shape is not None:
-    if want_shape != got_shape:
+    if _is_legacy_batch_axis(got_shape, want_shape):
+      leaf = np.reshape(np.asarray(leaf), want_shape)
+    elif want_shape != got_shape:
       raise TreeStructureError(
           f'{where} expects shape {want_shape} but checkpoint leaf #{index} has '
           f'shape {got_shape}.')
@@ -166,6 +168,17 @@ def _check_leaf(leaf, template, index, where, check_shapes):
       want_dtype.name == 'bfloat16'):
     leaf = np.asarray(leaf).view(_bfloat16())
   return leaf
+
+
+def _is_legacy_batch_axis(got_shape, want_shape):
+  """True if `got_shape` is `want_shape` with a leading axis of size 1.
+
+  Trax 1.0-1.2 stored `PositionalEncoding` tables as `(1, max_len, d)`
+  (its shipped `transformer_copy` checkpoints); Trax 1.4 reads them
+  unchanged. Such leaves load, reshaped to the layer's own layout.
+  """
+  return len(got_shape) == len(want_shape) + 1 and got_shape == (
+      (1,) + tuple(want_shape))
 
 
 def _count_leaves(tree):
@@ -210,8 +223,10 @@ def unflatten_weights_and_state(flat_weights, flat_state,
 
   Like Trax's function of the same name, but stricter: a leaf count or a leaf
   shape that does not fit the signature raises `TreeStructureError` (Trax
-  silently ignores surplus leaves). With `weights_only=True` the state is not
-  rebuilt and `None` is returned for it.
+  silently ignores surplus leaves). A leaf with an extra leading axis of size
+  1 (Trax 1.0-1.2's `PositionalEncoding` tables) is reshaped to the
+  signature's shape. With `weights_only=True` the state is not rebuilt and
+  `None` is returned for it.
   """
   weights_tree, state_tree = weights_and_state_signature
   weights = unflatten_like(flat_weights, weights_tree, what='weights')

@@ -16,8 +16,9 @@ Differences from Trax 1.4.1: chunked lengths that are not a multiple of
 `chunk_len` are padded with masked positions (Trax fails to reshape); padding
 at positions 0 and 1 is masked too (Trax's `-position` marks leave them
 visible); an unchunked predict-mode SelfAttention defaults to a 2048-position
-memory (Trax asserts); `EncDecAttention` penalises only padding keys (Trax's
-shifted marks subtract 1e9 from every logit, flattening attention); dropout
+memory (Trax asserts); `EncDecAttention` masks as Trax does (its shifted marks
+subtract 1e9 from every logit, so each real key gets weight 1) unless
+`penalize_padding_only=True` (softmax attention over the real keys); dropout
 keys are split only when a dropout rate is non-zero (same numbers); when
 d_model is at most half the head depths, `SelfAttention` (without shared QK
 or biases) multiplies `W_q W_k^T` and `W_v W_o` first, the same function in
@@ -385,7 +386,7 @@ class EncDecAttention(EfficientAttentionBase):
   def __init__(self, n_heads=2, d_qk=64, d_v=64, masked=True, mode='train',
                attention_dropout=0.0, output_dropout=0.0,
                n_parallel_heads=None, use_python_loop=False,
-               use_reference_code=False):
+               use_reference_code=False, penalize_padding_only=False):
     check_mode(type(self).__name__, mode)
     check_depths_and_rates(type(self).__name__, d_qk, d_v, attention_dropout,
                            output_dropout)
@@ -396,6 +397,7 @@ class EncDecAttention(EfficientAttentionBase):
     self._d_qk = d_qk
     self._d_v = d_v
     self._masked = masked
+    self._penalize_padding_only = penalize_padding_only
     self._mode = mode
     train = mode == 'train'
     self._attention_dropout = attention_dropout if train else 0.0
@@ -439,13 +441,19 @@ class EncDecAttention(EfficientAttentionBase):
     if self._masked:
       if mask is None:
         raise ValueError(f'{self.name}: masked=True needs a mask input.')
-      # Real keys get info 0, padding -1 (1 and 0 after attend's +1 shift).
-      # Trax shifts its 0/1 "is padding" info to 1/2 and then subtracts 1e9
-      # times it from every logit, which flattens attention to uniform; here
-      # only padding is penalised.
-      kv_info = mask.astype(jnp.int32) - 1
-      mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (  # pylint: disable=g-long-lambda
-          kv_info < 1).astype(dots.dtype)
+      if self._penalize_padding_only:
+        # Real keys get info 0, padding -1 (1 and 0 after attend's +1 shift).
+        kv_info = mask.astype(jnp.int32) - 1
+        mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (  # pylint: disable=g-long-lambda
+            kv_info < 1).astype(dots.dtype)
+      else:
+        # Trax 1.4.1: "is padding" 0/1, shifted to 1/2 by attend, times 1e9
+        # off every logit. In float32 the real keys' logits and the softmax
+        # normaliser all round to -1e9: each real key gets weight 1 (their
+        # values are summed), padding 0. Trax checkpoints were trained so.
+        kv_info = jnp.logical_not(mask).astype(jnp.int32)
+        mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (  # pylint: disable=g-long-lambda
+            kv_info.astype(dots.dtype))
     else:
       kv_info = mask_fn = None
     o, _ = attend(q, k, v, mask_fn=mask_fn, kv_info=kv_info,

@@ -234,6 +234,7 @@ class EfficientAttentionBase(base.Layer):
     inputs = self._as_tuple(inputs, weights)
     batch_size, seqlen, d_model = inputs[0].shape
     if self._incremental:
+      state, merge_rows = self._predict_state_rows(state, batch_size)
       inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
           inputs, state)
     outputs, new_state = [], []
@@ -258,9 +259,49 @@ class EfficientAttentionBase(base.Layer):
       outputs.append(acc)
     new_state = _tree_stack(new_state)
     if self._incremental:
-      new_state = (new_mem_end, new_mem, new_state)
+      new_state = merge_rows((new_mem_end, tuple(new_mem), new_state))
     self.state = tuple(new_state)
     return jnp.stack(outputs, axis=0)
+
+  def _predict_state_rows(self, state, batch_size):
+    """The predict-mode state rows a call of `batch_size` examples runs on.
+
+    The state is sized by the signature the layer was initialized with;
+    `init_from_file` without a signature takes the file's (the training
+    batch), and Trax then decodes a batch of 1 with it. A smaller batch runs
+    on the first `batch_size` examples' rows, as in Trax (whose memory update
+    broadcasts a batch-1 input and whose loop reads example 0 only). Returns
+    `(state_for_the_call, merge)`; `merge(new_state)` writes the call's rows
+    back into the full state, keeping its shape.
+    """
+    mem_end, mem, units = state
+    leaves = jax.tree_util.tree_leaves(units)
+    if mem:
+      state_batch = jnp.shape(mem[0])[0]
+    elif leaves and jnp.ndim(leaves[0]):
+      state_batch = jnp.shape(leaves[0])[0] // self._n_heads
+    else:
+      state_batch = batch_size
+    if state_batch == batch_size:
+      return state, lambda new_state: new_state
+    if batch_size > state_batch:
+      raise ValueError(
+          f'{self.name}: the predict-mode state holds {state_batch} '
+          f'example(s) but the input has batch size {batch_size}; initialize '
+          f'the layer (or pass input_signature= to init_from_file) with batch '
+          f'size {batch_size}.')
+    rows = batch_size * self._n_heads
+    sub = (mem_end, tuple(m[:batch_size] for m in mem),
+           jax.tree_util.tree_map(lambda a: a[:rows], units))
+
+    def merge(new_state):
+      new_end, new_mem, new_units = new_state
+      full_mem = tuple(m.at[:batch_size].set(n.astype(m.dtype))
+                       for m, n in zip(mem, new_mem))
+      full_units = jax.tree_util.tree_map(
+          lambda a, n: a.at[:rows].set(n.astype(a.dtype)), units, new_units)
+      return (new_end, full_mem, full_units)
+    return sub, merge
 
   def _use_predict_mem(self, inputs, state):
     """Appends `inputs` to the predict-mode memory.
@@ -373,6 +414,7 @@ class EfficientAttentionBase(base.Layer):
       if not update_state:
         raise ValueError(f'{self.name}: in mode="predict" every call appends '
                          f'to the memory, so update_state must be True.')
+      state, merge_rows = self._predict_state_rows(state, batch_size)
       inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
           inputs, state)
       fn = functools.partial(self._incremental_forward_unbatched,
@@ -490,7 +532,7 @@ class EfficientAttentionBase(base.Layer):
           lambda a: jnp.swapaxes(a, 1, 2).reshape((n_units,) + a.shape[4:]),
           new_state)
       if self._incremental:
-        new_state = (new_mem_end, new_mem, new_state)
+        new_state = merge_rows((new_mem_end, tuple(new_mem), new_state))
       new_state = tuple(new_state)
     else:
       new_state = None
