@@ -6,6 +6,7 @@ retrax (`retrax.compat.install()`), and, when an interpreter with real Trax is
 given, once on Trax itself. The per-test outcomes of the Trax run are cached in
 a JSON file so later runs need only retrax.
 
+    pip install -e ".[trax-suite]"   # what Trax's test files import
     git --git-dir=<mirror of google/trax> archive v1.4.1 | tar -x -C /tmp/trax141
     python benchmarks/trax_suite.py --trax-src /tmp/trax141 [--group core]
         [--trax-python $TRAX_PY] [--files layers/core_test.py ...] [--jobs 2]
