@@ -10,6 +10,9 @@ from retrax.models.atari_cnn import AtariCnn as AtariCnn
 from retrax.models.atari_cnn import AtariCnnBody as AtariCnnBody
 from retrax.models.atari_cnn import FrameStackMLP as FrameStackMLP
 from retrax.models.mlp import MLP as MLP
+from retrax.models.research.configurable_transformer import ConfigurableTransformer as ConfigurableTransformer
+from retrax.models.research.configurable_transformer import ConfigurableTransformerEncoder as ConfigurableTransformerEncoder
+from retrax.models.research.configurable_transformer import ConfigurableTransformerLM as ConfigurableTransformerLM
 from retrax.models.reformer.reformer import Reformer as Reformer
 from retrax.models.reformer.reformer import ReformerLM as ReformerLM
 from retrax.models.reformer.reformer import ReformerShortenLM as ReformerShortenLM
@@ -30,6 +33,9 @@ from retrax.run import recorded as _recorded
 MODELS = {name: _recorded(fn, name) for name, fn in {
     'AtariCnn': AtariCnn,
     'AtariCnnBody': AtariCnnBody,
+    'ConfigurableTransformer': ConfigurableTransformer,
+    'ConfigurableTransformerEncoder': ConfigurableTransformerEncoder,
+    'ConfigurableTransformerLM': ConfigurableTransformerLM,
     'FrameStackMLP': FrameStackMLP,
     'GRULM': GRULM,
     'LSTMSeq2SeqAttn': LSTMSeq2SeqAttn,
