@@ -471,7 +471,8 @@ def test_enc_dec_attention_matches_reference():
   mask = np.ones((2, 7), bool)
   mask[0, 4:] = False
   mask[1, 0] = False
-  layer = ea.EncDecAttention(n_heads=2, d_qk=3, d_v=3, mode='eval')
+  layer = ea.EncDecAttention(n_heads=2, d_qk=3, d_v=3, mode='eval',
+                             penalize_padding_only=True)  # softmax masking
   weights, state = _init(layer, (q_in, kv_in, mask))
   assert [w.shape for w in weights] == [(2, 6, 3), (2, 4, 3), (2, 4, 3),
                                         (2, 3, 6)]
