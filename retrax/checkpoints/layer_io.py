@@ -36,7 +36,7 @@ def read_flat_checkpoint(file_name):
             None if state is None else tree_leaves(state),
             ckpt.trees.get('input_signature'))
   d = trax_format.read_trax_checkpoint(
-      file_name, shape_dtype_factory=_shape_dtype_factory())
+      file_name, shape_dtype_factory=_shape_dtype_factory(), with_slots=False)
   return d['flat_weights'], d['flat_state'], d['input_signature']
 
 

@@ -233,7 +233,7 @@ def _as_list(x, what, path):
   return list(x)
 
 
-def _read_flat_layout(d, fmt, path, max_bytes):
+def _read_flat_layout(d, fmt, path, max_bytes, with_slots=True):
   """Weights, state and slots of a Loop/Trainer/Layer pickle `d`."""
   records = _sidecar_records(d, path)
   base = _base_of(path)
@@ -245,7 +245,9 @@ def _read_flat_layout(d, fmt, path, max_bytes):
   out = {'flat_weights': _as_list(flat_weights, 'flat_weights', path),
          'flat_state': _as_list(d.get('flat_state'), 'flat_state', path),
          'flat_eval_state': _as_list(eval_state, 'flat_eval_state', path)}
-  if isinstance(d.get('slots_per_task'), int):
+  if not with_slots:
+    out['slots'] = None
+  elif isinstance(d.get('slots_per_task'), int):
     out['slots'] = _read_slot_files(path, base, records, max_bytes)
   elif d.get('slots_per_task') is not None:
     out['slots'] = [_flat_slots(s) for s in d['slots_per_task']]
@@ -257,7 +259,8 @@ def _read_flat_layout(d, fmt, path, max_bytes):
 
 
 def read_trax_checkpoint(path, *, restore_bfloat16=False,
-                         shape_dtype_factory=None, max_bytes=None):
+                         shape_dtype_factory=None, max_bytes=None,
+                         with_slots=True):
   """Reads any Trax checkpoint layout into the normalized dict described above.
 
   Args:
@@ -267,6 +270,9 @@ def read_trax_checkpoint(path, *, restore_bfloat16=False,
     shape_dtype_factory: if given, `(shape, dtype) -> record` used to convert
       the input signature (e.g. `retrax.shapes.ShapeDtype`); otherwise the
       signature holds `TraxShapeDtype` records.
+    max_bytes: the size limit of each file and array (default: the module's).
+    with_slots: False skips the optimizer-slot sidecars (`slots` is None):
+      loading a model's weights needs no optimizer state.
 
   Returns:
     The normalized dict.
@@ -299,10 +305,11 @@ def read_trax_checkpoint(path, *, restore_bfloat16=False,
     out['flat_eval_state'] = out['flat_state']
     out['slots'] = [_flat_slots(d['slots'])] if d.get('slots') is not None else []
   else:
-    out.update(_read_flat_layout(d, fmt, path, max_bytes))
+    out.update(_read_flat_layout(d, fmt, path, max_bytes, with_slots))
   if restore_bfloat16:
     out['flat_weights'] = npy_stream.from_bits(out['flat_weights'])
-    out['slots'] = [npy_stream.from_bits(s) for s in out['slots']]
+    if out['slots'] is not None:
+      out['slots'] = [npy_stream.from_bits(s) for s in out['slots']]
   out['history'] = normalize_history(d.get('history'))
   signature = d.get('input_signature')
   if signature is not None and shape_dtype_factory is not None:
