@@ -200,7 +200,6 @@ from retrax.layers.research.sparsity import ReversibleRandomPermute as Reversibl
 from retrax.layers.research.sparsity import ReversibleReshapePermute as ReversibleReshapePermute
 from retrax.layers.research.sparsity import SparseDenseWithOptions as SparseDenseWithOptions
 from retrax.layers.research.sparsity import SplitLastAxis as SplitLastAxis
-from retrax.layers.research.locally_connected import LocallyConnected1d as LocallyConnected1d
 from retrax.layers.research.sparsity import MultiplicativeConvCausalAttention as MultiplicativeConvCausalAttention
 from retrax.layers.research.sparse_ff import BlockSparseFF as BlockSparseFF
 from retrax.layers.research.sparse_ff import SwitchSparseFF as SwitchSparseFF

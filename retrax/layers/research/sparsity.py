@@ -34,7 +34,7 @@ from retrax.layers import core
 from retrax.layers import initializers as init
 from retrax.layers import reversible
 from retrax.layers.assert_shape import assert_shape
-from retrax.layers.research.locally_connected import LocallyConnected1d
+from retrax.layers.locally_connected import LocallyConnected1d
 from retrax.layers.research.favor import CausalFavor  # pylint: disable=unused-import
 from retrax.layers.research.favor import CausalFavorAttention  # pylint: disable=unused-import
 from retrax.layers.research.favor import Favor  # pylint: disable=unused-import
