@@ -71,13 +71,13 @@ def check_depths_and_rates(name, d_qk, d_v, attention_dropout,
   validation.check_rate(name, 'output_dropout', output_dropout)
 
 
-def dropout_rngs(layer, rng):
+def dropout_rngs(rng, attention_dropout, output_dropout):
   """`(attention_rng, output_rng) = split(rng)` as Trax; (None, None) without dropout.
 
   Skipping the split when no dropout is applied keeps the compiled program
   free of random-number code (slow to compile on CPU); the numbers are the same.
   """
-  if layer._attention_dropout > 0 or layer._output_dropout > 0:  # pylint: disable=protected-access
+  if attention_dropout > 0 or output_dropout > 0:
     return jax.random.split(rng)
   return None, None
 
@@ -262,7 +262,8 @@ class SelfAttention(EfficientAttentionBase):
     if (mask is not None) != self._masked:
       raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
                        f'{"given" if mask is not None else "not given"}.')
-    attend_rng, output_rng = dropout_rngs(self, rng)
+    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                          self._output_dropout)
     q, k, v, w_o = self._attend_inputs(x, weights)
     length = q.shape[-2]
     positions = jnp.arange(length, dtype=jnp.int32)
@@ -324,7 +325,8 @@ class SelfAttention(EfficientAttentionBase):
     is the prompt, `q_start == 0`) is projected whole and refills the caches.
     """
     del update_state, mask
-    attend_rng, output_rng = dropout_rngs(self, rng)
+    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                          self._output_dropout)
     k_cache, v_cache = state
     mem_len = k_cache.shape[0]
     refill = x.shape[0] == q_len  # Else x is the longer memory.
@@ -433,7 +435,8 @@ class EncDecAttention(EfficientAttentionBase):
                         weights, state, rng, update_state):
     """Attention of one head of one example; returns `(y [Lq, M], state)`."""
     del update_state
-    attend_rng, output_rng = dropout_rngs(self, rng)
+    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                          self._output_dropout)
     w_q, w_k, w_v, w_o = weights
     q = jnp.matmul(q_antecedent, w_q)
     k = jnp.matmul(kv_antecedent, w_k)

@@ -23,16 +23,11 @@ import weakref
 import jax
 import jax.numpy as jnp
 from jax import lax
-import numpy as np
 
 from retrax.layers import base
+from retrax.layers import efficient_attention_groups as groups_lib
 from retrax.layers import validation
 from retrax.shapes import ShapeDtype
-
-
-# Largest copy of a group's inputs (one per head) that the batched pass makes
-# to run the group's heads as batched matmuls (see `forward_and_or_backward`).
-_MAX_INPUT_COPY_BYTES = 1 << 20
 
 
 def _tree_stack(trees):
@@ -43,18 +38,19 @@ def _tree_stack(trees):
 _EAGER_FORWARD = weakref.WeakKeyDictionary()
 
 
-def _is_differentiable(x):
-  return jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
-
-
-def _zero_cotangent(x):
-  return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
-
-
 def drop_oldest(buf, drop_len):
   """`buf [n, mem_len, ...]` without its first `drop_len` positions, zero-filled."""
   return jnp.concatenate(
       [buf[:, drop_len:], jnp.zeros_like(buf[:, :drop_len])], axis=1)
+
+
+def _forward_of(layer_ref):
+  """`(inputs, weights, state, rng) -> (output, new_state)` of `layer_ref()`."""
+  def forward(inputs, weights, state, rng):
+    output, new_state, _, _ = layer_ref().forward_and_or_backward(
+        inputs, weights, state, rng, compute_output=True, update_state=True)
+    return output, new_state
+  return forward
 
 
 class EfficientAttentionBase(base.Layer):
@@ -112,6 +108,16 @@ class EfficientAttentionBase(base.Layer):
       self._n_parallel_heads = None
     self._use_python_loop = use_python_loop
     self._use_reference_code = use_reference_code
+
+  @property
+  def n_heads(self):
+    """Number of attention heads."""
+    return self._n_heads
+
+  @property
+  def n_parallel_heads(self):
+    """(example, head) units computed at once (None: all of them)."""
+    return self._n_parallel_heads
 
   # --- hooks for subclasses ---------------------------------------------------
 
@@ -204,16 +210,13 @@ class EfficientAttentionBase(base.Layer):
       # compiling its loops (`lax.scan` over head groups) at each call.
       fn = _EAGER_FORWARD.get(self)
       if fn is None:
-        ref = weakref.ref(self)
-        fn = _EAGER_FORWARD[self] = jax.jit(lambda *a: ref()._forward(*a))  # pylint: disable=protected-access
+        fn = _EAGER_FORWARD[self] = jax.jit(_forward_of(weakref.ref(self)))
       output, new_state = fn(*args)
     self.state = new_state
     return output
 
   def _forward(self, inputs, weights, state, rng):
-    output, new_state, _, _ = self.forward_and_or_backward(
-        inputs, weights, state, rng, compute_output=True, update_state=True)
-    return output, new_state
+    return _forward_of(lambda: self)(inputs, weights, state, rng)
 
   def _as_tuple(self, inputs, weights):
     if self.n_in == 1:
@@ -389,115 +392,87 @@ class EfficientAttentionBase(base.Layer):
       asked for. `inputs_grad` has the structure of `inputs` (float0 zeros for
       integer inputs such as masks).
     """
-    single_input = not isinstance(inputs, (tuple, list))
-    input_type = type(inputs)
-    raw_inputs = (inputs,) if single_input else tuple(inputs)
+    raw_inputs = inputs
     inputs = self._as_tuple(inputs, weights)
-    batch_size, seqlen, d_model = inputs[0].shape
-    compute_grad = output_grad is not None
-    if not (compute_output or compute_grad):
+    shape = inputs[0].shape
+    self._check_pass(shape, output_grad, compute_output, update_state)
+    fn, inputs, state, merge_rows = self._unit_function(inputs, state, rng,
+                                                        update_state)
+    groups = groups_lib.Groups.plan(self, inputs)
+    groups.check_state(self, state)
+    todo = groups_lib.Todo(compute_output, output_grad is not None, update_state,
+                 tuple(groups_lib.is_differentiable(x) for x in inputs))
+    out, new_state, dx, w_ct = self._run_groups(
+        groups_lib.GroupRunner(fn, groups, todo), inputs, weights, state, output_grad,
+        shape)
+
+    output = out.reshape(shape) if compute_output else None
+    if update_state:
+      new_state = jax.tree_util.tree_map(groups.merge_units, new_state)
+      new_state = tuple(merge_rows(new_state))
+    inputs_grad = weights_grad = None
+    if todo.grad:
+      weights_grad = jax.tree_util.tree_map(
+          lambda a: a.reshape((self._n_heads,) + a.shape[2:]), w_ct)
+      inputs_grad = groups_lib.inputs_grad(raw_inputs, dx, todo.differentiable)
+    return output, new_state, inputs_grad, weights_grad
+
+  def _check_pass(self, shape, output_grad, compute_output, update_state):
+    """Raises unless the pass asked for is possible and its arguments agree."""
+    if not (compute_output or output_grad is not None):
       raise ValueError('forward_and_or_backward: nothing to compute (no '
                        'output asked and no output_grad given).')
-    if compute_grad and jnp.shape(output_grad) != (batch_size, seqlen, d_model):
+    if output_grad is not None and jnp.shape(output_grad) != shape:
       raise ValueError(f'{self.name}: output_grad shape {jnp.shape(output_grad)}'
-                       f' differs from the output shape '
-                       f'{(batch_size, seqlen, d_model)}.')
-
-    if self._incremental and compute_grad:
+                       f' differs from the output shape {tuple(shape)}.')
+    if self._incremental and output_grad is not None:
       raise NotImplementedError(
           f'{self.name}: gradients in mode="predict" are not supported; use '
           f'mode="train" or "eval" to differentiate.')
+    if self._incremental and not update_state:
+      raise ValueError(f'{self.name}: in mode="predict" every call appends '
+                       f'to the memory, so update_state must be True.')
+
+  def _unit_function(self, inputs, state, rng, update_state):
+    """The per-unit function of this pass and what it runs on.
+
+    Returns `(fn, inputs, per_unit_state, merge_rows)`: `fn(*x, weights,
+    state)` for one example and head; in predict mode the inputs and state
+    come out of the memory update and `merge_rows` puts the memory and the
+    units' new state back together (identity otherwise).
+    """
     if not self._incremental:
       fn = functools.partial(self.forward_unbatched, rng=rng,
                              update_state=update_state)
-    else:
-      if not update_state:
-        raise ValueError(f'{self.name}: in mode="predict" every call appends '
-                         f'to the memory, so update_state must be True.')
-      state, merge_rows = self._predict_state_rows(state, batch_size)
-      inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
-          inputs, state)
-      fn = functools.partial(self._incremental_forward_unbatched,
-                             q_start=lax.stop_gradient(q_start), q_len=seqlen,
-                             rng=rng, update_state=update_state)
+      return fn, inputs, state, lambda new_state: new_state
+    batch_size, seqlen = inputs[0].shape[:2]
+    state, merge_rows = self._predict_state_rows(state, batch_size)
+    inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
+        inputs, state)
+    fn = functools.partial(self._incremental_forward_unbatched,
+                           q_start=lax.stop_gradient(q_start), q_len=seqlen,
+                           rng=rng, update_state=update_state)
+    return fn, inputs, state, lambda units: merge_rows(
+        (new_mem_end, tuple(new_mem), units))
 
-    n_units = batch_size * self._n_heads
-    group = min(self._n_parallel_heads or n_units, n_units)
-    if n_units % group:
-      raise ValueError(
-          f'{self.name}: n_parallel_heads={self._n_parallel_heads} must divide '
-          f'batch * n_heads = {batch_size} * {self._n_heads}.')
-    heads_per_group = min(group, self._n_heads)
-    examples_per_group = max(1, group // self._n_heads)
-    n_head_groups = self._n_heads // heads_per_group
-    n_example_groups = batch_size // examples_per_group
+  def _run_groups(self, runner, inputs, weights, state, output_grad, shape):
+    """Loops over example groups and, inside, head groups (`lax.scan`).
 
-    for leaf in jax.tree_util.tree_leaves(state):
-      if jnp.ndim(leaf) == 0 or leaf.shape[0] != n_units:
-        raise ValueError(
-            f'{self.name}: the state has {jnp.shape(leaf)[:1]} rows but needs '
-            f'batch * n_heads = {batch_size} * {self._n_heads} = {n_units} '
-            f'(one per example and head); initialize the layer with inputs of '
-            f'batch size {batch_size}.')
-    differentiable = [_is_differentiable(x) for x in inputs]
+    `shape` is the output's (in predict mode `inputs` hold the memory).
 
-    # Small groups copy their inputs once per head and vmap over heads
-    # outermost: each head's matmuls then form one batched matmul whose
-    # results come out head-major, with no transposes of the [heads, examples,
-    # length, depth] activations (several times faster for small units).
-    # Larger groups share the inputs between heads (no copy).
-    group_input_bytes = heads_per_group * sum(
-        x.size // n_example_groups * x.dtype.itemsize for x in inputs)
-    copy_inputs = group_input_bytes <= _MAX_INPUT_COPY_BYTES
-
-    def group_forward(xs, w, s):
-      """All heads of a group: xs [E, ...], w [G, ...], s [E, G, ...]."""
-      def unit(x_u, w_u, s_u):
-        return fn(*x_u, weights=w_u, state=s_u)
-      if copy_inputs:
-        xs = tuple(jnp.broadcast_to(x, (heads_per_group,) + x.shape)
-                   for x in xs)
-        per_example = jax.vmap(unit, in_axes=(0, None, 0))
-        out, new_s = jax.vmap(per_example, in_axes=(0, 0, 1),
-                              out_axes=(0, 1))(xs, w, s)
-        return jnp.sum(out, axis=0).astype(xs[0].dtype), new_s  # [E, L, d]
-      per_head = jax.vmap(unit, in_axes=(None, 0, 0))
-      out, new_s = jax.vmap(per_head, in_axes=(0, None, 0))(xs, w, s)
-      return jnp.sum(out, axis=1).astype(xs[0].dtype), new_s
-
-    def run_group(xs, w, s, ct):
-      if not compute_grad:
-        out, new_s = group_forward(xs, w, s)
-        return out, new_s, None, None
-      s = lax.stop_gradient(s)
-      d_xs = tuple(x for x, d in zip(xs, differentiable) if d)
-
-      def f(d_xs, w):
-        d_iter = iter(d_xs)
-        full = tuple(next(d_iter) if d else x
-                     for x, d in zip(xs, differentiable))
-        return group_forward(full, w, s)
-
-      out, vjp_fn, new_s = jax.vjp(f, d_xs, w, has_aux=True)
-      d_xs_ct, w_ct = vjp_fn(ct.astype(out.dtype))
-      return out, new_s, d_xs_ct, w_ct
-
-    def split_examples(a):  # [B, ...] -> [n_example_groups, E, ...]
-      return a.reshape((n_example_groups, examples_per_group) + a.shape[1:])
-
-    def split_units(a):  # [B * n_heads, ...] -> [n_eg, n_hg, E, G, ...]
-      a = a.reshape((n_example_groups, examples_per_group, n_head_groups,
-                     heads_per_group) + a.shape[1:])
-      return jnp.swapaxes(a, 1, 2)
-
-    xs_r = tuple(split_examples(x) for x in inputs)
-    w_r = jax.tree_util.tree_map(
-        lambda a: a.reshape((n_head_groups, heads_per_group) + a.shape[1:]),
-        weights)
-    s_r = jax.tree_util.tree_map(split_units, state)
-    ct_r = split_examples(output_grad) if compute_grad else None
-    d_inputs = [x for x, d in zip(inputs, differentiable) if d]
-    out_dtype = inputs[0].dtype
+    Returns `(out [n_eg, E, L, d], new_state (split by units), inputs
+    cotangents, weights cotangent [n_hg, G, ...])`, None where not asked.
+    """
+    groups, todo = runner.groups, runner.todo
+    xs_r = tuple(groups.split_examples(x) for x in inputs)
+    w_r = jax.tree_util.tree_map(groups.split_heads, weights)
+    s_r = jax.tree_util.tree_map(groups.split_units, state)
+    ct_r = groups.split_examples(output_grad) if todo.grad else None
+    d_inputs = [x for x, d in zip(inputs, todo.differentiable) if d]
+    out0 = (jnp.zeros((groups.examples,) + tuple(shape[1:]), inputs[0].dtype)
+            if todo.output else None)
+    dx0 = (tuple(jnp.zeros((groups.examples,) + x.shape[1:], x.dtype)
+                 for x in d_inputs) if todo.grad else None)
 
     def example_body(w_ct_acc, ex):
       xs_e, s_e, ct_e = ex
@@ -505,48 +480,19 @@ class EfficientAttentionBase(base.Layer):
       def head_body(carry, hd):
         out_acc, dx_acc = carry
         w_h, s_h = hd
-        out, new_s, dx_ct, w_ct = run_group(xs_e, w_h, s_h, ct_e)
-        out_acc = out_acc + out if compute_output else None
-        if compute_grad:
+        out, new_s, dx_ct, w_ct = runner.run(xs_e, w_h, s_h, ct_e)
+        out_acc = out_acc + out if todo.output else None
+        if todo.grad:
           dx_acc = tuple(a + b for a, b in zip(dx_acc, dx_ct))
-        return (out_acc, dx_acc), (new_s if update_state else None, w_ct)
+        return (out_acc, dx_acc), (new_s if todo.state else None, w_ct)
 
-      out0 = (jnp.zeros((examples_per_group, seqlen, d_model), out_dtype)
-              if compute_output else None)
-      dx0 = (tuple(jnp.zeros((examples_per_group,) + x.shape[1:], x.dtype)
-                   for x in d_inputs) if compute_grad else None)
       (out_e, dx_e), (new_s_e, w_ct_e) = self._loop(
-          head_body, (out0, dx0), (w_r, s_e), n_head_groups)
-      if compute_grad:
+          head_body, (out0, dx0), (w_r, s_e), groups.n_head_groups)
+      if todo.grad:
         w_ct_acc = jax.tree_util.tree_map(jnp.add, w_ct_acc, w_ct_e)
       return w_ct_acc, (out_e, new_s_e, dx_e)
 
-    w_ct0 = (jax.tree_util.tree_map(jnp.zeros_like, w_r) if compute_grad
-             else None)
+    w_ct0 = jax.tree_util.tree_map(jnp.zeros_like, w_r) if todo.grad else None
     w_ct, (out, new_state, dx) = self._loop(
-        example_body, w_ct0, (xs_r, s_r, ct_r), n_example_groups)
-
-    output = out.reshape((batch_size, seqlen, d_model)) if compute_output else None
-    if update_state:
-      new_state = jax.tree_util.tree_map(
-          lambda a: jnp.swapaxes(a, 1, 2).reshape((n_units,) + a.shape[4:]),
-          new_state)
-      if self._incremental:
-        new_state = merge_rows((new_mem_end, tuple(new_mem), new_state))
-      new_state = tuple(new_state)
-    else:
-      new_state = None
-
-    inputs_grad = weights_grad = None
-    if compute_grad:
-      weights_grad = jax.tree_util.tree_map(
-          lambda a: a.reshape((self._n_heads,) + a.shape[2:]), w_ct)
-      dx_iter = iter(dx)
-      inputs_grad = tuple(
-          next(dx_iter).reshape(jnp.shape(x)) if d else _zero_cotangent(x)
-          for x, d in zip(raw_inputs, differentiable))
-      if single_input:
-        inputs_grad = inputs_grad[0]
-      elif input_type is list:
-        inputs_grad = list(inputs_grad)
-    return output, new_state, inputs_grad, weights_grad
+        example_body, w_ct0, (xs_r, s_r, ct_r), groups.n_example_groups)
+    return out, new_state, dx, w_ct

@@ -166,6 +166,26 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
   if v is None:
     raise ValueError('attend: values `v` are required.')
   share_qk = k is None
+  q, k, v, q_info, kv_info = _chunked(q, k, v, q_info, kv_info, q_chunk_len,
+                                      kv_chunk_len)
+  if share_qk:
+    k = length_normalized(k)
+  k = k / math.sqrt(k.shape[-1])
+  if q_chunk_len is None and (n_chunks_before or n_chunks_after):
+    raise ValueError('attend: n_chunks_before/after need chunk lengths.')
+  k = look_adjacent(k, n_chunks_before, n_chunks_after)  # [N, W, D]
+  v = look_adjacent(v, n_chunks_before, n_chunks_after)  # [N, W, V]
+  kv_info = look_adjacent(kv_info, n_chunks_before, n_chunks_after)
+  return _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng)
+
+
+def _chunked(q, k, v, q_info, kv_info, q_chunk_len, kv_chunk_len):
+  """`attend`'s inputs with default (1-based) infos, cut into chunks if asked.
+
+  With shared keys (`k=None`) the keys are the (chunked) queries. Returns
+  `(q, k, v, q_info, kv_info)`.
+  """
+  share_qk = k is None
   if q_info is None:
     q_info = jnp.arange(1, q.shape[-2] + 1, dtype=jnp.int32)
   else:
@@ -193,20 +213,17 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
     kv_info = _chunk(kv_info, kv_chunk_len, 'key info')
   if kv_chunk_len is not None:
     v = _chunk(v, kv_chunk_len, 'value')
-
-  if share_qk:
-    k = length_normalized(k)
-  k = k / math.sqrt(k.shape[-1])
-
   if (q_chunk_len is None) != (kv_chunk_len is None):
     raise ValueError('attend: chunk queries and keys both or neither; got '
                      f'q_chunk_len={q_chunk_len}, kv_chunk_len={kv_chunk_len}.')
-  if q_chunk_len is None and (n_chunks_before or n_chunks_after):
-    raise ValueError('attend: n_chunks_before/after need chunk lengths.')
-  k = look_adjacent(k, n_chunks_before, n_chunks_after)  # [N, W, D]
-  v = look_adjacent(v, n_chunks_before, n_chunks_after)  # [N, W, V]
-  kv_info = look_adjacent(kv_info, n_chunks_before, n_chunks_after)
+  return q, k, v, q_info, kv_info
 
+
+def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
+  """Masked softmax attention of `q [N, C, D]` to `k [N, W, D]`, `v [N, W, V]`.
+
+  Returns `attend`'s `(out [N * C, V], logsumexp [N * C])`.
+  """
   dots = jnp.matmul(q, jnp.swapaxes(k, -1, -2))  # [N, C, W]
   if mask_fn is not None:
     dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])

@@ -233,7 +233,8 @@ class LSHSelfAttention(EfficientAttentionBase):
     if (mask is not None) != self._masked:
       raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
                        f'{"given" if mask is not None else "not given"}.')
-    attend_rng, output_rng = dropout_rngs(self, rng)
+    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                          self._output_dropout)
     q, v = self._project(x, weights)
     seqlen = x.shape[0]
     n_rows = self._n_hashes * seqlen
@@ -308,29 +309,47 @@ class LSHSelfAttention(EfficientAttentionBase):
     """
     del update_state
     buckets, buckets_idx, hash_rng = state
-    buckets = self._roll_buckets(buckets, buckets_idx, q_start)
-    mem_len = self._predict_mem_len
+    buckets = jnp.reshape(self._roll_buckets(buckets, buckets_idx, q_start),
+                          (self._n_hashes, -1))
     if q_len > 1:
-      pad = -x.shape[0] % self._chunk_len
-      x_padded = jnp.pad(x, ((0, pad), (0, 0)))
-      new_buckets = self.hash_vectors(self._project(x_padded, weights)[0],
-                                      hash_rng)
-      out, _ = self.forward_unbatched(
-          x_padded, weights=weights, state=(new_buckets, hash_rng), rng=rng,
-          update_state=False)
-      out = lax.dynamic_slice_in_dim(out, q_start, q_len, axis=0)
-      new_buckets = jnp.reshape(new_buckets, (self._n_hashes, -1))
-      new_buckets = lax.dynamic_slice_in_dim(new_buckets, q_start, q_len,
-                                             axis=1)
-      if q_len > mem_len:  # A prompt longer than the memory (q_start == 0).
-        new_buckets = new_buckets[:, q_len - mem_len:]
-      buckets = lax.dynamic_update_slice_in_dim(
-          jnp.reshape(buckets, (self._n_hashes, -1)), new_buckets, q_start,
-          axis=1)
-      new_idx = jnp.asarray(q_start + min(q_len, mem_len), jnp.int32)
-      return out, (jnp.reshape(buckets, (-1,)), new_idx, hash_rng)
+      out, buckets, new_idx = self._prompt_forward(x, q_start, q_len, weights,
+                                                   buckets, hash_rng, rng)
+    else:
+      out, buckets, new_idx = self._one_position_forward(
+          x, q_start, q_len, weights, buckets, hash_rng, rng)
+    return out, (jnp.reshape(buckets, (-1,)), new_idx, hash_rng)
 
-    attend_rng, output_rng = dropout_rngs(self, rng)
+  def _prompt_forward(self, x, q_start, q_len, weights, buckets, hash_rng,
+                      rng):
+    """Positions `[q_start, q_start + q_len)`, several, attend by LSH.
+
+    Returns `(out [q_len, M], buckets [n_hashes, mem_len], new index)`.
+    """
+    mem_len = self._predict_mem_len
+    pad = -x.shape[0] % self._chunk_len
+    x_padded = jnp.pad(x, ((0, pad), (0, 0)))
+    new_buckets = self.hash_vectors(self._project(x_padded, weights)[0],
+                                    hash_rng)
+    out, _ = self.forward_unbatched(
+        x_padded, weights=weights, state=(new_buckets, hash_rng), rng=rng,
+        update_state=False)
+    out = lax.dynamic_slice_in_dim(out, q_start, q_len, axis=0)
+    new_buckets = jnp.reshape(new_buckets, (self._n_hashes, -1))
+    new_buckets = lax.dynamic_slice_in_dim(new_buckets, q_start, q_len, axis=1)
+    if q_len > mem_len:  # A prompt longer than the memory (q_start == 0).
+      new_buckets = new_buckets[:, q_len - mem_len:]
+    buckets = lax.dynamic_update_slice_in_dim(buckets, new_buckets, q_start,
+                                              axis=1)
+    return out, buckets, jnp.asarray(q_start + min(q_len, mem_len), jnp.int32)
+
+  def _one_position_forward(self, x, q_start, q_len, weights, buckets,
+                            hash_rng, rng):
+    """Position `q_start` attends to recent positions sharing a bucket with it.
+
+    Returns `(out [1, M], buckets [n_hashes, mem_len], new index)`.
+    """
+    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                          self._output_dropout)
     w_q, w_v, w_o, b_q, b_v = self._unpack_weights(weights)
     q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
     # Duplicate the row so the matmul matches a longer call (as Trax does).
@@ -339,17 +358,10 @@ class LSHSelfAttention(EfficientAttentionBase):
       q = q + b_q
     q_buckets = jnp.reshape(self.hash_vectors(q, hash_rng),
                             (self._n_hashes, 2))[:, :q_len]
-    all_buckets = lax.dynamic_update_slice_in_dim(
-        jnp.reshape(buckets, (self._n_hashes, -1)), q_buckets, q_start, axis=1)
-    is_valid_target = jnp.any(all_buckets == q_buckets, axis=0)
-    seqlen = x.shape[0]
-    positions = jnp.arange(seqlen, dtype=jnp.int32)
-    priorities = jnp.where(positions > q_start + q_len,
-                           -(seqlen + positions), positions)
-    priorities = priorities + seqlen * is_valid_target.astype(jnp.int32)
-    _, kv_indices = lax.sort_key_val(priorities, positions)
-    n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
-    kv_indices = kv_indices[-n_keys:]
+    all_buckets = lax.dynamic_update_slice_in_dim(buckets, q_buckets, q_start,
+                                                  axis=1)
+    kv_indices = self._recent_matching_keys(
+        jnp.any(all_buckets == q_buckets, axis=0), x.shape[0], q_start, q_len)
     x_kv = jnp.take(x, kv_indices, axis=0)
     k = jnp.matmul(x_kv, w_q)
     v = jnp.matmul(x_kv, w_v)
@@ -362,5 +374,18 @@ class LSHSelfAttention(EfficientAttentionBase):
                   rng=attend_rng)
     out = jnp.matmul(o, w_o)[:1]
     out = apply_broadcasted_dropout(out, self._output_dropout, output_rng)
-    new_idx = jnp.asarray(q_start + q_len, jnp.int32)
-    return out, (jnp.reshape(all_buckets, (-1,)), new_idx, hash_rng)
+    return out, all_buckets, jnp.asarray(q_start + q_len, jnp.int32)
+
+  def _recent_matching_keys(self, is_valid_target, seqlen, q_start, q_len):
+    """The `n_hashes * chunk_len * (1 + n_chunks_before)` memory positions to attend to.
+
+    Positions sharing a bucket come first, most recent first; positions after
+    the query rank last.
+    """
+    positions = jnp.arange(seqlen, dtype=jnp.int32)
+    priorities = jnp.where(positions > q_start + q_len,
+                           -(seqlen + positions), positions)
+    priorities = priorities + seqlen * is_valid_target.astype(jnp.int32)
+    _, kv_indices = lax.sort_key_val(priorities, positions)
+    n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
+    return kv_indices[-n_keys:]

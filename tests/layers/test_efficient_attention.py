@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from retrax.layers import efficient_attention as ea
-from retrax.layers import efficient_attention_base as eab
+from retrax.layers import efficient_attention_groups as eag
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 
@@ -260,7 +260,7 @@ def test_self_attention_batching_matches_reference_code(
     copy_inputs):
   x, weights, state, want = batching_reference
   if not copy_inputs:
-    monkeypatch.setattr(eab, '_MAX_INPUT_COPY_BYTES', 0)
+    monkeypatch.setattr(eag, 'MAX_INPUT_COPY_BYTES', 0)
   layer = ea.SelfAttention(n_parallel_heads=n_parallel_heads,
                            use_python_loop=python_loop, **_BATCHING_KWARGS)
   assert layer.has_backward
