@@ -13,42 +13,17 @@ To unflatten, walk a tree of the same structure (usually a signature whose
 leaves are `ShapeDtype`s) and consume the flat leaves in order.
 """
 
-import collections
-
+import ml_dtypes
 import numpy as np
 
 from retrax.checkpoints.errors import TreeStructureError
 from retrax.fastmath import tree as fastmath_tree
-
-EMPTY_WEIGHTS = ()
-EMPTY_STATE = ()
-GET_WEIGHTS_FROM_CACHE = {'__marker_for_cached_weights_': ()}
-GET_STATE_FROM_CACHE = {'__marker_for_cached_state_': ()}
-
-_MARKER_KEYS = ('__marker_for_cached_weights_', '__marker_for_cached_state_')
-
-
-def is_cache_marker(x):
-  """True for `GET_WEIGHTS_FROM_CACHE` / `GET_STATE_FROM_CACHE` (or equal dicts)."""
-  if not isinstance(x, dict) or len(x) != 1:
-    return False
-  key = next(iter(x))
-  value = x[key]
-  return key in _MARKER_KEYS and isinstance(value, tuple) and not value
-
-
-def _is_copied_through(x):
-  """Subtrees that unflattening copies from the template: `()` and markers."""
-  return (isinstance(x, tuple) and not x) or is_cache_marker(x)
-
-
-def tree_leaves(tree):
-  """Depth-first, left-to-right leaves of nested tuples/lists/dicts.
-
-  Dict values are taken in insertion order (as Trax does, unlike JAX, which
-  sorts keys). `()` and cache markers contribute no leaves; `None` is a leaf.
-  """
-  return fastmath_tree.tree_flatten(tree)
+from retrax.fastmath.tree import EMPTY_STATE as EMPTY_STATE
+from retrax.fastmath.tree import EMPTY_WEIGHTS as EMPTY_WEIGHTS
+from retrax.fastmath.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
+from retrax.fastmath.tree import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
+from retrax.fastmath.tree import is_cache_marker as is_cache_marker
+from retrax.fastmath.tree import tree_flatten as tree_leaves
 
 
 def flatten_weights_and_state(weights, state):
@@ -61,10 +36,6 @@ def format_path(path):
   if not path:
     return '<root>'
   return ''.join(f'[{p!r}]' for p in path)
-
-
-def _is_namedtuple(x):
-  return isinstance(x, tuple) and hasattr(type(x), '_fields')
 
 
 def _shape_of(x):
@@ -85,11 +56,6 @@ def _dtype_of(x):
     return np.dtype(dtype)
   except TypeError:
     return None
-
-
-def _bfloat16():
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
-  return np.dtype(ml_dtypes.bfloat16)
 
 
 def unflatten_like(flat_list, tree, *, what='tree', check_shapes=True):
@@ -116,10 +82,10 @@ def unflatten_like(flat_list, tree, *, what='tree', check_shapes=True):
       message names the tree path (e.g. `weights[5][0][1]`) and both shapes.
   """
   flat_list = list(flat_list)
-  n_needed = _count_leaves(tree)
+  leaves = fastmath_tree.leaf_paths(tree)
+  n_needed = len(leaves)
   if len(flat_list) < n_needed:
-    # Find the path of the first leaf that has no value, for the message.
-    missing_path, missing_leaf = _nth_leaf_path(tree, len(flat_list))
+    missing_path, missing_leaf = leaves[len(flat_list)]
     raise TreeStructureError(
         f'{what}: the checkpoint has {len(flat_list)} leaves but the tree needs '
         f'{n_needed}; the first missing one is {what}{format_path(missing_path)}'
@@ -130,28 +96,12 @@ def unflatten_like(flat_list, tree, *, what='tree', check_shapes=True):
         f'{what}: the checkpoint has {len(flat_list)} leaves but the tree needs '
         f'only {n_needed}; the first unused one is leaf #{n_needed} with shape '
         f'{_shape_of(extra)}. Is this checkpoint from a different model?')
-  position = [0]
 
-  def build(t, path):
-    if _is_copied_through(t):
-      return t
-    if isinstance(t, (list, tuple)):
-      items = [build(c, path + (i,)) for i, c in enumerate(t)]
-      if _is_namedtuple(t):
-        return type(t)(*items)
-      return items if isinstance(t, list) else tuple(items)
-    if isinstance(t, dict):
-      new = collections.OrderedDict() if isinstance(
-          t, collections.OrderedDict) else {}
-      for k, c in t.items():
-        new[k] = build(c, path + (k,))
-      return new
-    leaf = flat_list[position[0]]
-    index = position[0]
-    position[0] += 1
-    return _check_leaf(leaf, t, index, what + format_path(path), check_shapes)
+  def check(leaf, template, index, path):
+    return _check_leaf(leaf, template, index, what + format_path(path),
+                       check_shapes)
 
-  return build(tree, ())
+  return fastmath_tree.unflatten_like(flat_list, tree, check)
 
 
 def _check_leaf(leaf, template, index, where, check_shapes):
@@ -166,7 +116,7 @@ def _check_leaf(leaf, template, index, where, check_shapes):
   want_dtype, got_dtype = _dtype_of(template), _dtype_of(leaf)
   if (want_dtype is not None and got_dtype == np.uint16 and
       want_dtype.name == 'bfloat16'):
-    leaf = np.asarray(leaf).view(_bfloat16())
+    leaf = np.asarray(leaf).view(np.dtype(ml_dtypes.bfloat16))
   return leaf
 
 
@@ -179,41 +129,6 @@ def _is_legacy_batch_axis(got_shape, want_shape):
   """
   return len(got_shape) == len(want_shape) + 1 and got_shape == (
       (1,) + tuple(want_shape))
-
-
-def _count_leaves(tree):
-  if _is_copied_through(tree):
-    return 0
-  if isinstance(tree, (list, tuple)):
-    return sum(_count_leaves(c) for c in tree)
-  if isinstance(tree, dict):
-    return sum(_count_leaves(c) for c in tree.values())
-  return 1
-
-
-def _nth_leaf_path(tree, n):
-  """Path and template of the n-th (0-based) leaf that `unflatten_like` fills."""
-  counter = [0]
-
-  def walk(t, path):
-    if _is_copied_through(t):
-      return None
-    if isinstance(t, (list, tuple)):
-      children = enumerate(t)
-    elif isinstance(t, dict):
-      children = t.items()
-    else:
-      if counter[0] == n:
-        return path, t
-      counter[0] += 1
-      return None
-    for k, c in children:
-      found = walk(c, path + (k,))
-      if found is not None:
-        return found
-    return None
-
-  return walk(tree, ())
 
 
 def unflatten_weights_and_state(flat_weights, flat_state,

@@ -3,9 +3,39 @@
 These follow `trax.fastmath.numpy`: lists, tuples (namedtuples included) and
 dicts are containers, everything else is a leaf, and `None` leaves are skipped
 unless `ignore_nones=False`.
+
+This module is retrax's one home for Trax-order trees: `tree_flatten` (the
+depth-first, left-to-right leaves, dict values in insertion order; the order
+Trax's checkpoints and optimizer slots use), `unflatten_like` (its exact
+inverse) and the cache markers that stand for a shared layer's second use.
+`retrax.checkpoints`, `retrax.optimizers` and `retrax.layers` import them
+from here.
 """
 
+import collections
+
 import numpy as onp
+
+EMPTY_WEIGHTS = ()
+EMPTY_STATE = ()
+# A shared layer's second (and later) occurrence in a weights/state tree.
+GET_WEIGHTS_FROM_CACHE = {'__marker_for_cached_weights_': ()}
+GET_STATE_FROM_CACHE = {'__marker_for_cached_state_': ()}
+
+
+def is_weights_cache_marker(x):
+  """True for `GET_WEIGHTS_FROM_CACHE` (or an equal dict)."""
+  return isinstance(x, dict) and x == GET_WEIGHTS_FROM_CACHE
+
+
+def is_state_cache_marker(x):
+  """True for `GET_STATE_FROM_CACHE` (or an equal dict)."""
+  return isinstance(x, dict) and x == GET_STATE_FROM_CACHE
+
+
+def is_cache_marker(x):
+  """True for either cache marker."""
+  return is_weights_cache_marker(x) or is_state_cache_marker(x)
 
 
 def _is_container(x):
@@ -161,3 +191,75 @@ def tree_unflatten(flat, tree, copy_from_tree=None):
   if not flat:
     raise ValueError('tree_unflatten: ran out of leaves to fill the tree.')
   return flat[0], flat[1:]
+
+
+def _is_copied_through(x):
+  """Subtrees `unflatten_like` copies from the template: `()` and markers."""
+  return (isinstance(x, tuple) and not x) or is_cache_marker(x)
+
+
+def leaf_paths(tree):
+  """The `(path, leaf)` pairs of `tree` in `tree_flatten` order.
+
+  A path is a tuple of indices/keys from the root. `()` subtrees and cache
+  markers have no leaves.
+  """
+  out = []
+
+  def walk(t, path):
+    if _is_copied_through(t):
+      return
+    if isinstance(t, (list, tuple)):
+      for i, c in enumerate(t):
+        walk(c, path + (i,))
+    elif isinstance(t, dict):
+      for k, c in t.items():
+        walk(c, path + (k,))
+    else:
+      out.append((path, t))
+
+  walk(tree, ())
+  return out
+
+
+def unflatten_like(flat, tree, leaf_fn=None):
+  """Builds a tree shaped like `tree` whose leaves are `flat`, in order.
+
+  The inverse of `tree_flatten`: tuples, lists, namedtuples, dicts and
+  OrderedDicts keep their types and keys; `()` and cache markers are copied
+  from `tree` and consume nothing.
+
+  Args:
+    flat: exactly one item per leaf of `tree` (see `leaf_paths`).
+    tree: the template.
+    leaf_fn: optional `leaf_fn(item, template_leaf, index, path) -> leaf`
+      applied to each placed item (e.g. to check its shape).
+
+  Raises:
+    ValueError: `flat` has more or fewer items than `tree` has leaves.
+  """
+  flat = list(flat)
+  n_leaves = len(leaf_paths(tree))
+  if len(flat) != n_leaves:
+    raise ValueError(f'Cannot unflatten {len(flat)} leaves into a tree with '
+                     f'{n_leaves} leaves.')
+  position = [0]
+
+  def build(t, path):
+    if _is_copied_through(t):
+      return t
+    if isinstance(t, (list, tuple)):
+      items = [build(c, path + (i,)) for i, c in enumerate(t)]
+      return items if isinstance(t, list) else _rebuild(t, items)
+    if isinstance(t, dict):
+      new = collections.OrderedDict() if isinstance(
+          t, collections.OrderedDict) else {}
+      for k, c in t.items():
+        new[k] = build(c, path + (k,))
+      return new
+    index = position[0]
+    position[0] += 1
+    item = flat[index]
+    return item if leaf_fn is None else leaf_fn(item, t, index, path)
+
+  return build(tree, ())

@@ -30,27 +30,21 @@ import numpy as np
 from retrax import fastmath
 from retrax.checkpoints.tree import flatten_weights_and_state  # noqa: F401  (Trax's base name)
 from retrax.checkpoints.tree import unflatten_weights_and_state  # noqa: F401  (Trax's base name)
+# Cache markers stand for a shared layer's second (and later) occurrence.
+from retrax.fastmath.tree import EMPTY_STATE as EMPTY_STATE
+from retrax.fastmath.tree import EMPTY_WEIGHTS as EMPTY_WEIGHTS
+from retrax.fastmath.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
+from retrax.fastmath.tree import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
+from retrax.fastmath.tree import is_state_cache_marker as _is_state_marker
+from retrax.fastmath.tree import is_weights_cache_marker as _is_weights_marker
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature
 
-EMPTY_WEIGHTS = ()
-EMPTY_STATE = ()
-# Marks a shared layer's second (and later) occurrence in a weights/state tree.
-GET_WEIGHTS_FROM_CACHE = {'__marker_for_cached_weights_': ()}
-GET_STATE_FROM_CACHE = {'__marker_for_cached_state_': ()}
 N_WEIGHTS_SHARDS = 1
 """Trax's weight-sharding factor; retrax replicates weights (always 1)."""
 
 _LAYERS_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_DIR = os.path.dirname(_LAYERS_DIR)
-
-
-def _is_weights_marker(x):
-  return isinstance(x, dict) and x == GET_WEIGHTS_FROM_CACHE
-
-
-def _is_state_marker(x):
-  return isinstance(x, dict) and x == GET_STATE_FROM_CACHE
 
 
 class LayerError(Exception):

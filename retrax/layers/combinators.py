@@ -9,6 +9,7 @@ import copy
 
 from retrax import fastmath
 from retrax.fastmath import numpy as jnp
+from retrax.fastmath import tree as fastmath_tree
 from retrax.layers import base
 from retrax.layers.base import Fn
 from retrax.layers.base import in_sublayer
@@ -310,7 +311,7 @@ class Scan(base.Layer):
 
   @state.setter
   def state(self, state):
-    if base._is_state_marker(state):  # pylint: disable=protected-access
+    if fastmath_tree.is_state_cache_marker(state):
       return
     self._state = (None, state[1])
     self.sublayer.state = state[0]
@@ -496,7 +497,7 @@ class Cache(base.Layer):
 
   @state.setter
   def state(self, state):
-    if base._is_state_marker(state):  # pylint: disable=protected-access
+    if fastmath_tree.is_state_cache_marker(state):
       return
     if not isinstance(state, (list, tuple)) or len(state) != 2:
       raise ValueError('Cache state must be a pair (cached_outputs, '

@@ -11,7 +11,9 @@ one.
 Weight trees are nested tuples / lists / dicts of arrays. Empty tuples ``()``
 (layers without weights) and marker dicts such as
 ``{'__marker_for_cached_weights_': ()}`` (a shared layer's second use) hold no
-arrays and are carried through unchanged.
+arrays and are carried through unchanged. ``tree_flatten`` and
+``tree_unflatten`` (Trax's leaf order and its exact inverse) are
+``retrax.fastmath.tree``'s ``tree_flatten`` and ``unflatten_like``.
 
 The retrax optimizers implement ``transform(step, opt_params)``: an
 ``optax.GradientTransformation`` for one weight array whose state is that
@@ -31,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from retrax.fastmath.tree import tree_flatten
+from retrax.fastmath.tree import unflatten_like as tree_unflatten
 from retrax.layers import validation
 
 __all__ = [
@@ -44,73 +48,6 @@ __all__ = [
     'tree_flatten',
     'tree_unflatten',
 ]
-
-
-# Trees, flattened the way Trax flattens them.
-
-
-def tree_flatten(tree: Any) -> list[Any]:
-  """Returns the leaves of ``tree`` in Trax's order.
-
-  Tuples and lists are walked left to right, dicts by their values in insertion
-  order; anything else (arrays, ``None``) is a leaf. ``()`` and
-  ``{'__marker_for_cached_weights_': ()}`` contribute no leaves.
-
-  Args:
-    tree: A nested structure of tuples, lists and dicts.
-
-  Returns:
-    The flat list of leaves.
-  """
-  leaves = []
-  _collect_leaves(tree, leaves)
-  return leaves
-
-
-def _collect_leaves(tree, leaves):
-  if isinstance(tree, (list, tuple)):
-    for subtree in tree:
-      _collect_leaves(subtree, leaves)
-  elif isinstance(tree, dict):
-    for subtree in tree.values():
-      _collect_leaves(subtree, leaves)
-  else:
-    leaves.append(tree)
-
-
-def tree_unflatten(flat: list[Any], tree: Any) -> Any:
-  """Builds a tree shaped like ``tree`` from the leaves in ``flat``.
-
-  The inverse of :func:`tree_flatten`: tuples stay tuples, lists stay lists and
-  dicts keep their keys, so ``()`` and marker dicts come back unchanged.
-
-  Args:
-    flat: Leaves in Trax's order; exactly as many as ``tree`` has.
-    tree: The tree whose structure to copy.
-
-  Returns:
-    The new tree.
-
-  Raises:
-    ValueError: if ``flat`` does not hold exactly one item per leaf of ``tree``.
-  """
-  n_leaves = len(tree_flatten(tree))
-  if len(flat) != n_leaves:
-    raise ValueError(
-        f'Cannot unflatten {len(flat)} leaves into a tree with {n_leaves} '
-        'leaves.')
-  iterator = iter(flat)
-  return _rebuild(tree, iterator)
-
-
-def _rebuild(tree, iterator):
-  if isinstance(tree, tuple):
-    return tuple(_rebuild(subtree, iterator) for subtree in tree)
-  if isinstance(tree, list):
-    return [_rebuild(subtree, iterator) for subtree in tree]
-  if isinstance(tree, dict):
-    return {key: _rebuild(subtree, iterator) for key, subtree in tree.items()}
-  return next(iterator)
 
 
 # Norms and clipping.
