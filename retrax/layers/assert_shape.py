@@ -30,8 +30,8 @@ def assert_shape(specification):
     @functools.wraps(init)
     def init_wrapper(self, *args, **kwargs):
       before = AssertShape(before_spec, message=message + ' function input')
-      after = AssertShape(after_spec, message=message + ' function output')
-      after._link(before)  # pylint: disable=protected-access
+      after = AssertShape(after_spec, message=message + ' function output',
+                          linked_to=before)
       init(self, *args, **kwargs)
       self._before_assert = before
       self._after_assert = after
@@ -65,18 +65,20 @@ def AssertFunction(specification, layer, message=None):  # pylint: disable=inval
     message = _defined_at(sys._getframe(1))  # pylint: disable=protected-access
   before_spec, after_spec = specification.split('->')
   before = AssertShape(before_spec, message=message + ' function input')
-  after = AssertShape(after_spec, message=message + ' function output')
-  after._link(before)  # pylint: disable=protected-access
+  after = AssertShape(after_spec, message=message + ' function output',
+                      linked_to=before)
   return combinators.Serial(before, layer, after)
 
 
 class AssertShape(base.Layer):
   """Checks the shapes of its inputs against a spec and returns them unchanged.
 
-  Invisible when printing unless `visible_layer=True`.
+  Invisible when printing unless `visible_layer=True`. With `linked_to`
+  (another AssertShape, e.g. the input check of a function), dimension
+  letters and `...` continue the sizes that check last bound.
   """
 
-  def __init__(self, spec, message=None, visible_layer=False):
+  def __init__(self, spec, message=None, visible_layer=False, linked_to=None):
     super().__init__(name='AssertShape' if visible_layer else '')
     spec = spec.replace('...', '.')
     for letter in spec:
@@ -85,12 +87,14 @@ class AssertShape(base.Layer):
     self._specs = spec.split(',')
     self._n_in = self._n_out = len(self._specs)
     self._message = message or ''
-    self._linked_to = None
+    self._linked_to = linked_to
     self._defined = {}
     self._ellipsis = None
 
-  def _link(self, other):
-    self._linked_to = other
+  @property
+  def bindings(self):
+    """`(sizes by letter, the dimensions '...' stood for)` at the last call."""
+    return dict(self._defined), self._ellipsis
 
   def forward(self, xs):
     items = xs if self._n_in > 1 else (xs,)
@@ -98,8 +102,7 @@ class AssertShape(base.Layer):
       raise ValueError(f'AssertShape: expected {self._n_in} tensors for spec '
                        f'{",".join(self._specs)}; {self._message}')
     if self._linked_to is not None:
-      defined = dict(self._linked_to._defined)  # pylint: disable=protected-access
-      ellipsis = self._linked_to._ellipsis  # pylint: disable=protected-access
+      defined, ellipsis = self._linked_to.bindings
     else:
       defined, ellipsis = {}, None
     for spec, x in zip(self._specs, items):

@@ -130,13 +130,13 @@ def _short_traceback(exc):
 def in_sublayer(parent, index):
   """Context in which a sublayer's LayerError gains `parent[index]` in its path.
 
-  The element is `parent._path_element(index)`; a combinator built from
+  The element is `parent.path_element(index)`; a combinator built from
   others (e.g. `Branch`) may rename it or, returning None, leave it out.
   """
   try:
     yield
   except LayerError as e:
-    element = parent._path_element(index)  # pylint: disable=protected-access
+    element = parent.path_element(index)
     if element is not None:
       e.prepend(element)
     raise
@@ -144,17 +144,26 @@ def in_sublayer(parent, index):
 
 def input_error(layer, function_name, inputs, message):
   """A LayerError for `layer` given `inputs`, with `message` as its cause."""
-  return LayerError(layer.name, function_name, layer._caller,  # pylint: disable=protected-access
-                    signature(inputs), f'ValueError: {message}')
+  return LayerError(layer.name, function_name, layer.caller, signature(inputs),
+                    f'ValueError: {message}')
 
 
 class Layer:
   """Base class for composable layers in a deep learning network.
 
-  See the module docstring for the data-stack contract.
+  See the module docstring for the data-stack contract. Layers that behave
+  differently in training, evaluation and decoding pass `mode` (or set
+  `self._mode`, as Trax layers do); layers with a length limit set
+  `self._max_len` or override `max_len`.
   """
 
-  def __init__(self, n_in=1, n_out=1, name=None, sublayers_to_print=None):
+  _mode = None
+  _max_len = None
+
+  def __init__(self, n_in=1, n_out=1, name=None, sublayers_to_print=None,
+               mode=None):
+    if mode is not None:
+      self._mode = mode
     self._n_in = n_in
     self._n_out = n_out
     self._name = self.__class__.__name__ if name is None else name
@@ -166,6 +175,7 @@ class Layer:
     self._state = EMPTY_STATE
     self._caller = _find_caller()
     self._init_cached = False
+    self._path_element_fn = None
 
   def __repr__(self):
     def indent(s):
@@ -235,9 +245,40 @@ class Layer:
     """The layer's direct sublayers (a list; empty for a leaf layer)."""
     return self._sublayers
 
-  def _path_element(self, index):
+  @property
+  def mode(self):
+    """`'train'`, `'eval'` or `'predict'` for a layer built with a mode; else None."""
+    return self._mode
+
+  @property
+  def max_len(self):
+    """The most positions the layer handles (a table or cache size), or None."""
+    return self._max_len
+
+  @property
+  def caller(self):
+    """Where the layer was created: `{'filename': ..., 'lineno': ...}`."""
+    return self._caller
+
+  def walk(self):
+    """Yields this layer and all its sublayers, depth-first, parents first.
+
+    The order is pre-order: the layer, then the walk of its first sublayer,
+    then of its second, and so on. A layer used twice appears twice.
+    """
+    yield self
+    for sublayer in self.sublayers:
+      yield from sublayer.walk()
+
+  def path_element(self, index):
     """How LayerError paths name this layer's sublayer `index` (None: omit)."""
+    if self._path_element_fn is not None:
+      return self._path_element_fn(index)
     return f'{self._name}[{index}]'
+
+  def set_path_elements(self, fn):
+    """Names sublayer `i` as `fn(i)` in LayerError paths (None leaves it out)."""
+    self._path_element_fn = fn
 
   @property
   def weights(self):
@@ -342,13 +383,13 @@ class Layer:
       if use_cache:
         self._init_cached = True
       else:
-        self._clear_init_cache()
+        self.clear_init_cache()
       return (self.weights, self.state)
     except LayerError:
-      self._clear_init_cache()
+      self.clear_init_cache()
       raise
     except Exception as e:  # pylint: disable=broad-except
-      self._clear_init_cache()
+      self.clear_init_cache()
       raise LayerError(self._name, 'init', self._caller, input_signature,
                        _short_traceback(e)) from e
 
@@ -360,10 +401,11 @@ class Layer:
     """Trax 1.2 name: initializes and returns the weights."""
     return self.init(input_signature)[0]
 
-  def _clear_init_cache(self):
+  def clear_init_cache(self):
+    """Forgets, here and below, which layers `init(use_cache=True)` has seen."""
     self._init_cached = False
     for sublayer in self.sublayers:
-      sublayer._clear_init_cache()  # pylint: disable=protected-access
+      sublayer.clear_init_cache()
 
   def weights_and_state_signature(self, input_signature, unsafe=False):
     """Returns the `(weights, state)` signature `init` would produce, without computing it."""

@@ -60,7 +60,7 @@ class Serial(base.Layer):
         _check_stack(layer, stack, layer.n_in, 'init')
         inputs = inputs_from_stack(stack, layer.n_in)
         w, s = layer.init(inputs, use_cache=True)
-        outputs, _ = layer._forward_abstract(inputs)  # pylint: disable=protected-access
+        outputs = layer.output_signature(inputs)
       stack = outputs_onto_stack(outputs, stack, layer.n_in)
       weights.append(w)
       states.append(s)
@@ -154,8 +154,8 @@ def Branch(*layers, name='Branch'):  # pylint: disable=invalid-name
                   sublayers_to_print=layers)
   # Error paths read `Branch[i] > ...` for branch i (not `Branch[1] >
   # Parallel[i]`), and just `Branch` when the inputs are missing.
-  parallel._path_element = lambda i: f'{name}[{i}]'  # pylint: disable=protected-access
-  branch._path_element = lambda i: None if i == 1 else name  # pylint: disable=protected-access
+  parallel.set_path_elements(lambda i: f'{name}[{i}]')
+  branch.set_path_elements(lambda i: None if i == 1 else name)
   return branch
 
 

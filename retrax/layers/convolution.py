@@ -79,45 +79,44 @@ def check_windows_fit(layer_name, shape, spatial_axes, window, dilation,
           "Use a smaller window, a larger input or padding='SAME'.")
 
 
-def set_conv_layout(layer, filters, kernel_size, padding, dimension_numbers,
-                    kernel_initializer, bias_initializer):
-  """Checks and stores the settings `Conv` and `ConvTranspose` share.
+class ConvLayoutMixin:
+  """The layout settings `Conv` and `ConvTranspose` share, checked once."""
 
-  Sets `_filters`, `_kernel_size`, `_dimension_numbers`, the three layout
-  specs, `_one`, `_padding` and the initializers (default kernel initializer:
-  Glorot-normal with fans at the kernel's 'I' and 'O' axes).
+  def _set_conv_layout(self, filters, kernel_size, padding, dimension_numbers,
+                       kernel_initializer, bias_initializer):
+    """Checks and stores the shared settings; returns the number of spatial axes.
 
-  Returns:
-    The number of spatial axes.
-  """
-  layer._filters = filters  # pylint: disable=protected-access
-  layer._kernel_size = tuple(kernel_size)
-  layer._dimension_numbers = tuple(dimension_numbers)
-  check_dimension_numbers(layer._dimension_numbers)
-  lhs, rhs, _ = layer._dimension_numbers
-  layer._lhs_spec, layer._rhs_spec, layer._out_spec = layer._dimension_numbers
-  n_spatial = len(lhs) - 2
-  if len(layer._kernel_size) != n_spatial:
-    raise ValueError(
-        f'kernel_size {layer._kernel_size} must have {n_spatial} entries, one '
-        f'per spatial axis of input layout {lhs!r}.')
-  layer._one = (1,) * n_spatial
-  layer._padding = check_padding(padding, n_spatial)
-  layer._bias_initializer = bias_initializer
-  layer._kernel_initializer = kernel_initializer or (
-      init.GlorotNormalInitializer(rhs.index('O'), rhs.index('I')))
-  return n_spatial
+    Sets `_filters`, `_kernel_size`, `_dimension_numbers`, the three layout
+    specs, `_one`, `_padding` and the initializers (default kernel
+    initializer: Glorot-normal with fans at the kernel's 'I' and 'O' axes).
+    """
+    self._filters = filters
+    self._kernel_size = tuple(kernel_size)
+    self._dimension_numbers = tuple(dimension_numbers)
+    check_dimension_numbers(self._dimension_numbers)
+    lhs, rhs, _ = self._dimension_numbers
+    self._lhs_spec, self._rhs_spec, self._out_spec = self._dimension_numbers
+    n_spatial = len(lhs) - 2
+    if len(self._kernel_size) != n_spatial:
+      raise ValueError(
+          f'kernel_size {self._kernel_size} must have {n_spatial} entries, '
+          f'one per spatial axis of input layout {lhs!r}.')
+    self._one = (1,) * n_spatial
+    self._padding = check_padding(padding, n_spatial)
+    self._bias_initializer = bias_initializer
+    self._kernel_initializer = kernel_initializer or (
+        init.GlorotNormalInitializer(rhs.index('O'), rhs.index('I')))
+    return n_spatial
+
+  def _conv_kernel_shape(self, input_shape):
+    """The kernel shape for inputs of `input_shape`."""
+    sizes = iter(self._kernel_size)
+    channels = input_shape[self._lhs_spec.index('C')]
+    return [self._filters if c == 'O' else channels if c == 'I' else next(sizes)
+            for c in self._rhs_spec]
 
 
-def conv_kernel_shape(layer, input_shape):
-  """The kernel shape of a layer set up by `set_conv_layout`, for `input_shape`."""
-  sizes = iter(layer._kernel_size)  # pylint: disable=protected-access
-  channels = input_shape[layer._lhs_spec.index('C')]  # pylint: disable=protected-access
-  return [layer._filters if c == 'O' else channels if c == 'I' else next(sizes)  # pylint: disable=protected-access
-          for c in layer._rhs_spec]  # pylint: disable=protected-access
-
-
-class Conv(base.Layer):
+class Conv(ConvLayoutMixin, base.Layer):
   """General N-d convolution (`lax.conv_general_dilated`) plus bias.
 
   Inputs with more axes than `dimension_numbers[0]` spells (e.g. rank 5 for
@@ -145,9 +144,9 @@ class Conv(base.Layer):
                bias_initializer=init.RandomNormalInitializer(1e-6),
                use_bias=True, rhs_dilation=None):
     super().__init__()
-    n_spatial = set_conv_layout(self, filters, kernel_size, padding,
-                                dimension_numbers, kernel_initializer,
-                                bias_initializer)
+    n_spatial = self._set_conv_layout(filters, kernel_size, padding,
+                                      dimension_numbers, kernel_initializer,
+                                      bias_initializer)
     self._strides = _as_tuple(strides or self._one, 'strides', n_spatial)
     self._dilation = _as_tuple(rhs_dilation or self._one, 'rhs_dilation',
                                n_spatial)
@@ -215,7 +214,7 @@ class Conv(base.Layer):
 
   def init_weights_and_state(self, input_signature):
     shape = self._check_input(input_signature)
-    kernel_shape = conv_kernel_shape(self, shape)
+    kernel_shape = self._conv_kernel_shape(shape)
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
     w = self._kernel_initializer(kernel_shape, rng_w)
     if self._use_bias:

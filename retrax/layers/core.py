@@ -83,6 +83,11 @@ class Embedding(base.Layer):
     self._use_bfloat16 = use_bfloat16
     self._kernel_initializer = kernel_initializer
 
+  @property
+  def vocab_size(self):
+    """How many token ids the table embeds (rows of the weights)."""
+    return self._vocab_size
+
   def forward(self, x):
     _check_int(self, x)
     if not hasattr(self.weights, 'shape'):

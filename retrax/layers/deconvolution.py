@@ -13,7 +13,7 @@ from retrax.layers import convolution
 from retrax.layers import initializers as init
 
 
-class ConvTranspose(base.Layer):
+class ConvTranspose(convolution.ConvLayoutMixin, base.Layer):
   """N-d transposed ("de-") convolution plus bias, as Trax's (`lax.conv_transpose`).
 
   With 'VALID' padding and strides `s`, a spatial size `n` becomes
@@ -46,9 +46,8 @@ class ConvTranspose(base.Layer):
       raise ValueError('Give kernel_initialzer or kernel_initializer, not '
                        'both.')
     kernel_initializer = kernel_initialzer or kernel_initializer
-    convolution.set_conv_layout(self, filters, kernel_size, padding,
-                                dimension_numbers, kernel_initializer,
-                                bias_initializer)
+    self._set_conv_layout(filters, kernel_size, padding, dimension_numbers,
+                          kernel_initializer, bias_initializer)
     self._strides = tuple(strides or self._one)
     self._rhs_dilation = None if rhs_dilation is None else tuple(rhs_dilation)
     if self._padding == 'SAME_LOWER':
@@ -94,7 +93,7 @@ class ConvTranspose(base.Layer):
   def init_weights_and_state(self, input_signature):
     convolution.check_float_input(self, input_signature)
     shape = self._conv_shape(input_signature.shape)
-    kernel_shape = convolution.conv_kernel_shape(self, shape)
+    kernel_shape = self._conv_kernel_shape(shape)
     bias_shape = [self._filters if c == 'C' else 1 for c in self._out_spec]
     bias_shape = tuple(itertools.dropwhile(lambda d: d == 1, bias_shape))
     rng_w, rng_b = fastmath.random.split(self.rng, 2)

@@ -572,7 +572,7 @@ class ReversibleHalfResidual(ReversibleLayer):
       with in_sublayer(self, i):
         inputs = cb.inputs_from_stack(stack, layer.n_in)
         w, s = layer.init(inputs, use_cache=True)
-        outputs, _ = layer._forward_abstract(inputs)  # pylint: disable=protected-access
+        outputs = layer.output_signature(inputs)
       stack = cb.outputs_onto_stack(outputs, stack, layer.n_in)
       weights.append(w)
       states.append(s)
@@ -643,12 +643,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     hold back, and the tie would cost a pass over all weights per token.
     """
     if self._predict_mode is None:
-      def walk(layer):
-        yield layer
-        for sub in layer.sublayers:
-          yield from walk(sub)
-      self._predict_mode = any(getattr(layer, '_mode', None) == 'predict'
-                               for layer in walk(self))
+      self._predict_mode = any(layer.mode == 'predict' for layer in self.walk())
     return self._predict_mode
 
   def _walk_back(self, output, grad, weights, state, new_state, rng):

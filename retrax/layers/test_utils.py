@@ -146,6 +146,11 @@ class MockTransformerLM(base.Layer):
     self._buffers = None
 
   @property
+  def vocab_size(self):
+    """The size of the logits' last axis."""
+    return self._vocab_size
+
+  @property
   def state(self):
     """The prediction buffers (a copy): a list of token lists, or None."""
     return copy.deepcopy(self._buffers)

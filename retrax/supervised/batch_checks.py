@@ -37,7 +37,7 @@ def _kind(dtype):
 def find_embedding_vocab(model):
   """Vocabulary size of the first Embedding (depth-first) in `model`, or None."""
   if isinstance(model, core.Embedding):
-    return model._vocab_size  # pylint: disable=protected-access
+    return model.vocab_size
   for sublayer in model.sublayers:
     found = find_embedding_vocab(sublayer)
     if found is not None:

@@ -278,3 +278,34 @@ def test_failed_call_restores_weights():
   with pytest.raises(base.LayerError):
     layer(np.ones((2, 4), np.float32), weights=(np.ones((5, 3)), np.ones(3)))
   assert layer.weights[0] is w[0]
+
+
+def test_walk_mode_max_len_and_vocab_size_are_public():
+  from retrax.layers import attention, position  # pylint: disable=g-import-not-at-top
+  emb = core.Embedding(11, 4)
+  pos = position.PositionalEncoding(max_len=7, mode='predict')
+  drop = core.Dropout(0.1, mode='eval')
+  model = cb.Serial(emb, cb.Branch(pos, drop), cb.Add())
+  walked = list(model.walk())
+  # Pre-order: the Serial, Embedding, Branch's Serial (Select, Parallel
+  # (PositionalEncoding, Dropout)), Add.
+  assert walked[0] is model and walked[1] is emb
+  assert walked.index(pos) < walked.index(drop) < walked.index(walked[-1])
+  assert walked[-1].name == 'Add' and len(walked) == 8
+  assert [l.mode for l in walked if l.mode] == ['predict', 'eval']
+  assert model.mode is None and cb.Serial().max_len is None
+  assert emb.vocab_size == 11 and pos.max_len == 7
+  assert attention.DotProductCausalAttention(
+      max_inference_length=5, mode='predict').max_len == 5
+  assert base.Layer(mode='eval').mode == 'eval'
+  with pytest.raises(ValueError, match='only allow setting'):
+    emb.mode = 'train'
+
+
+def test_set_path_elements_renames_sublayers_in_error_paths():
+  bad = base.Fn('Bad', lambda x: jnp.reshape(x, (7,)))
+  inner = cb.Serial(core.Dense(3), bad)
+  inner.set_path_elements(lambda i: f'Block{i}')
+  assert inner.path_element(1) == 'Block1'
+  with pytest.raises(base.LayerError, match=r'Block1 > Bad'):
+    inner.init(ShapeDtype((2, 5)))

@@ -36,15 +36,18 @@ class ToyLM(tl.Layer):
   """
 
   def __init__(self, table, max_len=64, mode='predict'):
-    super().__init__(name='ToyLM')
+    super().__init__(name='ToyLM', mode=mode)
     self._table = np.asarray(table, np.float32)
-    self._max_len = max_len
-    self._mode = mode
+    self._positions = max_len
     self._n_forward = 0
+
+  @property
+  def max_len(self):
+    return self._positions
 
   def forward(self, x):
     self._n_forward += 1
-    if self._mode == 'predict':
+    if self.mode == 'predict':
       prev, pos, shared = self.state
       fed = jnp.concatenate([prev[::2, None], x], axis=1)
       self.state = (jnp.repeat(x[:, -1], 2), pos + x.shape[1], shared)
@@ -54,7 +57,7 @@ class ToyLM(tl.Layer):
 
   def init_weights_and_state(self, input_signature):
     self.weights = jnp.asarray(self._table)
-    if self._mode == 'predict':
+    if self.mode == 'predict':
       batch = input_signature.shape[0]
       self.state = (jnp.zeros((2 * batch,), jnp.int32),
                     jnp.zeros((), jnp.int32), jnp.arange(2, dtype=jnp.float32))
