@@ -52,9 +52,18 @@ class DeviceMesh:
 
 
 def to_host(tree):
-  """`tree` with every JAX array fetched into host (numpy) memory."""
-  return jax.tree_util.tree_map(
-      lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+  """`tree` with every JAX array fetched into host (numpy) memory.
+
+  A replicated array that is not fully addressable (multi-host) is read from
+  this host's first copy.
+  """
+  def fetch(x):
+    if not isinstance(x, jax.Array):
+      return x
+    if not x.is_fully_addressable:
+      x = x.addressable_data(0)
+    return np.asarray(x)
+  return jax.tree_util.tree_map(fetch, tree)
 
 
 def start_host_copy(tree):
@@ -98,3 +107,30 @@ def adasum(per_share_grads):
     per_share_grads = jax.tree_util.tree_map(merge, per_share_grads)
     shift *= 2
   return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), per_share_grads)
+
+
+def sharded_value_and_grad(grad_fn, batch, rng, n_shares=1):
+  """`grad_fn(batch, rng)`, or over `n_shares` equal shares of `batch` with
+  the gradients merged by `adasum`.
+
+  Args:
+    grad_fn: `(batch, rng) -> ((loss, state), grads)`, e.g. a
+      `jax.value_and_grad(..., has_aux=True)`.
+    batch: a tree of arrays whose first dimension `n_shares` divides.
+    rng: a PRNG key (split into one key per share).
+    n_shares: 1, or the number of shares (a power of two).
+
+  Returns:
+    `(loss, state, grads)`: with shares, the mean loss, the first share's
+    state and the merged gradients.
+  """
+  if n_shares == 1:
+    (loss, new_state), grads = grad_fn(batch, rng)
+    return loss, new_state, grads
+  n = n_shares
+  shares = jax.tree_util.tree_map(
+      lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
+  (losses, states), grads = jax.vmap(grad_fn)(shares,
+                                              jax.random.split(rng, n))
+  new_state = jax.tree_util.tree_map(lambda s: s[0], states)
+  return jnp.mean(losses), new_state, adasum(grads)

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from retrax import fastmath
 from retrax import layers as tl
 from retrax.optimizers import base as opt_base
 from retrax.optimizers import placement
@@ -110,16 +109,9 @@ class Trainer:
     def loss_fn(w, b, r):
       return self._model_with_loss.pure_fn(b, w, state, r)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    n = self._n_devices
-    if not self._adasum or n == 1:
-      (loss, new_state), grads = grad_fn(weights, batch, rng)
-      return loss, new_state, grads
-    shares = jax.tree_util.tree_map(
-        lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
-    (losses, states), grads = jax.vmap(grad_fn, in_axes=(None, 0, 0))(
-        weights, shares, fastmath.random.split(rng, n))
-    new_state = jax.tree_util.tree_map(lambda s: s[0], states)
-    return jnp.mean(losses), new_state, placement.adasum(grads)
+    return placement.sharded_value_and_grad(
+        lambda b, r: grad_fn(weights, b, r), batch, rng,
+        self._n_devices if self._adasum else 1)
 
   def _update_fn(self, weights, slots, state, batch, rng, step, opt_params):
     loss, new_state, grads = self._loss_and_grads(weights, state, batch, rng)

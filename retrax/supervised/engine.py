@@ -31,6 +31,7 @@ from retrax import fastmath
 from retrax.layers import combinators
 from retrax.layers import core
 from retrax.layers.assert_shape import AssertShape
+from retrax.optimizers import placement
 
 
 def _forward_fn(model_with_loss):
@@ -98,6 +99,31 @@ def _get_sublayer(layer, path):
   return layer
 
 
+def _run_body(layers, stack, weights, state, rngs):
+  """Runs `layers` over `stack` exactly as `Serial.forward` does; returns
+  `(stack, [new state per layer])`."""
+  new_states = []
+  for layer, w, s, rng in zip(layers, weights, state, rngs):
+    inputs = combinators.inputs_from_stack(stack, layer.n_in)
+    outputs, new_s = layer.pure_fn(inputs, w, s, rng, use_cache=True)
+    stack = combinators.outputs_onto_stack(outputs, stack, layer.n_in)
+    new_states.append(new_s)
+  return stack, new_states
+
+
+def _position_chunks(x, targets, loss_weights, chunk_size):
+  """`(x, targets, weights)` flattened over positions, zero-padded to a
+  multiple of `chunk_size` and split into `[n_chunks, chunk_size, ...]`."""
+  n = int(np.prod(targets.shape))
+  pad = (-n) % chunk_size
+  x = jnp.pad(x.reshape((n, x.shape[-1])), ((0, pad), (0, 0)))
+  t = jnp.pad(targets.reshape((n,)), (0, pad))
+  w = jnp.pad(loss_weights.reshape((n,)), (0, pad))
+  n_chunks = (n + pad) // chunk_size
+  return (x.reshape((n_chunks, chunk_size, x.shape[-1])),
+          t.reshape((n_chunks, chunk_size)), w.reshape((n_chunks, chunk_size)))
+
+
 def _chunked_forward_fn(model, loss_layer, chunk_size):
   """Forward of `Serial(model, loss_layer)` with the head and loss in chunks."""
   if loss_layer.n_in != 3:
@@ -127,26 +153,11 @@ def _chunked_forward_fn(model, loss_layer, chunk_size):
     try:
       model_rng, loss_rng = fastmath.random.split(rng, 2)
       rngs = fastmath.random.split(model_rng, len(subs))
-      stack = combinators.inputs_from_stack(batch, model.n_in)
-      new_states = []
-      for i in range(head_start):  # The body, exactly as Serial.forward runs it.
-        layer = subs[i]
-        inputs = combinators.inputs_from_stack(stack, layer.n_in)
-        outputs, s = layer.pure_fn(inputs, model_w[i], model_s[i], rngs[i],
-                                   use_cache=True)
-        stack = combinators.outputs_onto_stack(outputs, stack, layer.n_in)
-        new_states.append(s)
-      x = stack
-      targets, loss_weights = batch[model.n_in], batch[model.n_in + 1]
-      n = int(np.prod(targets.shape))
-      pad = (-n) % chunk_size
-      x = jnp.pad(x.reshape((n, x.shape[-1])), ((0, pad), (0, 0)))
-      t = jnp.pad(targets.reshape((n,)), (0, pad))
-      w = jnp.pad(loss_weights.reshape((n,)), (0, pad))
-      n_chunks = (n + pad) // chunk_size
-      xs = (x.reshape((n_chunks, chunk_size, x.shape[-1])),
-            t.reshape((n_chunks, chunk_size)),
-            w.reshape((n_chunks, chunk_size)))
+      x, new_states = _run_body(
+          subs[:head_start], combinators.inputs_from_stack(batch, model.n_in),
+          model_w, model_s, rngs)
+      xs = _position_chunks(x, batch[model.n_in], batch[model.n_in + 1],
+                            chunk_size)
 
       @jax.checkpoint
       def chunk(carry, chunk_xs):
@@ -172,30 +183,6 @@ def _chunked_forward_fn(model, loss_layer, chunk_size):
       model.state, model.weights = saved[1], saved[0]
 
   return forward
-
-
-# --- Adasum --------------------------------------------------------------------
-
-
-def _adasum(grads, n):
-  """Merges per-device gradients (leading axis n) with Trax's Adasum butterfly."""
-  if n & (n - 1):
-    raise ValueError(f'adasum needs a power-of-two number of devices; got {n}.')
-  shift = 1
-  while shift < n:
-    partner = np.array([i + shift if i % (2 * shift) < shift else i - shift
-                        for i in range(n)])
-
-    def merge(g, partner=partner):
-      gp = g[partner]
-      axes = tuple(range(1, g.ndim))
-      dot = jnp.sum(g * gp, axis=axes, keepdims=True)
-      frac1 = dot / (2 * jnp.sum(g * g, axis=axes, keepdims=True) + 1e-30)
-      frac2 = dot / (2 * jnp.sum(gp * gp, axis=axes, keepdims=True) + 1e-30)
-      return (1 - frac1) * g + (1 - frac2) * gp
-    grads = jax.tree_util.tree_map(merge, grads)
-    shift *= 2
-  return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), grads)
 
 
 # --- the steps -----------------------------------------------------------------------
@@ -235,16 +222,9 @@ class TrainStep:
 
   def _grads(self, weights, state, batch, rng):
     grad_fn = jax.value_and_grad(self._forward, has_aux=True)
-    if self._n_shares == 1:
-      (loss, new_state), grads = grad_fn(weights, state, batch, rng)
-      return loss, new_state, grads
-    n = self._n_shares
-    shares = tuple(x.reshape((n, x.shape[0] // n) + x.shape[1:]) for x in batch)
-    rngs = fastmath.random.split(rng, n)
-    (losses, states), grads = jax.vmap(
-        lambda b, r: grad_fn(weights, state, b, r))(shares, rngs)
-    new_state = jax.tree_util.tree_map(lambda s: s[0], states)
-    return jnp.mean(losses), new_state, _adasum(grads, n)
+    return placement.sharded_value_and_grad(
+        lambda b, r: grad_fn(weights, state, b, r), batch, rng,
+        self._n_shares)
 
   def _step(self, weights, slots, state, batch, rng, step, opt_params):
     loss, new_state, grads = self._grads(weights, state, batch, rng)

@@ -9,6 +9,7 @@ import supervised_toys as toys
 from retrax import layers as tl
 from retrax import optimizers
 from retrax.layers import base
+from retrax.optimizers import placement
 from retrax.supervised import devices
 from retrax.supervised import engine
 from retrax.supervised import training
@@ -160,10 +161,10 @@ def _adasum_reference(grads):
 def test_adasum_merge_matches_numpy():
   grads = np.random.RandomState(0).randn(4, 3, 2).astype(np.float32)
   want = _adasum_reference([[g.astype(np.float64)] for g in grads])[0]
-  got = engine._adasum({'w': jnp.asarray(grads)}, 4)['w']  # pylint: disable=protected-access
+  got = placement.adasum({'w': jnp.asarray(grads)})['w']
   np.testing.assert_allclose(got, want, rtol=1e-5)
   with pytest.raises(ValueError, match='power-of-two'):
-    engine._adasum({'w': jnp.asarray(grads[:3])}, 3)  # pylint: disable=protected-access
+    placement.adasum({'w': jnp.asarray(grads[:3])})
 
 
 def test_adasum_step_merges_the_gradients_of_each_device_share():
