@@ -25,6 +25,7 @@ from retrax.checkpoints.rotation import checkpoint_path as checkpoint_path
 from retrax.checkpoints.rotation import latest_valid_checkpoint as latest_valid_checkpoint
 from retrax.checkpoints.rotation import list_checkpoints as list_checkpoints
 from retrax.checkpoints.rotation import mismatch_error as mismatch_error
+from retrax.checkpoints.rotation import newest_usable as newest_usable
 from retrax.checkpoints.rotation import rotate_checkpoints as rotate_checkpoints
 from retrax.checkpoints.rotation import scan_checkpoints as scan_checkpoints
 from retrax.checkpoints.safe_unpickle import RestrictedUnpickler as RestrictedUnpickler

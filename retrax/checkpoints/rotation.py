@@ -211,6 +211,42 @@ def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX, report=None):
   return removed
 
 
+def newest_usable(directory, prefixes=(DEFAULT_PREFIX,), report=None):
+  """The checkpoint of highest recorded step among `prefixes` that verifies.
+
+  Metadata is read for all, the arrays file checked from the newest down to
+  the first that verifies. `report(message)` is called for each unusable one
+  met (default: a warning), newest first.
+
+  Returns:
+    `(path or None, [(path, why), ...])`: the checkpoint, and the unusable
+    ones other than saves that never committed.
+
+  Raises:
+    CheckpointFormatError: a checkpoint's name and recorded step differ.
+  """
+  report = report or _warn
+  entries = scan_checkpoints(directory, prefixes, full=False)
+  found, problems = None, []
+  for e in reversed([e for e in entries if e.error is None]):
+    try:
+      verify_native(e.path)
+    except (CheckpointError, OSError) as err:
+      report(f'Checkpoint of step {e.step} at {e.path} is unusable and was '
+             f'skipped: {err}')
+      problems.append((e.path, str(err)))
+      continue
+    found = e.path
+    break
+  for e in entries:
+    if e.error is not None:
+      report(f'Checkpoint of step {e.name_step} at {e.path} is unusable and '
+             f'was skipped: {e.error}')
+      if not e.incomplete:
+        problems.append((e.path, e.error))
+  return found, problems
+
+
 def latest_valid_checkpoint(directory, prefix=DEFAULT_PREFIX):
   """Path of the checkpoint with the highest recorded step that verifies, or None.
 
@@ -220,10 +256,4 @@ def latest_valid_checkpoint(directory, prefix=DEFAULT_PREFIX):
   Raises:
     CheckpointFormatError: a checkpoint's name and recorded step differ.
   """
-  entries = scan_checkpoints(directory, (prefix,))
-  for e in entries:
-    if e.error is not None:
-      warnings.warn(f'skipping checkpoint {e.path} (step {e.name_step}): '
-                    f'{e.error}', stacklevel=2)
-  usable = [e for e in entries if e.error is None]
-  return usable[-1].path if usable else None
+  return newest_usable(directory, (prefix,))[0]
