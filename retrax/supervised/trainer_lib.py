@@ -222,13 +222,13 @@ class Trainer:
         for fn in (self._inputs.train_eval_stream, self._inputs.eval_stream)]
     self._loop = training.Loop(
         model_train, [task], eval_model=model_eval, eval_tasks=eval_tasks,
-        output_dir=output_dir, checkpoint_at=training._never,  # pylint: disable=protected-access
-        permanent_checkpoint_at=training._never, eval_at=training._never,  # pylint: disable=protected-access
+        output_dir=output_dir, checkpoint_at=training.never,
+        permanent_checkpoint_at=training.never, eval_at=training.never,
         n_devices=n_devices, random_seed=self._random_seed,
         keep_checkpoints=self._keep_checkpoints,
         progress_bar=self._progress_bar,
-        write_trax_files=self._write_trax_files, _opt_step_offset=-1)
-    self._loop._checkpoint_kind = 'Trainer'  # pylint: disable=protected-access
+        write_trax_files=self._write_trax_files, opt_step_offset=-1,
+        checkpoint_kind='Trainer')
     self._refresh_schedule()  # The history may come from a checkpoint.
     if output_dir is not None and self._should_write_summaries:
       self._writers = {mode: metrics_log.EventWriter(
@@ -280,7 +280,7 @@ class Trainer:
 
   @property
   def model_weights(self):
-    return self._loop._weights  # pylint: disable=protected-access
+    return self._loop.train_state.weights
 
   @model_weights.setter
   def model_weights(self, weights):
@@ -288,7 +288,7 @@ class Trainer:
 
   @property
   def model_state(self):
-    return self._loop._state  # pylint: disable=protected-access
+    return self._loop.train_state.state
 
   @model_state.setter
   def model_state(self, state):
@@ -297,7 +297,7 @@ class Trainer:
   @property
   def state(self):
     """`TrainerState(step, OptState(weights, slots, opt_params), history, model_state)`."""
-    task = self._loop._task_states[0]  # pylint: disable=protected-access
+    task = self._loop.train_state.tasks[0]
     return TrainerState(
         step=self.step,
         opt_state=OptState((self.model_weights, task.loss_weights), task.slots,
@@ -344,9 +344,7 @@ class Trainer:
     """Runs one training step on `batch` (weights appended if has_weights=False)."""
     if self._has_weights is False:
       batch = next(_with_weights([batch], False, self._id_to_mask))
-    loop = self._loop
-    loop._step += 1  # pylint: disable=protected-access
-    loop._train_on_batch(0, batch)  # pylint: disable=protected-access
+    self._loop.train_step(batch)
 
   def evaluate(self, n_eval_steps):
     """Evaluates on train-eval and eval batches; logs Trax's metric table."""
@@ -388,7 +386,7 @@ class Trainer:
   # --- output --------------------------------------------------------------------
 
   def log_step(self, step_message):
-    self._loop._log_step(step_message)  # pylint: disable=protected-access
+    self._loop.log_step(step_message)
 
   def log_metrics(self, metrics, summ_writer, log_prefix):
     """Logs `{name: value}` as Trax's table rows, into history and files."""
@@ -439,38 +437,72 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
           init_checkpoint=None, callbacks=None, n_weights_shards=1,
           additional_train_tasks=None, additional_eval_tasks=None,
           additional_eval_streams=None):
-  """Trains `model` on `inputs` for `steps` steps (Trax's `train`, without gin).
+  """Trains `model` (Trax's `train`, without gin); returns the `Loop`
+  (`use_loop=True`) or the trainer's `TrainerState`.
 
-  Args:
+  Args (Trax's):
     output_dir: checkpoints and metrics; training resumes from it.
     model: function `mode -> layer` (or a layer).
-    loss_fn: loss layer (default `tl.WeightedCategoryCrossEntropy()`).
-    inputs: an `Inputs` or a function returning one (required).
-    optimizer: optimizer class (default `optimizers.Adafactor`).
-    lr_schedule_fn: function returning a schedule (default `lr.multifactor`).
-    trainer_class: the legacy trainer class (with `use_loop=False`).
-    steps: total training steps (including those of a resumed run).
-    checkpoints_at / permanent_checkpoints_at: steps to checkpoint at.
-    eval_steps: batches per evaluation.
-    eval_frequency: steps between evaluations (and checkpoints).
-    permanent_checkpoint_frequency: steps between permanent checkpoints.
-    random_seed: seed; None for a time-based one.
-    save_graphs: Trax wrote HLO dumps here; retrax does not (ignored).
-    metrics: `{name: layer}` (default `default_metrics()`).
-    checkpoint_highest / checkpoint_lowest: metric names for best checkpoints.
-    use_loop: train with `training.Loop` (True) or the legacy `Trainer`.
-    loss_chunk_size, use_memory_efficient_trainer, adasum, callbacks: as for
-      `Loop`.
-    init_checkpoint: weights to start from.
-    n_weights_shards: must be 1 (weights are replicated; no sharding).
-    additional_train_tasks / additional_eval_tasks: more `TrainTask`s /
-      `EvalTask`s for the loop.
-    additional_eval_streams: `NamedStream`s evaluated with the same metrics.
-
-  Returns:
-    The `Loop` (use_loop=True) or the trainer's `TrainerState`.
+    inputs: an `Inputs` or a function returning one (required: no gin).
+    loss_fn, optimizer, lr_schedule_fn, metrics: by default
+      `WeightedCategoryCrossEntropy()`, `Adafactor`, `lr.multifactor` (a
+      function returning a schedule), `default_metrics()` (`{name: layer}`).
+    steps, eval_steps, eval_frequency: total steps (a resumed run's count);
+      batches per evaluation; steps between evaluations and checkpoints.
+    checkpoints_at, permanent_checkpoints_at, permanent_checkpoint_frequency,
+      checkpoint_highest, checkpoint_lowest, random_seed, init_checkpoint,
+      loss_chunk_size, use_memory_efficient_trainer, adasum, callbacks: as
+      for `Loop` (the last four only with `use_loop`).
+    use_loop: train with `training.Loop`, else with `trainer_class` (the
+      legacy `Trainer`) in epochs of `eval_frequency` steps.
+    additional_train_tasks, additional_eval_tasks, additional_eval_streams:
+      more tasks for the loop; `NamedStream`s with the same metrics.
+    save_graphs: ignored (Trax wrote HLO dumps); n_weights_shards: must be 1.
   """
   del save_graphs
+  inputs, loss_fn, optimizer, lr_schedule_fn = _checked_train_args(
+      inputs, loss_fn, optimizer, lr_schedule_fn, n_weights_shards,
+      permanent_checkpoint_frequency, permanent_checkpoints_at)
+  if not use_loop:
+    trainer = trainer_class(
+        model, loss_fn, optimizer, lr_schedule_fn(), inputs, output_dir,
+        random_seed=random_seed, n_devices=num_devices(), metrics=metrics,
+        checkpoints_at=checkpoints_at, checkpoint_lowest=checkpoint_lowest,
+        checkpoint_highest=checkpoint_highest, init_checkpoint=init_checkpoint)
+    return _run_trainer(trainer, steps, eval_steps, eval_frequency)
+  train_task, eval_tasks = _loop_tasks(
+      inputs, loss_fn, optimizer, lr_schedule_fn, metrics, eval_steps,
+      eval_frequency, permanent_checkpoint_frequency, additional_eval_tasks,
+      additional_eval_streams)
+  model_train, model_eval = _train_and_eval_models(model, init_checkpoint)
+  return _run_loop(training.Loop(
+      model_train, [train_task] + list(additional_train_tasks or []),
+      eval_model=model_eval, eval_tasks=eval_tasks, output_dir=output_dir,
+      checkpoint_at=_in(checkpoints_at),
+      checkpoint_low_metric=checkpoint_lowest,
+      checkpoint_high_metric=checkpoint_highest,
+      permanent_checkpoint_at=_in(permanent_checkpoints_at),
+      n_devices=num_devices(), loss_chunk_size=loss_chunk_size,
+      use_memory_efficient_trainer=use_memory_efficient_trainer, adasum=adasum,
+      random_seed=random_seed, callbacks=callbacks), steps)
+
+
+def _run_loop(loop, steps):
+  """`train`'s `Loop` strategy: runs what is left of `steps`; the loop."""
+  steps_to_go = steps - loop.step
+  if steps_to_go <= 0:
+    _log.info('Stop training, already reached the total training steps %d',
+              steps)
+    return loop
+  loop.run(steps_to_go)
+  return loop
+
+
+def _checked_train_args(inputs, loss_fn, optimizer, lr_schedule_fn,
+                        n_weights_shards, permanent_checkpoint_frequency,
+                        permanent_checkpoints_at):
+  """`train`'s checks: `(Inputs, loss_fn, optimizer, lr_schedule_fn)`, each
+  given or the default (an inputs factory called)."""
   if inputs is None:
     raise ValueError('train() needs inputs= (an Inputs or a function '
                      'returning one); retrax has no gin defaults.')
@@ -483,35 +515,53 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
     raise ValueError('Only one of ["permanent_checkpoint_frequency", '
                      '"permanent_checkpoints_at"] should be set.')
   loss_fn = loss_fn if loss_fn is not None else tl.WeightedCategoryCrossEntropy()
-  optimizer = optimizer or trax_opt.Adafactor
-  lr_schedule_fn = lr_schedule_fn or lr_lib.multifactor
   if callable(inputs) and not hasattr(inputs, 'train_stream'):
     inputs = inputs()
-  if not use_loop:
-    trainer = trainer_class(
-        model, loss_fn, optimizer, lr_schedule_fn(), inputs, output_dir,
-        random_seed=random_seed, n_devices=num_devices(),
-        checkpoints_at=checkpoints_at, metrics=metrics,
-        checkpoint_lowest=checkpoint_lowest,
-        checkpoint_highest=checkpoint_highest, init_checkpoint=init_checkpoint)
-    epoch_steps = [steps]
-    if eval_frequency and eval_steps > 0:
-      epoch_steps = itertools.chain([1, eval_frequency - 1],
-                                    itertools.repeat(eval_frequency))
-    trainer.log_step(f'Starting training using {trainer.n_devices} devices')
-    trainer.print_n_weights()
-    try:
-      for n in epochs(steps, trainer.step, epoch_steps):
-        trainer.train_epoch(n, eval_steps)
-      trainer.log_step('Training done')
-    finally:
-      trainer.close()
-    return trainer.state
+  return (inputs, loss_fn, optimizer or trax_opt.Adafactor,
+          lr_schedule_fn or lr_lib.multifactor)
 
+
+def _run_trainer(trainer, steps, eval_steps, eval_frequency):
+  """`train`'s legacy strategy: epochs of the `Trainer`; its final state."""
+  epoch_steps = [steps]
+  if eval_frequency and eval_steps > 0:
+    epoch_steps = itertools.chain([1, eval_frequency - 1],
+                                  itertools.repeat(eval_frequency))
+  trainer.log_step(f'Starting training using {trainer.n_devices} devices')
+  trainer.print_n_weights()
+  try:
+    for n in epochs(steps, trainer.step, epoch_steps):
+      trainer.train_epoch(n, eval_steps)
+    trainer.log_step('Training done')
+  finally:
+    trainer.close()
+  return trainer.state
+
+
+def _in(steps):
+  """`step -> step in steps`, or None (the loop's default) for None."""
+  if steps is None:
+    return None
+  return lambda step: step in steps
+
+
+def _train_and_eval_models(model, init_checkpoint):
+  model_train = _make_model(model, 'train')
+  model_eval = _make_model(model, 'eval')
+  if init_checkpoint:
+    model_train.init_from_file(init_checkpoint, weights_only=True)
+    model_eval.init_from_file(init_checkpoint, weights_only=True)
+  return model_train, model_eval
+
+
+def _loop_tasks(inputs, loss_fn, optimizer, lr_schedule_fn, metrics,
+                eval_steps, eval_frequency, permanent_checkpoint_frequency,
+                additional_eval_tasks, additional_eval_streams):
+  """`train`'s `TrainTask` and `EvalTask`s for the `Loop` strategy."""
   n_devices = num_devices()
-  sample_stream = inputs.train_stream(n_devices or 1)
   train_task = training.TrainTask(
-      sample_stream, loss_layer=_as_layer(loss_fn, 'loss_fn'),
+      inputs.train_stream(n_devices or 1),
+      loss_layer=_as_layer(loss_fn, 'loss_fn'),
       optimizer=trax_opt.as_optimizer(optimizer), lr_schedule=lr_schedule_fn(),
       n_steps_per_checkpoint=eval_frequency,
       n_steps_per_permanent_checkpoint=permanent_checkpoint_frequency)
@@ -525,30 +575,4 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
                                    n_eval_batches=eval_steps,
                                    export_prefix=s.name)
                  for s in additional_eval_streams or []]
-  checkpoint_at = None
-  if checkpoints_at is not None:
-    checkpoint_at = lambda step: step in checkpoints_at
-  permanent_checkpoint_at = None
-  if permanent_checkpoints_at is not None:
-    permanent_checkpoint_at = lambda step: step in permanent_checkpoints_at
-  model_train = _make_model(model, 'train')
-  model_eval = _make_model(model, 'eval')
-  if init_checkpoint:
-    model_train.init_from_file(init_checkpoint, weights_only=True)
-    model_eval.init_from_file(init_checkpoint, weights_only=True)
-  loop = training.Loop(
-      model_train, [train_task] + list(additional_train_tasks or []),
-      eval_model=model_eval, eval_tasks=eval_tasks, output_dir=output_dir,
-      checkpoint_at=checkpoint_at, checkpoint_low_metric=checkpoint_lowest,
-      checkpoint_high_metric=checkpoint_highest,
-      permanent_checkpoint_at=permanent_checkpoint_at, n_devices=n_devices,
-      loss_chunk_size=loss_chunk_size,
-      use_memory_efficient_trainer=use_memory_efficient_trainer, adasum=adasum,
-      random_seed=random_seed, callbacks=callbacks)
-  steps_to_go = steps - loop.step
-  if steps_to_go <= 0:
-    _log.info('Stop training, already reached the total training steps %d',
-              steps)
-    return loop
-  loop.run(steps_to_go)
-  return loop
+  return train_task, eval_tasks

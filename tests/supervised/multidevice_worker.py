@@ -19,7 +19,7 @@ from retrax.supervised.batch_checks import BadBatchError
 def main():
   assert jax.device_count() == 8, jax.devices()
   loop = resume_worker.make_loop(None, n_devices=8)
-  leaf = jax.tree_util.tree_leaves(loop._weights)[0]  # pylint: disable=protected-access
+  leaf = jax.tree_util.tree_leaves(loop.train_state.weights)[0]
   assert len(leaf.sharding.device_set) == 8 and leaf.sharding.is_fully_replicated
   loop.run(6)
   np.savez(sys.argv[1], history=json.dumps(loop.history.to_dict()),

@@ -180,17 +180,17 @@ def test_a_kill_between_the_two_formats_leaves_no_stale_trax_files(
   """Item 7 with item 4: killed after the native checkpoint of the final
   step 5 but before Trax's files; the resumed run rewrites them."""
   from retrax.supervised import checkpointing  # pylint: disable=g-import-not-at-top
-  real_write = checkpointing.write_trax_checkpoint
+  real_write = checkpointing.save_trax_state
 
-  def write_then_die(basename, step, *args):
-    if step == 5:
+  def write_then_die(basename, host_state, *args):
+    if host_state.step == 5:
       raise _Killed()
-    real_write(basename, step, *args)
+    real_write(basename, host_state, *args)
 
-  monkeypatch.setattr(checkpointing, 'write_trax_checkpoint', write_then_die)
+  monkeypatch.setattr(checkpointing, 'save_trax_state', write_then_die)
   with pytest.raises(_Killed):
     resume_worker.run(str(tmp_path), 5)
-  monkeypatch.setattr(checkpointing, 'write_trax_checkpoint', real_write)
+  monkeypatch.setattr(checkpointing, 'save_trax_state', real_write)
   loop = resume_worker.run(str(tmp_path), 5)
   assert loop.step == 5
   trax = read_trax_checkpoint(os.path.join(tmp_path, 'model.pkl.gz'))

@@ -1,0 +1,118 @@
+"""A `Loop`'s output directory: its log files, and cutting them back on resume.
+
+`RunDir(output_dir, is_chief)` owns what a run writes beside its checkpoints:
+`run_files.json` (the log files runs there created, claimed before they are
+created), `metrics.jsonl` and the TensorBoard writers (`<dir>/train`,
+`<dir>/eval`, per task under `<dir>/<export_prefix or index>` when there are
+several). Only those files are ever cut back (to a restored step) or have
+orphan temporary files removed; on hosts other than the chief nothing is
+written.
+"""
+
+import os
+
+from retrax import local_paths
+from retrax.supervised import checkpointing
+from retrax.supervised import metrics_log
+
+
+class RunDir:
+  """The output directory of one loop (`path` None: nothing is written)."""
+
+  def __init__(self, output_dir, is_chief):
+    self.path = None if output_dir is None else os.path.expanduser(
+        local_paths.check_local(os.fspath(output_dir), 'Loop: output_dir'))
+    self.jsonl = None
+    self._writers = None
+    self._run_files = None
+    if self.path is None:
+      return
+    os.makedirs(self.path, exist_ok=True)
+    if is_chief:
+      self._run_files = metrics_log.RunFiles(self.path)
+      self.jsonl = metrics_log.JsonlWriter(
+          os.path.join(self.path, metrics_log.METRICS_FILE),
+          on_create=self._claim)
+
+  @property
+  def writes(self):
+    """True if this host writes the run's files (an output dir, the chief)."""
+    return self._run_files is not None
+
+  def _claim(self, path):
+    self._run_files.claim(os.path.relpath(path, self.path))
+
+  def remove_orphans(self):
+    """Removes temporary files that killed writes left (chief only)."""
+    if self.writes:
+      checkpointing.remove_orphans(self.path, self._run_files.files())
+
+  def holds(self, path):
+    """True if `path` (a checkpoint) lies directly in this directory."""
+    return self.path is not None and os.path.dirname(
+        os.path.abspath(path)) == os.path.abspath(self.path)
+
+  def adopt_legacy_metrics(self, checkpoint_path):
+    """Claims the metrics.jsonl of a retrax that kept no run_files.json,
+    resumed from `checkpoint_path` here (they were written together)."""
+    if (self.writes and not self._run_files.existed and
+        self.holds(checkpoint_path) and os.path.exists(self.jsonl.path)):
+      self._claim(self.jsonl.path)
+
+  def open_writers(self):
+    """Enables the TensorBoard writers, each created when first used."""
+    self._writers = {} if self.writes else None
+
+  def writer(self, kind, index, tasks):
+    """The event writer of `kind` ('train'/'eval') task `index` of `tasks`."""
+    if self._writers is None:
+      return None
+    if (kind, index) not in self._writers:
+      task_dir = self.path
+      if len(tasks) > 1:
+        task_dir = os.path.join(self.path,
+                                tasks[index].export_prefix or str(index))
+      self._writers[kind, index] = metrics_log.EventWriter(
+          os.path.join(task_dir, kind), on_create=self._claim)
+    return self._writers[kind, index]
+
+  def record(self, writer, step, mode, name, value):
+    """Writes a scalar to `writer` (if not None) and metrics.jsonl."""
+    if writer is not None:
+      writer.scalar(name, value, step)
+    if self.jsonl is not None:
+      self.jsonl.write(step, mode, name, value)
+
+  def flush(self, writer):
+    if writer is not None:
+      writer.flush()
+    if self.jsonl is not None:
+      self.jsonl.flush()
+
+  def close_writers(self):
+    for writer in (self._writers or {}).values():
+      writer.close()
+    self._writers = None
+    if self.jsonl is not None:
+      self.jsonl.close()
+
+  def truncate(self, step):
+    """Cuts the run's own metrics.jsonl and event files back to `step` (a
+    killed run's later records, and any record torn by the kill, go)."""
+    if not self.writes:
+      return
+    metrics = self.jsonl.path
+    if os.path.exists(metrics) and not self._run_files.owns(
+        metrics_log.METRICS_FILE):
+      raise FileExistsError(
+          f'{metrics} was not written by a retrax run in this directory '
+          f'({metrics_log.RUN_FILES} does not list it) and retrax never '
+          'rewrites a log it did not write: move it or choose another '
+          'output_dir.')
+    for path in self._run_files.files():
+      if not os.path.exists(path):
+        continue
+      if path == metrics:
+        self.jsonl.truncate(step)
+      elif os.path.basename(path).startswith('events.out.tfevents.'):
+        metrics_log.truncate_event_file(path, step)

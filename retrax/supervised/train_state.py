@@ -1,0 +1,195 @@
+"""A `Loop`'s training state as pytrees, optax-style.
+
+    TrainState(step, weights, state, eval_state, tasks, rng)
+    TaskState(loss_weights, loss_state, slots, opt_params)   one per task
+
+`Loop` holds one `TrainState`: `train_step` takes it with a batch and
+returns the next one (the jitted step donates the buffers passed in),
+`checkpointing.save_state` / `restore_state` write and read it. `step` is a
+Python int (the steps run so far); every other field is a tree of arrays
+(replicated over the loop's devices). `LossSums` are the host-side sums of
+the checked losses since the last log, saved beside the state so that a
+resumed run logs the same means.
+"""
+
+import collections
+import typing
+
+import jax
+import jax.numpy as jnp
+
+from retrax import shapes
+from retrax.supervised import engine
+
+
+class TaskState(typing.NamedTuple):
+  """The arrays of one training task: its loss layer's and its optimizer's."""
+  loss_weights: typing.Any
+  loss_state: typing.Any
+  slots: typing.Any
+  opt_params: typing.Any
+
+
+class TrainState(typing.NamedTuple):
+  """Everything a training step reads and writes, plus the step count."""
+  step: int
+  weights: typing.Any
+  state: typing.Any
+  eval_state: typing.Any
+  tasks: typing.Tuple[TaskState, ...]
+  rng: typing.Any
+
+
+# One dispatch per new key (splitting, then unpacking on the host, takes three).
+_split_key = jax.jit(lambda key: tuple(jax.random.split(key)))
+
+
+def replicate(parallel, train_state):
+  """`train_state` with its arrays copied to all of `parallel`'s devices (the
+  PRNG key stays a plain device array, as the host splits it)."""
+  step, weights, state, eval_state, tasks, rng = train_state
+  return TrainState(step, *parallel.replicate((weights, state, eval_state,
+                                               tasks)), jnp.asarray(rng))
+
+
+def init_task(model, task, parallel, rng, loss_chunk_size=0, adasum=False):
+  """`(engine.TrainStep, TaskState)` of `task`; initializes its loss layer.
+
+  Raises:
+    ValueError: the task has a schedule but its optimizer no learning rate,
+      or the model and loss do not make a scalar loss of the task's batches.
+  """
+  loss_layer = task.loss_layer
+  batch_signature = shapes.signature(tuple(task.sample_batch))
+  loss_layer.init(model.output_signature(batch_signature))
+  step_fn = engine.TrainStep(model, loss_layer, task.optimizer, parallel,
+                             loss_chunk_size, adasum)
+  weights = (model.weights, loss_layer.weights)
+  slots, opt_params = task.optimizer.tree_init(weights)
+  if task.lr_schedule is not None and 'learning_rate' not in opt_params:
+    raise ValueError(
+        f'The task has an lr_schedule but its optimizer '
+        f'{type(task.optimizer).__name__} has no learning_rate '
+        'hyperparameter to set; for optax use '
+        'retrax.optimizers.from_optax(optax.adam, learning_rate=...).')
+  loss_sig = step_fn.loss_signature(
+      weights, (model.state, loss_layer.state), batch_signature, rng)
+  if isinstance(loss_sig, (tuple, list)):
+    raise ValueError(
+        f'The model and loss layer {loss_layer.name} leave '
+        f'{len(loss_sig)} items on the stack for a batch of '
+        f'{len(task.sample_batch)} items; the batch must hold the model\'s '
+        f'{model.n_in} input(s) plus the {loss_layer.n_in - 1} '
+        'other input(s) of the loss (targets, weights).')
+  if loss_sig.shape:
+    raise ValueError(
+        f'The loss layer {loss_layer.name} must return a scalar; it returns '
+        f'shape {loss_sig.shape}.')
+  return step_fn, parallel.replicate(TaskState(
+      loss_layer.weights, loss_layer.state, slots, dict(opt_params)))
+
+
+def _is_empty(x):
+  if isinstance(x, (list, tuple)):
+    return all(_is_empty(y) for y in x)
+  return x is None
+
+
+def _is_uninitialized(model):
+  if not _is_empty(model.weights):
+    return False
+  return all(_is_uninitialized(l) for l in model.sublayers)
+
+
+def init_state(model, eval_model, tasks, parallel, rng, loss_chunk_size=0,
+               adasum=False):
+  """Initializes the models that have no weights yet (from `tasks[0]`'s
+  sample batch, in Trax's order of PRNG use) and each task's step.
+
+  Returns:
+    `(TrainState at step 0, [engine.TrainStep per task])`.
+  """
+  batch_signature = shapes.signature(tuple(tasks[0].sample_batch))
+  for layer in (model, eval_model):
+    rng, layer.rng = _split_key(rng)
+    if _is_uninitialized(layer):
+      layer.init(batch_signature)
+  steps_and_states = [init_task(model, t, parallel, rng, loss_chunk_size,
+                                adasum) for t in tasks]
+  replicate = parallel.replicate
+  return TrainState(
+      0, replicate(model.weights), replicate(model.state),
+      replicate(eval_model.state), tuple(s for _, s in steps_and_states),
+      rng), [step_fn for step_fn, _ in steps_and_states]
+
+
+def new_rng(train_state):
+  """`(train_state with its key advanced, a new single-use PRNG key)`."""
+  rng, new = _split_key(train_state.rng)
+  return train_state._replace(rng=rng), new
+
+
+def train_step(step_fn, train_state, task_index, batch, rng, opt_step,
+               opt_params):
+  """One optimizer step of task `task_index`: `(new TrainState, loss, stats)`.
+
+  `step_fn` is the task's `engine.TrainStep`; the arrays of `train_state` it
+  updates are donated (only the returned state is valid afterwards).
+  """
+  task = train_state.tasks[task_index]
+  weights, slots, new_state, loss, stats = step_fn(
+      (train_state.weights, task.loss_weights), task.slots,
+      (train_state.state, task.loss_state), batch, rng, opt_step, opt_params)
+  tasks = list(train_state.tasks)
+  tasks[task_index] = task._replace(loss_weights=weights[1],
+                                    loss_state=new_state[1], slots=slots)
+  return train_state._replace(weights=weights[0], state=new_state[0],
+                              tasks=tuple(tasks)), loss, stats
+
+
+class LossSums:
+  """Sums of the checked losses and optimizer stats since the last log."""
+
+  def __init__(self):
+    self.reset(None)
+
+  def reset(self, task_index):
+    self.task_index, self.n_steps, self.loss = task_index, 0, 0.0
+    self.stats = collections.defaultdict(float)
+    self._unread = []  # Device stats, fetched in batches to avoid syncs.
+
+  def add(self, task_index, loss, stats):
+    if task_index != self.task_index:
+      self.reset(task_index)
+    self.n_steps += 1
+    self.loss += loss
+    self._unread.append(stats)
+    if len(self._unread) >= 256:
+      self._fold()
+
+  def _fold(self):
+    for step_stats in jax.device_get(self._unread):
+      for name, value in step_stats.items():  # 'loss' too: training/loss.
+        self.stats[name] += float(value)
+    self._unread = []
+
+  def to_dict(self):
+    """The sums as JSON-able values (floats round-trip exactly)."""
+    self._fold()
+    return {'task_index': self.task_index, 'n_steps': self.n_steps,
+            'loss': self.loss, 'stats': dict(self.stats)}
+
+  def load(self, d):
+    """Restores sums saved by `to_dict` (None: empty sums)."""
+    self.reset(None if d is None else d['task_index'])
+    if d is not None:
+      self.n_steps, self.loss = int(d['n_steps']), float(d['loss'])
+      self.stats.update({k: float(v) for k, v in d['stats'].items()})
+
+  def means(self):
+    """`(n_steps, mean loss, {stat: mean})`; then starts a new period."""
+    self._fold()
+    n = max(1, self.n_steps)
+    out = (n, self.loss / n, {k: v / n for k, v in self.stats.items()})
+    self.reset(self.task_index)
+    return out
