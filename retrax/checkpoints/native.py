@@ -241,6 +241,28 @@ def _file_sha256(path):
   return h.hexdigest()
 
 
+def _write_arrays_file(path, arrays):
+  """Writes `arrays` into checkpoint directory `path` under a name derived
+  from their sha256 (fsynced, renamed into place); `(name, sha256, size)`."""
+  fd, tmp = tempfile.mkstemp(dir=path, prefix='.arrays.', suffix='.tmp')
+  os.close(fd)
+  try:
+    st_numpy.save_file(arrays, tmp)
+    with open(tmp, 'rb+') as f:
+      set_default_permissions(f.fileno())
+      os.fsync(f.fileno())
+    digest = _file_sha256(tmp)
+    size = os.path.getsize(tmp)
+    arrays_file = f'arrays.{digest[:16]}.safetensors'
+    os.replace(tmp, os.path.join(path, arrays_file))
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+  fsync_dir(path)
+  return arrays_file, digest, size
+
+
 def save_native(path, trees, metadata=None):
   """Saves named trees of arrays plus JSON metadata as a checkpoint directory.
 
@@ -276,24 +298,7 @@ def save_native(path, trees, metadata=None):
   os.makedirs(path, exist_ok=True)
   if created:
     fsync_dir(parent)
-
-  fd, tmp = tempfile.mkstemp(dir=path, prefix='.arrays.', suffix='.tmp')
-  os.close(fd)
-  try:
-    st_numpy.save_file(encoder.arrays, tmp)
-    with open(tmp, 'rb+') as f:
-      set_default_permissions(f.fileno())
-      os.fsync(f.fileno())
-    digest = _file_sha256(tmp)
-    size = os.path.getsize(tmp)
-    arrays_file = f'arrays.{digest[:16]}.safetensors'
-    os.replace(tmp, os.path.join(path, arrays_file))
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    raise
-  fsync_dir(path)
-
+  arrays_file, digest, size = _write_arrays_file(path, encoder.arrays)
   doc = {'format': FORMAT_NAME, 'version': FORMAT_VERSION,
          'arrays_file': arrays_file, 'arrays_sha256': digest,
          'arrays_size': size, 'trees': nodes, 'metadata': user_metadata}
