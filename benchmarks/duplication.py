@@ -16,20 +16,28 @@ chunk_len=--chunk_len, n_chunks_before=1)`. It prints a table (rows: trained
 with, columns: evaluated with) of the per-token accuracy on the second copy
 over `--eval_batches` fresh eval batches, and optionally writes it as JSON.
 
-The paper trains at length 1024 for 150K steps on accelerators. Copying is
-learnt after a long plateau at chance (loss ~ln(vocab)), whose length grows
-with the sequence length: on the 2-core CPU this was written on, full
-attention left it after ~1000 steps at length 64 (lr 3e-3 or 1e-2) but not
-within 1500 steps (11 minutes) at length 256, and LSH-2 had not left it
-after 4000 steps at length 64. So the default is length 64 (chunk_len 8, 16
-buckets), 1500 steps of batch 8 per model, about 10-15 minutes for the three
-rows; the paper's setting needs `--length 256 --chunk_len 32` (or more) and
-many more `--steps`, on faster hardware. `--quick` is a 1-2 minute smoke run (length
-32, 150 steps) that checks the pipeline, not the accuracies.
+The paper trains at length 1024 for 150K steps on accelerators. Here the
+default is length 64 with the recipe of issue 20: batch 16, Adam with
+`warmup_and_rsqrt_decay(400, 1e-3)`, d_ff 256, LSH chunk_len 16 (8 buckets);
+each row trains until its monitored accuracy (2 batches, its own attention)
+reaches `--stop_at` 0.99, at most 2000 steps. Copying is learnt after a
+plateau at chance (loss ~ln 127) that ends abruptly: full attention left it
+after ~800 steps, LSH-4 after ~1250.
+
+`--curriculum 64:2500,128:2500,256:3000` trains one model through several
+lengths with the same weights (a fresh Adam and schedule per stage; the
+learned positional table has the longest length from the start; a stage ends
+at `--stop_at`), so the copy learnt at 64 is reused at 128 and 256, where
+training from scratch stays at chance; the table is then evaluated at the
+last length and `reached` reports the step and seconds at which the
+monitored accuracy first reached `--target` there. `--plot` writes the
+accuracy curves as a PNG. `--quick` is a smoke run (length 32, 150 steps)
+that checks the pipeline, not the accuracies.
 
     python benchmarks/duplication.py [--quick] [--steps N] [--batch B]
         [--length L] [--train full,lsh-2,lsh-4] [--eval full,lsh-1,...]
-        [--json results.json]
+        [--curriculum 64:2500,128:2500,256:3000] [--stop_at 0.99]
+        [--plot curves.png] [--json results.json]
 """
 
 import argparse
@@ -52,11 +60,12 @@ from retrax import optimizers  # pylint: disable=g-import-not-at-top,wrong-impor
 from retrax import shapes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from retrax.supervised import training  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-DEFAULTS = dict(length=64, batch=8, steps=1500, vocab=128, d_model=256,
-                d_ff=512, n_heads=4, chunk_len=8, learning_rate=3e-3,
-                warmup=200, eval_batch=16, eval_batches=8, log_every=250,
+DEFAULTS = dict(length=64, batch=16, steps=2000, vocab=128, d_model=256,
+                d_ff=256, n_heads=4, chunk_len=16, learning_rate=1e-3,
+                warmup=400, eval_batch=16, eval_batches=8, log_every=100,
                 seed=0, train='full,lsh-2,lsh-4',
-                eval='full,lsh-1,lsh-2,lsh-4,lsh-8')
+                eval='full,lsh-1,lsh-2,lsh-4,lsh-8', curriculum='',
+                stop_at=0.99, target=0.99, plot='')
 QUICK = dict(length=32, steps=150, eval_batches=2, log_every=50)
 
 
@@ -71,39 +80,52 @@ def attention_type(name, chunk_len):
                    f'N >= 1 hashes.')
 
 
+def stages(cfg):
+  """`[(length, max steps)]`: `--curriculum` ("64:2000,256:4000") or one stage."""
+  if not cfg.curriculum:
+    return [(cfg.length, cfg.steps)]
+  result = []
+  for item in cfg.curriculum.split(','):
+    length, _, steps = item.partition(':')
+    if not (length.isdigit() and steps.isdigit() and int(steps) > 0):
+      raise ValueError(f'--curriculum: expected LENGTH:STEPS items separated '
+                       f'by commas (e.g. "64:2000,256:4000"), got {item!r}.')
+    result.append((int(length), int(steps)))
+  return result
+
+
+def max_len(cfg):
+  """Positional-table size: the longest length of any stage."""
+  return max(length for length, _ in stages(cfg))
+
+
 def build_model(attention, cfg, mode):
   """The 1-layer ReformerLM of the experiment with `attention`, in `mode`."""
   d_head = cfg.d_model // cfg.n_heads
   return models.ReformerLM(
       vocab_size=cfg.vocab, d_model=cfg.d_model, d_ff=cfg.d_ff,
       d_attention_key=d_head, d_attention_value=d_head, n_layers=1,
-      n_heads=cfg.n_heads, dropout=0.0, max_len=cfg.length,
+      n_heads=cfg.n_heads, dropout=0.0, max_len=max_len(cfg),
       attention_type=attention_type(attention, cfg.chunk_len), mode=mode)
 
 
-def _inputs(cfg):
-  return data.duplication_inputs(cfg.vocab, cfg.length, cfg.batch,
-                                 eval_batch_size=cfg.eval_batch, seed=cfg.seed)
+def _inputs(cfg, length=None):
+  return data.duplication_inputs(cfg.vocab, length or stages(cfg)[-1][0],
+                                 cfg.batch, eval_batch_size=cfg.eval_batch,
+                                 seed=cfg.seed)
 
 
-def train(attention, cfg, log=print):
-  """Trains with `attention`.
-
-  Returns:
-    (weights, [(step, train loss, eval accuracy)], training seconds).
-  """
-  inputs = _inputs(cfg)
+def _stage_loop(attention, cfg, length, n_steps, stage, weights):
+  """A Loop training at `length` (fresh Adam and schedule), from `weights`."""
   task = training.TrainTask(
-      inputs.train_stream(1), tl.WeightedCategoryCrossEntropy(),
+      _inputs(cfg, length).train_stream(1), tl.WeightedCategoryCrossEntropy(),
       optimizers.Adam(cfg.learning_rate),
-      lr_schedule=lr.multifactor('constant * linear_warmup',
-                                 constant=cfg.learning_rate,
-                                 warmup_steps=cfg.warmup),
+      lr_schedule=lr.warmup_and_rsqrt_decay(cfg.warmup, cfg.learning_rate),
       n_steps_per_checkpoint=None)
   # Accuracy on 2 eval batches, with the training attention, as it trains.
   # The Loop (as Trax's) sizes the eval model's state (LSH buckets) for the
   # train batch, so these batches have the train batch size.
-  monitor_inputs = data.duplication_inputs(cfg.vocab, cfg.length, cfg.batch,
+  monitor_inputs = data.duplication_inputs(cfg.vocab, length, cfg.batch,
                                            seed=cfg.seed)
   monitor = training.EvalTask(monitor_inputs.eval_stream(1),
                               [tl.WeightedCategoryAccuracy()],
@@ -111,21 +133,48 @@ def train(attention, cfg, log=print):
   loop = training.Loop(
       build_model(attention, cfg, 'train'), task,
       eval_model=build_model(attention, cfg, 'eval'), eval_tasks=monitor,
-      eval_at=lambda step: step % cfg.log_every == 0 or step == cfg.steps,
-      random_seed=cfg.seed, progress_bar=False)
-  start, curve = time.time(), []
-  while loop.step < cfg.steps:
-    with contextlib.redirect_stdout(io.StringIO()):  # The Loop's own log.
-      loop.run(min(cfg.log_every, cfg.steps - loop.step))
-    history = loop.history
-    loss = history.get('train', 'metrics/WeightedCategoryCrossEntropy')[-1][1]
-    acc = history.get('eval', 'metrics/WeightedCategoryAccuracy')[-1][1]
-    curve.append((loop.step, loss, acc))
-    log(f'  {attention:>6s} step {loop.step:5d}: train loss {loss:.3f}, '
-        f'eval accuracy {acc:.3f} ({time.time() - start:.0f} s)')
+      eval_at=lambda step: step % cfg.log_every == 0 or step == n_steps,
+      random_seed=cfg.seed + stage, progress_bar=False)
+  if weights is not None:  # Weights do not depend on the length.
+    loop.update_weights_and_state(weights=weights)
+  return loop
+
+
+def train(attention, cfg, log=print):
+  """Trains with `attention` through the stages of `stages(cfg)`.
+
+  A stage ends after its steps, or once the monitored accuracy reaches
+  `cfg.stop_at` (if > 0).
+
+  Returns:
+    (weights, [(step, length, train loss, eval accuracy, seconds)],
+    training seconds, (step, seconds) when the accuracy first reached
+    `cfg.target` at the last length, or None).
+  """
+  start, curve, weights, offset, reached = time.time(), [], None, 0, None
+  plan = stages(cfg)
+  for stage, (length, n_steps) in enumerate(plan):
+    loop = _stage_loop(attention, cfg, length, n_steps, stage, weights)
+    while loop.step < n_steps:
+      n = min(cfg.log_every - loop.step % cfg.log_every, n_steps - loop.step)
+      with contextlib.redirect_stdout(io.StringIO()):  # The Loop's own log.
+        loop.run(n)
+      history, seconds = loop.history, time.time() - start
+      loss = history.get('train', 'metrics/WeightedCategoryCrossEntropy')
+      acc = history.get('eval', 'metrics/WeightedCategoryAccuracy')[-1][1]
+      curve.append((offset + loop.step, length, loss[-1][1], acc, seconds))
+      log(f'  {attention:>6s} step {offset + loop.step:5d} (length {length}):'
+          f' train loss {loss[-1][1]:.3f}, eval accuracy {acc:.3f} '
+          f'({seconds:.0f} s)')
+      if stage == len(plan) - 1 and reached is None and acc >= cfg.target:
+        reached = (offset + loop.step, seconds)
+      if 0 < cfg.stop_at <= acc:
+        break
+    offset += loop.step
+    weights = loop.model.weights
   seconds = time.time() - start
-  log(f'  {attention:>6s} trained {cfg.steps} steps in {seconds:.0f} s')
-  return loop.model.weights, curve, seconds
+  log(f'  {attention:>6s} trained {offset} steps in {seconds:.0f} s')
+  return weights, curve, seconds, reached
 
 
 def evaluate(weights, attention, cfg):
@@ -151,19 +200,48 @@ def run(cfg, log=print):
   """Trains each `cfg.train` attention, evaluates with each `cfg.eval` one.
 
   Returns a JSON-able dict: the config, `table[trained][evaluated]`
-  accuracies, training curves and seconds.
+  accuracies (at the last stage's length), training curves, seconds and
+  `reached[trained]`: `[step, seconds]` at `cfg.target` accuracy, or None.
   """
   trained, evaluated = cfg.train.split(','), cfg.eval.split(',')
   for name in trained + evaluated:
     attention_type(name, cfg.chunk_len)  # Fails early on a bad name.
-  results = dict(config=vars(cfg), table={}, curves={}, train_seconds={})
+  stages(cfg)  # Fails early on a bad --curriculum.
+  results = dict(config=vars(cfg), table={}, curves={}, train_seconds={},
+                 reached={})
   for name in trained:
-    weights, curve, seconds = train(name, cfg, log)
+    weights, curve, seconds, reached = train(name, cfg, log)
     results['curves'][name] = curve
     results['train_seconds'][name] = seconds
+    results['reached'][name] = reached
     results['table'][name] = {e: evaluate(weights, e, cfg) for e in evaluated}
     log('  ' + format_row(name, results['table'][name], evaluated))
   return results
+
+
+def plot(results, path):
+  """Writes the monitored eval accuracy vs step of each trained row as a PNG."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6.4, 3.6))
+  for name, curve in results['curves'].items():
+    ax.plot([c[0] for c in curve], [c[3] for c in curve], marker='.',
+            label=f'trained with {name}')
+    for prev, cur in zip(curve, curve[1:]):
+      if cur[1] != prev[1]:  # A curriculum stage starts: mark its length.
+        ax.axvline(prev[0], color='grey', lw=0.5, ls=':')
+        ax.text(prev[0], 0.5, f' L={cur[1]}', fontsize=7, color='grey')
+  lengths = sorted({c[1] for curve in results['curves'].values()
+                    for c in curve})
+  ax.set(xlabel='training step', ylabel='eval accuracy (second copy)',
+         ylim=(0, 1.02), title='duplication task, length ' +
+         '->'.join(map(str, lengths)) + ' (1-layer ReformerLM)')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def format_row(name, row, columns):
@@ -200,17 +278,28 @@ def main(argv=None):
   cfg = parse_args(argv)
   json_path = cfg.json
   del cfg.json, cfg.quick
+  plan = stages(cfg)
   print(f'jax {jax.__version__} on {jax.devices()[0].platform}; 1-layer '
         f'ReformerLM d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_heads} '
-        f'heads, vocab {cfg.vocab}, dropout 0; duplication task length '
-        f'{cfg.length}; LSH chunk_len {cfg.chunk_len} (n_buckets '
-        f'{2 * max(1, cfg.length // cfg.chunk_len)}); train {cfg.steps} steps '
-        f'of batch {cfg.batch}, Adam lr {cfg.learning_rate} (warmup '
-        f'{cfg.warmup}); eval {cfg.eval_batches} x {cfg.eval_batch} sequences',
-        flush=True)
+        f'heads, vocab {cfg.vocab}, dropout 0; duplication task, '
+        + ', then '.join(f'length {n} for <= {s} steps' for n, s in plan) +
+        f'; LSH chunk_len {cfg.chunk_len} (n_buckets '
+        f'{2 * max(1, plan[-1][0] // cfg.chunk_len)} at the last length); '
+        f'batch {cfg.batch}, Adam, warmup_and_rsqrt_decay({cfg.warmup}, '
+        f'{cfg.learning_rate}) per stage'
+        + (f'; a stage ends at monitored accuracy {cfg.stop_at}' if cfg.stop_at
+           else '') +
+        f'; eval {cfg.eval_batches} x {cfg.eval_batch} sequences', flush=True)
   results = run(cfg, log=functools.partial(print, flush=True))
   print()
   print(format_table(results))
+  for name, reached in results['reached'].items():
+    print(f'{name}: ' + (f'monitored accuracy >= {cfg.target} at step '
+                         f'{reached[0]} ({reached[1]:.0f} s)' if reached else
+                         f'monitored accuracy never reached {cfg.target}'))
+  if cfg.plot:
+    plot(results, cfg.plot)
+    print(f'wrote {cfg.plot}')
   if json_path:
     with open(json_path, 'w') as f:
       json.dump(results, f, indent=1)

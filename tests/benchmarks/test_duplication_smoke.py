@@ -36,10 +36,48 @@ def test_run_table_shape_and_range():
   assert all(0.0 <= acc <= 1.0 for acc in results['table']['full'].values())
   # Logged at step 2 and at the last step, 3.
   curve = results['curves']['full']
-  assert [step for step, _, _ in curve] == [2, 3]
-  assert all(np.isfinite(loss) and 0 <= acc <= 1 for _, loss, acc in curve)
+  assert [(step, length) for step, length, _, _, _ in curve] == [(2, 16),
+                                                                 (3, 16)]
+  assert all(np.isfinite(loss) and 0 <= acc <= 1 for _, _, loss, acc, _ in
+             curve)
   json.dumps(results)  # --json must be able to write it.
   assert len(duplication.format_table(results).splitlines()) == 2 + 1
+
+
+@pytest.mark.slow  # ~30-80 s on 2 CPU cores: it compiles two training steps.
+def test_curriculum_carries_weights_and_stops_at_accuracy():
+  # vocab 2: every target is 1, so the accuracy is > 0 at the first log and
+  # each stage stops there (step 2 of 3); the next stage continues the count.
+  cfg = tiny_config(vocab=2, train='lsh-2', eval='lsh-2',
+                    curriculum='16:3,32:3', stop_at=1e-9, target=1e-9)
+  results = duplication.run(cfg, log=lambda *_: None)
+  curve = results['curves']['lsh-2']
+  assert [(step, length) for step, length, _, _, _ in curve] == [(2, 16),
+                                                                 (4, 32)]
+  assert results['reached']['lsh-2'][0] == 4  # First log of the last stage.
+  assert 0 < results['table']['lsh-2']['lsh-2'] <= 1
+
+
+def test_stages_and_max_len():
+  assert duplication.stages(tiny_config()) == [(16, 3)]
+  cfg = tiny_config(curriculum='64:200,256:30,128:5')
+  assert duplication.stages(cfg) == [(64, 200), (256, 30), (128, 5)]
+  assert duplication.max_len(cfg) == 256
+  # Evaluation and the table use the last stage's length.
+  x, _, _ = next(duplication._inputs(cfg).eval_stream(1))  # pylint: disable=protected-access
+  assert x.shape == (cfg.eval_batch, 128)
+  for bad in ['64', '64:0', '64:x', '64:10,,']:
+    with pytest.raises(ValueError, match='--curriculum'):
+      duplication.stages(tiny_config(curriculum=bad))
+
+
+def test_plot_writes_png(tmp_path):
+  results = dict(curves={'lsh-4': [(100, 64, 4.8, 0.01, 1.0),
+                                   (200, 64, 0.1, 0.99, 2.0),
+                                   (300, 256, 4.0, 0.02, 3.0)]})
+  path = tmp_path / 'curves.png'
+  duplication.plot(results, str(path))
+  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
 @pytest.mark.parametrize('attention', ['full', 'lsh-2'])
