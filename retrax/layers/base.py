@@ -17,12 +17,8 @@ Subclasses override `forward(inputs)` (reading `self.weights`, `self.state`,
 JAX traces; `__call__(x)` is the eager convenience and updates `self.state`.
 """
 
-import contextlib
-import copy
 import inspect
-import os
 import random
-import traceback
 
 import jax
 import numpy as np
@@ -37,115 +33,21 @@ from retrax.fastmath.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
 from retrax.fastmath.tree import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
 from retrax.fastmath.tree import is_state_cache_marker as _is_state_marker
 from retrax.fastmath.tree import is_weights_cache_marker as _is_weights_marker
+from retrax.layers import errors
+from retrax.layers.cotangents import zero_cotangent
+from retrax.layers.errors import LayerError as LayerError
+from retrax.layers.errors import in_sublayer as in_sublayer
+from retrax.layers.errors import input_error as input_error
+from retrax.layers.stack import check_arity
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature
 
 N_WEIGHTS_SHARDS = 1
-"""Trax's weight-sharding factor; retrax replicates weights (always 1)."""
+"""Trax's weight-sharding factor (Trax's `base.N_WEIGHTS_SHARDS`, a global).
 
-_LAYERS_DIR = os.path.dirname(os.path.abspath(__file__))
-_PACKAGE_DIR = os.path.dirname(_LAYERS_DIR)
-
-
-class LayerError(Exception):
-  """An error in a layer, naming the layer's path, creation site and input signature.
-
-  The path runs from the outermost layer to the failing one, e.g.
-  `Serial[1] > Branch[0] > Dense_3`: sublayer 1 of a Serial is a Branch whose
-  branch 0 is the Dense layer that failed. The message then says where that
-  layer was created, what signature it was given and what went wrong
-  (expected vs. got).
-  """
-
-  def __init__(self, layer_name, function_name, caller, input_signature,
-               traceback_string, details=''):
-    self._path = [layer_name]
-    self._function_name = function_name
-    self._caller = caller
-    self._input_signature = input_signature
-    self._traceback = traceback_string
-    self._details = details
-    super().__init__(self.message)
-
-  def prepend(self, parent):
-    """Adds a parent path element (e.g. `Serial[1]`) and refreshes the message."""
-    self._path.insert(0, parent)
-    self.args = (self.message,)
-
-  @property
-  def path(self):
-    """The layer path, e.g. `'Serial[1] > Dense_3'`."""
-    return ' > '.join(self._path)
-
-  @property
-  def layer_name(self):
-    """Name of the (innermost) layer that failed."""
-    return self._path[-1]
-
-  @property
-  def input_signature(self):
-    """Signature of the inputs the failing layer was given."""
-    return self._input_signature
-
-  @property
-  def message(self):
-    caller = self._caller or {'filename': '?', 'lineno': 0}
-    parts = [p for p in caller['filename'].split(os.sep) if p]
-    short = '[...]/' + '/'.join(parts[-3:])
-    msg = (f'Exception passing through layer {self.path} '
-           f'(in {self._function_name}):\n'
-           f'  layer created in file {short}, line {caller["lineno"]}\n'
-           f'  layer input shapes: {self._input_signature}\n')
-    if self._details:
-      msg += f'\n  {self._details}\n'
-    return msg + '\n' + self._traceback
-
-
-def _find_caller():
-  """Returns file and line of the first frame outside retrax.layers/models."""
-  frame = inspect.currentframe()
-  while frame is not None:
-    fname = os.path.abspath(frame.f_code.co_filename)
-    if not (fname.startswith(_LAYERS_DIR) or
-            fname.startswith(os.path.join(_PACKAGE_DIR, 'models'))):
-      break
-    frame = frame.f_back
-  if frame is None:
-    return {'filename': '?', 'lineno': 0}
-  caller = {'filename': frame.f_code.co_filename, 'lineno': frame.f_lineno}
-  del frame
-  return caller
-
-
-def _short_traceback(exc):
-  """The exception's type and message, without JAX's traceback-filtering note."""
-  info = traceback.TracebackException(type(exc), exc, None, compact=True)
-  if info.__notes__:
-    info.__notes__ = [n for n in info.__notes__
-                      if 'JAX has removed its internal frames' not in n]
-  return ''.join(info.format_exception_only()).rstrip()
-
-
-@contextlib.contextmanager
-def in_sublayer(parent, index):
-  """Context in which a sublayer's LayerError gains `parent[index]` in its path.
-
-  The element is `parent.path_element(index)`; a combinator built from
-  others (e.g. `Branch`) may rename it or, returning None, leave it out.
-  """
-  try:
-    yield
-  except LayerError as e:
-    element = parent.path_element(index)
-    if element is not None:
-      e.prepend(element)
-    raise
-
-
-def input_error(layer, function_name, inputs, message):
-  """A LayerError for `layer` given `inputs`, with `message` as its cause."""
-  return LayerError(layer.name, function_name, layer.caller, signature(inputs),
-                    f'ValueError: {message}')
+1: weights are replicated; `Accelerate` shards them over devices when a
+program sets it to k > 1 (see `layers.acceleration`).
+"""
 
 
 class Layer:
@@ -173,7 +75,7 @@ class Layer:
     self._rng_seed_int = random.randint(0, 2**31 - 1)
     self._weights = EMPTY_WEIGHTS
     self._state = EMPTY_STATE
-    self._caller = _find_caller()
+    self._caller = errors.find_caller()
     self._init_cached = False
     self._path_element_fn = None
 
@@ -285,8 +187,7 @@ class Layer:
     """Weights: a tree of arrays; for a combinator, a tuple with one entry per sublayer."""
     if not self.sublayers:
       return self._weights
-    return tuple(layer.weights if w is None else w
-                 for layer, w in zip(self.sublayers, self._weights))
+    return self._gather_from_sublayers('weights', self._weights)
 
   @weights.setter
   def weights(self, weights):
@@ -295,23 +196,15 @@ class Layer:
     if not self.sublayers:
       self._weights = weights
       return
-    if not isinstance(weights, (list, tuple)) or len(weights) != len(
-        self.sublayers):
-      got = len(weights) if isinstance(weights, (list, tuple)) else type(weights)
-      raise ValueError(
-          f'Number of weight elements ({got}) does not equal the number of '
-          f'sublayers ({len(self.sublayers)}) in: {self._name}.')
-    self._weights = [w if _is_weights_marker(w) else None for w in weights]
-    for sublayer, w in zip(self.sublayers, weights):
-      sublayer.weights = w
+    self._weights = self._spread_to_sublayers('weights', 'weight', weights,
+                                              _is_weights_marker)
 
   @property
   def state(self):
     """State: non-trainable values (caches, counters); tree like `weights`."""
     if not self.sublayers:
       return self._state
-    return tuple(layer.state if s is None else s
-                 for layer, s in zip(self.sublayers, self._state))
+    return self._gather_from_sublayers('state', self._state)
 
   @state.setter
   def state(self, state):
@@ -320,15 +213,24 @@ class Layer:
     if not self.sublayers:
       self._state = state
       return
-    if not isinstance(state, (list, tuple)) or len(state) != len(
-        self.sublayers):
-      got = len(state) if isinstance(state, (list, tuple)) else type(state)
+    self._state = self._spread_to_sublayers('state', 'state', state,
+                                            _is_state_marker)
+
+  def _gather_from_sublayers(self, attr, own):
+    """A combinator's `weights`/`state`: its sublayers' (or its own markers)."""
+    return tuple(getattr(layer, attr) if x is None else x
+                 for layer, x in zip(self.sublayers, own))
+
+  def _spread_to_sublayers(self, attr, what, tree, is_marker):
+    """Sets a combinator's `weights`/`state` on its sublayers; returns the markers kept here."""
+    if not isinstance(tree, (list, tuple)) or len(tree) != len(self.sublayers):
+      got = len(tree) if isinstance(tree, (list, tuple)) else type(tree)
       raise ValueError(
-          f'Number of state elements ({got}) does not equal the number of '
+          f'Number of {what} elements ({got}) does not equal the number of '
           f'sublayers ({len(self.sublayers)}) in: {self._name}.')
-    self._state = [s if _is_state_marker(s) else None for s in state]
-    for sublayer, s in zip(self.sublayers, state):
-      sublayer.state = s
+    for sublayer, x in zip(self.sublayers, tree):
+      setattr(sublayer, attr, x)
+    return [x if is_marker(x) else None for x in tree]
 
   @property
   def rng(self):
@@ -378,7 +280,7 @@ class Layer:
         return (GET_WEIGHTS_FROM_CACHE, GET_STATE_FROM_CACHE)
       if rng is not None:
         self.rng = rng
-      _check_n_inputs(self, input_signature, 'init')
+      check_arity(self, input_signature, self.n_in, 'init')
       self.init_weights_and_state(input_signature)
       if use_cache:
         self._init_cached = True
@@ -391,7 +293,7 @@ class Layer:
     except Exception as e:  # pylint: disable=broad-except
       self.clear_init_cache()
       raise LayerError(self._name, 'init', self._caller, input_signature,
-                       _short_traceback(e)) from e
+                       errors.short_traceback(e)) from e
 
   def new_weights_and_state(self, input_signature):
     """Trax 1.2 name for `init`: returns `(weights, state)`."""
@@ -432,7 +334,7 @@ class Layer:
     """
     old_weights, old_state, old_rng = self.weights, self.state, self._rng
     try:
-      _check_n_inputs(self, x, 'pure_fn')
+      check_arity(self, x, self.n_in, 'pure_fn')
       self._rng = rng
       if _is_weights_marker(weights) and _is_state_marker(state):
         was_cached = True
@@ -458,7 +360,7 @@ class Layer:
       if isinstance(e, LayerError):
         raise
       raise LayerError(self._name, 'pure_fn', self._caller, signature(x),
-                       _short_traceback(e)) from e
+                       errors.short_traceback(e)) from e
 
   def _restore(self, weights, state):
     """Puts back weights and state after a failed call (best effort)."""
@@ -483,10 +385,13 @@ class Layer:
       raise
     except Exception as e:  # pylint: disable=broad-except
       raise LayerError(self._name, '_forward_abstract', self._caller,
-                       input_signature, _short_traceback(e)) from e
+                       input_signature, errors.short_traceback(e)) from e
 
   def _forward_with(self, inputs, weights, state, rng):
-    """`forward` with the given weights, state and rng set for the call; returns (out, new_state)."""
+    """`forward` with the given weights, state and rng set for the call; returns (out, new_state).
+
+    The layer's own weights, state and rng are put back afterwards.
+    """
     old = self.weights, self.state, self._rng
     self.weights, self.state, self._rng = weights, state, rng
     try:
@@ -510,7 +415,7 @@ class Layer:
       inputs, out, weights, state, new_state, rng = res
       x_grad, w_grad = self.backward(inputs, out, grads[0], weights, state,
                                      new_state, rng)
-      return (x_grad, w_grad, _zero_cotangent(state), _zero_cotangent(rng))
+      return (x_grad, w_grad, zero_cotangent(state), zero_cotangent(rng))
 
     f.defvjp(f_fwd, f_bwd)
     return f(x, self.weights, self.state, self._rng)
@@ -541,40 +446,6 @@ def _abstract(x):
   return x
 
 
-def _zero_cotangent(tree):
-  def zero(x):
-    x = jax.numpy.asarray(x)
-    if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact):
-      return jax.numpy.zeros_like(x)
-    return np.zeros(x.shape, dtype=jax.dtypes.float0)
-  return jax.tree_util.tree_map(zero, tree)
-
-
-def _n_items(x):
-  return len(x) if isinstance(x, (list, tuple)) else 1
-
-
-def _check_n_inputs(layer, inputs, function_name):
-  """Raises a clear LayerError if fewer than `layer.n_in` inputs are given.
-
-  A layer with `n_in > 1` takes a tuple/list of at least `n_in` items (a
-  combinator's extra items stay on the stack below them).
-  """
-  n_in = layer.n_in
-  if n_in <= 1:
-    return
-  if not isinstance(inputs, (list, tuple)):
-    raise input_error(
-        layer, function_name, inputs,
-        f'{layer.name} expects a tuple of {n_in} inputs; got a single '
-        f'{type(inputs).__name__}: {signature(inputs)}.')
-  if len(inputs) < n_in:
-    raise input_error(
-        layer, function_name, inputs,
-        f'{layer.name} expects {n_in} inputs; got {len(inputs)}: '
-        f'{signature(tuple(inputs))}.')
-
-
 class PureLayer(Layer):
   """A layer with no weights and no randomness: a pure function of its inputs.
 
@@ -587,7 +458,8 @@ class PureLayer(Layer):
     self._forward_fn = forward_fn
 
   def forward(self, inputs):
-    _validate_forward_input(inputs, self.n_in, self._name)
+    if self.n_in != 1:  # One input may be a tuple, passed whole.
+      check_arity(self, inputs, self.n_in, 'forward', exact=True)
     out = self._forward_fn(inputs)
     if self.n_out == 0 and (out is None or _is_empty(out)):
       return ()
@@ -637,16 +509,6 @@ def Fn(name, f, n_out=1):  # pylint: disable=invalid-name
   return PureLayer(forward, n_in=n_in, n_out=n_out, name=name or 'Fn')
 
 
-def _validate_forward_input(x, n_in, name):
-  if n_in != 1:
-    if not isinstance(x, (tuple, list)):
-      raise TypeError(f'{name} expects a tuple of {n_in} inputs; '
-                      f'instead got {type(x).__name__} {signature(x)}.')
-    if len(x) != n_in:
-      raise ValueError(f'{name}: input tuple length ({len(x)}) does not equal '
-                       f'the required number of inputs ({n_in}).')
-
-
 def _validate_forward_output(out, n_out, name):
   """Checks that a function layer promising `n_out != 1` outputs returned a tuple.
 
@@ -667,15 +529,8 @@ def _is_empty(x):
   return isinstance(x, (list, tuple)) and len(x) == 0  # pylint: disable=g-explicit-length-test
 
 
-
-
 def to_list(outputs):
   """Converts layer outputs to nested lists, for equality tests."""
   if isinstance(outputs, (list, tuple)):
     return [y.tolist() for y in outputs]
   return outputs.tolist()
-
-
-def copy_layer(layer):
-  """A deep copy of a layer (weights included)."""
-  return copy.deepcopy(layer)

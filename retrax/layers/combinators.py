@@ -13,6 +13,26 @@ from retrax.fastmath import tree as fastmath_tree
 from retrax.layers import base
 from retrax.layers.base import Fn
 from retrax.layers.base import in_sublayer
+from retrax.layers.stack import check_arity
+from retrax.layers.stack import init_layers
+from retrax.layers.stack import inputs_from_stack as inputs_from_stack
+from retrax.layers.stack import make_tuple
+from retrax.layers.stack import n_inputs_n_outputs
+from retrax.layers.stack import outputs_onto_stack as outputs_onto_stack
+from retrax.layers.stack import run_layers
+from retrax.layers.stack import split_rngs
+from retrax.layers.stack_ops import Select as Select
+from retrax.layers.stack_ops import Drop as Drop
+from retrax.layers.stack_ops import Dup as Dup
+from retrax.layers.stack_ops import Swap as Swap
+from retrax.layers.stack_ops import Add as Add
+from retrax.layers.stack_ops import SubtractTop as SubtractTop
+from retrax.layers.stack_ops import Multiply as Multiply
+from retrax.layers.stack_ops import Gate as Gate
+from retrax.layers.stack_ops import Concatenate as Concatenate
+from retrax.layers.stack_ops import Split as Split
+from retrax.layers.stack_ops import FlattenList as FlattenList
+from retrax.layers.stack_ops import deep_flatten
 from retrax.shapes import ShapeDtype
 
 
@@ -30,42 +50,22 @@ class Serial(base.Layer):
     self._sublayers = sublayers
     self._n_layers = len(sublayers)
     if sublayers:
-      self._n_in, self._n_out = _n_inputs_n_outputs(sublayers)
+      self._n_in, self._n_out = n_inputs_n_outputs(sublayers)
       self._weights = tuple(None for _ in sublayers)
       self._state = tuple(None for _ in sublayers)
 
   def forward(self, xs):
     if not self.sublayers:
       return xs
-    weights, state = self.weights, self.state
-    rngs = _split_rngs(self.rng, self._n_layers)
-    stack = xs
-    new_state = []
-    for i, (layer, w, s, rng) in enumerate(
-        zip(self.sublayers, weights, state, rngs)):
-      with in_sublayer(self, i):
-        _check_stack(layer, stack, layer.n_in, 'pure_fn')
-        inputs = inputs_from_stack(stack, layer.n_in)
-        outputs, s = layer.pure_fn(inputs, w, s, rng, use_cache=True)
-      stack = outputs_onto_stack(outputs, stack, layer.n_in)
-      new_state.append(s)
-    self.state = tuple(new_state)
-    return stack
+    rngs = split_rngs(self.rng, self._n_layers)
+    outputs, self.state = run_layers(self, self.sublayers, xs, self.weights,
+                                     self.state, rngs)
+    return outputs
 
   def init_weights_and_state(self, input_signature):
-    weights, states = [], []
-    stack = input_signature
-    for i, layer in enumerate(self.sublayers):
-      with in_sublayer(self, i):
-        _check_stack(layer, stack, layer.n_in, 'init')
-        inputs = inputs_from_stack(stack, layer.n_in)
-        w, s = layer.init(inputs, use_cache=True)
-        outputs = layer.output_signature(inputs)
-      stack = outputs_onto_stack(outputs, stack, layer.n_in)
-      weights.append(w)
-      states.append(s)
-    self.state = tuple(states)
-    self.weights = tuple(weights)
+    _, weights, self.state = init_layers(self, self.sublayers,
+                                         input_signature)
+    self.weights = weights
 
 
 class Parallel(base.Layer):
@@ -88,7 +88,7 @@ class Parallel(base.Layer):
 
   def forward(self, inputs):
     sub_inputs = self._allot_to_sublayers(inputs)
-    rngs = _split_rngs(self.rng, self._n_layers)
+    rngs = split_rngs(self.rng, self._n_layers)
     outputs, new_state = [], []
     for i, (layer, x, w, s, r) in enumerate(zip(
         self.sublayers, sub_inputs, self.weights, self.state, rngs)):
@@ -113,7 +113,7 @@ class Parallel(base.Layer):
     self.weights = weights
 
   def _allot_to_sublayers(self, inputs):
-    inputs = _make_tuple(inputs)
+    inputs = make_tuple(inputs)
     start, sub_inputs = 0, []
     for layer in self.sublayers:
       end = start + layer.n_in
@@ -150,7 +150,7 @@ def Branch(*layers, name='Branch'):  # pylint: disable=invalid-name
     return layers[0]
   parallel = Parallel(*layers)
   indices = [list(range(layer.n_in)) for layer in parallel.sublayers]
-  branch = Serial(Select(_deep_flatten(indices)), parallel, name=name,
+  branch = Serial(Select(deep_flatten(indices)), parallel, name=name,
                   sublayers_to_print=layers)
   # Error paths read `Branch[i] > ...` for branch i (not `Branch[1] >
   # Parallel[i]`), and just `Branch` when the inputs are missing.
@@ -164,98 +164,6 @@ def Residual(*layers, shortcut=None):  # pylint: disable=invalid-name
   layers = _ensure_flat(layers)
   layer = layers[0] if len(layers) == 1 else Serial(layers)
   return Serial(Branch(shortcut, layer), Add())
-
-
-def Select(indices, n_in=None, name=None):  # pylint: disable=invalid-name
-  """Copies, reorders or drops stack items: takes `n_in` items, pushes `items[indices]`.
-
-  `n_in` defaults to `max(indices) + 1`.
-  """
-  if not indices:
-    if n_in is None:
-      raise ValueError('Select([]) needs an explicit n_in (items to drop).')
-  elif n_in is None:
-    n_in = max(indices) + 1
-  if any(i < 0 or i >= n_in for i in indices):
-    raise ValueError(f'Select indices {indices} must lie in [0, n_in={n_in}).')
-  if name is None:
-    name = f'Select{indices}'.replace(' ', '')
-  indices = tuple(indices)
-
-  def select(xs):
-    if not isinstance(xs, (tuple, list)):
-      xs = (xs,)
-    selected = tuple(xs[i] for i in indices)
-    return selected[0] if len(selected) == 1 else selected
-  return base.PureLayer(select, n_in=n_in, n_out=len(indices), name=name)
-
-
-def Drop():  # pylint: disable=invalid-name
-  """Drops the top stack item."""
-  return Fn('Drop', lambda x: (), n_out=0)
-
-
-def Dup():  # pylint: disable=invalid-name
-  """Duplicates the top stack item."""
-  return Fn('Dup', lambda x: (x, x), n_out=2)
-
-
-def Swap():  # pylint: disable=invalid-name
-  """Swaps the top two stack items."""
-  return Fn('Swap', lambda x0, x1: (x1, x0), n_out=2)
-
-
-def Add():  # pylint: disable=invalid-name
-  """Adds the top two items."""
-  return Fn('Add', lambda x0, x1: x0 + x1)
-
-
-def SubtractTop():  # pylint: disable=invalid-name
-  """Subtracts the top item from the second: x1 - x0."""
-  return Fn('SubtractTop', lambda x0, x1: x1 - x0)
-
-
-def Multiply():  # pylint: disable=invalid-name
-  """Multiplies the top two items."""
-  return Fn('Multiply', lambda x0, x1: x0 * x1)
-
-
-def Gate():  # pylint: disable=invalid-name
-  """Highway gate on (memory, gate, candidate): `g * m + (1 - g) * c`."""
-  return Fn('Gate', lambda m, g, c: g * m + (1.0 - g) * c)
-
-
-class Concatenate(base.Layer):
-  """Concatenates `n_items` tensors along `axis`."""
-
-  def __init__(self, n_items=2, axis=-1):
-    name = 'Concatenate' if axis == -1 else f'Concatenate_axis{axis}'
-    super().__init__(n_in=n_items, name=name)
-    self._n_items = n_items
-    self._axis = axis
-
-  def forward(self, xs):
-    return jnp.concatenate(xs, self._axis)
-
-
-class Split(base.Layer):
-  """Splits a tensor into `n_items` equal parts along `axis`."""
-
-  def __init__(self, n_items=2, axis=-1):
-    super().__init__(n_out=n_items)
-    self._n_items = n_items
-    self._axis = axis
-
-  def forward(self, inputs):
-    if inputs.shape[self._axis] % self._n_items:
-      raise ValueError(f'Split: axis {self._axis} of {inputs.shape} is not '
-                       f'divisible by n_items={self._n_items}.')
-    return tuple(jnp.split(inputs, self._n_items, self._axis))
-
-
-def FlattenList():  # pylint: disable=invalid-name
-  """Flattens nested lists/tuples on the top of the stack."""
-  return Fn('FlattenList', lambda x: tuple(_deep_flatten(x)))
 
 
 def SerialWithSideOutputs(layers, n_side_outputs=1):  # pylint: disable=invalid-name
@@ -330,12 +238,12 @@ class Scan(base.Layer):
       with in_sublayer(self, 0):
         res, new_state = self.sublayer.pure_fn(
             x_and_carry, weights, state, fastmath.random.fold_in(rng, i))
-      res = _make_tuple(res)
+      res = make_tuple(res)
       if n_carry > 0:
         return (res[-n_carry:], new_state, i + 1), res[:-n_carry]
       return ((), new_state, i + 1), res
 
-    inputs = _make_tuple(inputs)
+    inputs = make_tuple(inputs)
     if n_carry > 0:
       xs, carry = inputs[:-n_carry], inputs[-n_carry:]
       if self._mode == 'predict' and self._state[1]:
@@ -355,7 +263,7 @@ class Scan(base.Layer):
 
   def init_weights_and_state(self, input_signature):
     n_carry = self._n_carry
-    sigs = _make_tuple(input_signature)
+    sigs = make_tuple(input_signature)
     xs = sigs[:-n_carry] if n_carry else sigs
     carry = sigs[-n_carry:] if n_carry else ()
     slices = [ShapeDtype(_shape_without_axis(x, self._axis), x.dtype) for x in xs]
@@ -390,24 +298,17 @@ class Cond(base.Layer):
     self._weights = (None, None, None)
     self._state = (None, None, None)
 
-  def _check_inputs(self, xs):
-    """Cond takes exactly `n_in` items (Trax fails on more, or on fewer)."""
-    n = len(_make_tuple(xs))
-    if n != self.n_in:
-      raise ValueError(f'{self.name} takes exactly n_in={self.n_in} inputs '
-                       f'(cond: {self._cond.n_in}, branches: '
-                       f'{self._true.n_in}); got {n}.')
-
   def init_weights_and_state(self, input_signature):
-    self._check_inputs(input_signature)
-    stack = _make_tuple(input_signature)
+    # Cond takes exactly `n_in` items (Trax fails on more, or on fewer).
+    check_arity(self, input_signature, self.n_in, 'init', exact=True)
+    stack = make_tuple(input_signature)
     weights, states = [], []
     with in_sublayer(self, 0):
       w, s = self._cond.init(inputs_from_stack(stack, self._cond.n_in),
                              use_cache=True)
     weights.append(w)
     states.append(s)
-    stack = _make_tuple(outputs_onto_stack((), stack, self._cond.n_in))
+    stack = make_tuple(outputs_onto_stack((), stack, self._cond.n_in))
     for i, layer in ((1, self._true), (2, self._false)):
       with in_sublayer(self, i):
         w, s = layer.init(inputs_from_stack(stack, layer.n_in), use_cache=True)
@@ -417,13 +318,13 @@ class Cond(base.Layer):
     self.weights = tuple(weights)
 
   def forward(self, xs):
-    self._check_inputs(xs)
-    rngs = _split_rngs(self.rng, 3)
+    check_arity(self, xs, self.n_in, 'pure_fn', exact=True)
+    rngs = split_rngs(self.rng, 3)
     weights, state = self.weights, self.state
     with in_sublayer(self, 0):
       c, s0 = self._cond.pure_fn(inputs_from_stack(xs, self._cond.n_in),
                                  weights[0], state[0], rngs[0])
-    stack = _make_tuple(outputs_onto_stack((), xs, self._cond.n_in))
+    stack = make_tuple(outputs_onto_stack((), xs, self._cond.n_in))
     n = self._true.n_in
     ins = inputs_from_stack(stack, n)
 
@@ -540,7 +441,7 @@ class BatchLeadingAxes(base.Layer):
     return self._sublayers[0]
 
   def forward(self, inputs):
-    xs = _make_tuple(inputs)
+    xs = make_tuple(inputs)
     lead = tuple(xs[0].shape[:-self._n_keep])
     flat = tuple(jnp.reshape(x, (-1,) + tuple(x.shape[-self._n_keep:]))
                  for x in xs)
@@ -551,7 +452,7 @@ class BatchLeadingAxes(base.Layer):
     return jnp.reshape(res, lead + tuple(res.shape[1:]))
 
   def init_weights_and_state(self, input_signature):
-    sigs = _make_tuple(input_signature)
+    sigs = make_tuple(input_signature)
     flat = []
     for sig in sigs:
       size = 1
@@ -575,79 +476,16 @@ def Bidirectional(forward_layer, axis=1, merge_layer=None):  # pylint: disable=i
                 merge_layer)
 
 
-# --- stack helpers ------------------------------------------------------------
-
-
-def inputs_from_stack(stack, n):
-  """Returns the top `n` items of the stack (one item bare)."""
-  return _make_singleitem_or_original(_make_tuple(stack)[:n])
-
-
-def outputs_onto_stack(outputs, stack, n):
-  """Returns the stack with its top `n` items replaced by `outputs`."""
-  return _make_singleitem_or_original(_make_tuple(outputs) +
-                                      _make_tuple(stack)[n:])
-
-
-def _make_tuple(xs):
-  return tuple(xs) if isinstance(xs, (list, tuple)) else (xs,)
-
-
-def _make_singleitem_or_original(xs):
-  return xs[0] if isinstance(xs, (list, tuple)) and len(xs) == 1 else xs
-
-
-def _check_stack(layer, stack, n, function_name):
-  """Raises a LayerError for `layer` if the stack holds fewer than `n` items."""
-  if n <= 1:
-    return
-  if not isinstance(stack, (list, tuple)):
-    raise base.input_error(
-        layer, function_name, stack,
-        f'{layer.name} needs {n} inputs but the stack holds one item: '
-        f'{base.signature(stack)}.')
-  if len(stack) < n:
-    raise base.input_error(
-        layer, function_name, stack,
-        f'{layer.name} needs {n} inputs but the stack holds {len(stack)}: '
-        f'{base.signature(tuple(stack))}.')
-
-
-def _n_inputs_n_outputs(layers):
-  running_max = running_total = 0
-  for layer in layers:
-    running_total += layer.n_in
-    running_max = max(running_max, running_total)
-    running_total -= layer.n_out
-  return running_max, running_max - running_total
-
-
-def _split_rngs(rng, n):
-  if rng is None:
-    return (None,) * n
-  return fastmath.random.split(rng, n)
-
-
 def _shape_without_axis(x, axis):
   axis = axis % len(x.shape)
   return tuple(x.shape[:axis]) + tuple(x.shape[axis + 1:])
-
-
-def _deep_flatten(items):
-  out = []
-  for x in items:
-    if isinstance(x, (list, tuple)):
-      out.extend(_deep_flatten(x))
-    else:
-      out.append(x)
-  return out
 
 
 def _ensure_flat(layers):
   """Flattens nested lists of layers; drops `None`; rejects non-layers."""
   if len(layers) == 1 and layers[0] is None:
     return []
-  layers = [l for l in _deep_flatten(layers) if l is not None]
+  layers = [l for l in deep_flatten(layers) if l is not None]
   for obj in layers:
     if not isinstance(obj, base.Layer):
       raise ValueError(f'Found non-layer object ({obj!r}) in layers: {layers}')

@@ -467,7 +467,7 @@ def test_half_residual_given_too_few_inputs():
   with pytest.raises(base.LayerError, match='2 inputs'):
     model.init(ShapeDtype(SHAPE))
   half = rv.ReversibleHalfResidual(core.Dense(D))
-  with pytest.raises(base.LayerError, match='expects inputs as a tuple of 2'):
+  with pytest.raises(base.LayerError, match='expects exactly n_in=2 inputs'):
     half.init((ShapeDtype(SHAPE),) * 3)
 
 

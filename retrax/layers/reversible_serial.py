@@ -1,0 +1,143 @@
+"""`ReversibleSerial`: a `Serial` of reversible layers whose backward pass stores no activations."""
+
+import jax
+
+from retrax.fastmath import numpy as jnp
+from retrax.layers import combinators as cb
+from retrax.layers.base import in_sublayer
+from retrax.layers.reversible_layer import ReversibleLayer
+from retrax.layers.stack import check_arity
+from retrax.layers.stack import inputs_from_stack
+from retrax.layers.stack import outputs_onto_stack
+from retrax.layers.stack import run_layers
+from retrax.layers.stack import split_rngs
+
+
+class ReversibleSerial(ReversibleLayer, cb.Serial):
+  """A `Serial` of reversible layers whose backward pass stores no activations.
+
+  Under `jax.grad` it keeps only its outputs from the forward pass; the
+  backward pass walks the layers last to first, rebuilding each layer's
+  input from its output (`reverse_and_grad`) and accumulating the weight
+  gradients, so memory does not grow with depth.
+  """
+
+  def __init__(self, *layers):
+    super().__init__(*layers)
+    self._predict_mode = None
+    for i, layer in enumerate(self.sublayers):
+      if not isinstance(layer, ReversibleLayer):
+        raise ValueError(
+            f'Sublayer {i} of ReversibleSerial is not reversible (not a '
+            f'ReversibleLayer): {layer.name}. Wrap residual computations in '
+            f'ReversibleHalfResidual and use ReversibleSwap/ReversibleSelect '
+            f'for stack moves.')
+
+  def forward(self, xs):
+    """Runs the layers in order, each one's work tied to its inputs (see `_tie_to`)."""
+    if not self.sublayers:
+      return xs
+    rngs = split_rngs(self.rng, len(self.sublayers))
+    prepare = None if self._decodes() else (
+        lambda w, r, stack: _tie_to((w, r), stack))
+    outputs, self.state = run_layers(self, self.sublayers, xs, self.weights,
+                                     self.state, rngs, prepare=prepare)
+    return outputs
+
+  def _decodes(self):
+    """True if a sublayer is in 'predict' mode.
+
+    Decoding runs one position at a time, so there is no depth-sized work to
+    hold back, and the tie would cost a pass over all weights per token.
+    """
+    if self._predict_mode is None:
+      self._predict_mode = any(layer.mode == 'predict' for layer in self.walk())
+    return self._predict_mode
+
+  def _walk_back(self, output, grad, weights, state, new_state, rng):
+    """Shared loop of `reverse` (grad None) and `reverse_and_grad`."""
+    weights, state, new_state, rng = self._resolve(weights, state, new_state,
+                                                   rng)
+    n = len(self.sublayers)
+    if not n:
+      return output, (grad, ())
+    rngs = split_rngs(rng, n)
+    stack, stack_ct = output, grad
+    weights_ct = [None] * n
+    for i in reversed(range(n)):
+      layer = self.sublayers[i]
+      w, s, ns, r = weights[i], state[i], new_state[i], rngs[i]
+      if grad is not None:
+        # Layer i's recomputation may start only once layer i+1's gradients
+        # (inputs and weights) exist; otherwise XLA may run all
+        # reconstructions first and keep O(depth) activations alive.
+        prev_w_ct = weights_ct[i + 1] if i + 1 < n else ()
+        w, r = _tie_to((w, r), (stack, stack_ct, prev_w_ct))
+      with in_sublayer(self, i):
+        check_arity(layer, stack, layer.n_out, 'reverse',
+                    what='outputs to reverse')
+        y = inputs_from_stack(stack, layer.n_out)
+        if grad is None:
+          x = layer.reverse(y, w, s, ns, r)
+        else:
+          ct = inputs_from_stack(stack_ct, layer.n_out)
+          x, (x_ct, weights_ct[i]) = layer.reverse_and_grad(y, ct, w, s, ns, r)
+          stack_ct = outputs_onto_stack(x_ct, stack_ct, layer.n_out)
+      stack = outputs_onto_stack(x, stack, layer.n_out)
+    return stack, (stack_ct, tuple(weights_ct))
+
+  def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
+    return self._walk_back(output, None, weights, state, new_state, rng)[0]
+
+  def reverse_and_grad(self, output, grad, weights=(), state=(), new_state=(),
+                       rng=None):
+    if grad is None:
+      raise ValueError('ReversibleSerial.reverse_and_grad needs a gradient; '
+                       'got None (use reverse() to only reconstruct).')
+    return self._walk_back(output, grad, weights, state, new_state, rng)
+
+
+def _tie_to(tree, data):
+  """Returns `tree` (weights, rng) made data-dependent on `data`, values unchanged.
+
+  XLA may schedule work that depends only on weights or rngs (bias
+  broadcasts, dropout masks, the backward pass's recomputations) for all
+  layers up front and keep it alive: O(depth) memory. An optimization
+  barrier does not prevent this on XLA:CPU, which removes barriers before
+  scheduling; a data dependency does, on every backend. Here
+  every float leaf is multiplied by `1 + (e - e)` and every uint32 key is
+  XORed with `(e - e) != 0`, where `e` ranges over one element of each float
+  array in `data`: exactly the same values unless a probed element is NaN
+  or inf (when the outputs are not finite anyway), but the layer's work can
+  start only once `data` exists. Costs one elementwise pass over a layer's
+  weights. Gradients through the tie are exact (the probe's are zero).
+  """
+  if not any(isinstance(x, jax.core.Tracer)
+             for x in jax.tree_util.tree_leaves((tree, data))):
+    return tree
+  probes = [x for x in jax.tree_util.tree_leaves(data)
+            if isinstance(x, jax.Array) and x.size and
+            jnp.issubdtype(x.dtype, jnp.floating)]
+  if not probes:
+    return tree
+  zero = sum(_probe(x) for x in probes)  # 0.0, or NaN for a non-finite probe
+  one, flag = 1.0 + zero, zero != 0.0
+
+  def tie(x):
+    if not isinstance(x, jax.Array):
+      return x
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      data_ = jax.random.key_data(x)
+      return jax.random.wrap_key_data(data_ ^ flag.astype(data_.dtype),
+                                      impl=jax.random.key_impl(x))
+    if jnp.issubdtype(x.dtype, jnp.floating):
+      return x * one.astype(x.dtype)
+    if x.dtype == jnp.uint32:
+      return x ^ flag.astype(x.dtype)
+    return x
+  return jax.tree_util.tree_map(tie, tree)
+
+
+def _probe(x):
+  e = jax.lax.slice(jnp.reshape(x, (-1,)), (0,), (1,))[0].astype(jnp.float32)
+  return e - e
