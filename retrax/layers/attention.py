@@ -25,6 +25,7 @@ from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers import initializers as init
 from retrax.layers import kv_cache
+from retrax.layers import predict_state
 from retrax.layers import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
@@ -331,7 +332,7 @@ def CausalAttention(d_feature, n_heads=1, dropout=0.0,
       n_heads=n_heads,
       qkv_attention_layer=DotProductCausalAttention(
           dropout=dropout, max_inference_length=max_inference_length,
-          mode=mode))
+          mode=mode, n_heads=n_heads))
 
 
 @assert_shape('bld,bld,bld->bld')
@@ -349,9 +350,15 @@ class DotProductCausalAttention(base.Layer):
   call runs eagerly (the index is concrete). Under `jax.jit` it cannot raise:
   as in Trax, writes are then clamped to the last buffer slots, which
   overwrites cached keys and values, and outputs are no longer meaningful.
+
+  `n_heads` (optional, not in Trax) is how many heads share an example's
+  rows of `(Q, K, V)` (`batch * n_heads` rows): with it the layer declares
+  its predict-mode state to decoding (`predict_state`); without it decoding
+  traces the model to find the cache layout.
   """
 
-  def __init__(self, dropout=0.0, max_inference_length=2048, mode='train'):
+  def __init__(self, dropout=0.0, max_inference_length=2048, mode='train',
+               n_heads=None):
     super().__init__(n_in=3, n_out=1)
     _check_dropout('DotProductCausalAttention', dropout)
     _check_mode('DotProductCausalAttention', mode)
@@ -361,6 +368,17 @@ class DotProductCausalAttention(base.Layer):
     self._dropout = dropout
     self._mode = mode
     self._max_len = max_inference_length
+    self._n_heads = validation.check_int('DotProductCausalAttention',
+                                         'n_heads', n_heads, 1,
+                                         allow_none=True)
+
+  def predict_state_layout(self, state):
+    """Keys and values hold `n_heads` rows per example; the index counts positions."""
+    if self._mode != 'predict' or self._n_heads is None:
+      return None
+    keys, values, index = state
+    rows = predict_state.same_rows((keys, values), self._n_heads)
+    return predict_state.PredictStateLayout(rows + (0,), index, self._max_len)
 
   def forward(self, inputs):
     q, k, v = inputs
@@ -401,6 +419,10 @@ class _CausalDepthwiseConv(base.Layer):
     self._kernel_initializer = kernel_initializer
     self._use_bfloat16 = use_bfloat16
     self._mode = mode
+
+  def predict_state_layout(self, state):
+    """The last inputs, one row per example."""
+    return predict_state.PredictStateLayout(predict_state.same_rows(state, 1))
 
   def forward(self, x):
     n_prev = self._kernel_size - 1

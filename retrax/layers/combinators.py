@@ -11,6 +11,7 @@ from retrax import fastmath
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import tree as fastmath_tree
 from retrax.layers import base
+from retrax.layers import predict_state
 from retrax.layers.base import Fn
 from retrax.layers.base import in_sublayer
 from retrax.layers.stack import check_arity
@@ -224,6 +225,14 @@ class Scan(base.Layer):
     self._state = (None, state[1])
     self.sublayer.state = state[0]
 
+  def predict_state_layout(self, state):
+    """The layer's own, then the carry: one row per example unless scanning axis 0."""
+    if self._axis == 0 and predict_state.has_arrays(state[1]):
+      return None  # The carry's batch axis is unknown.
+    return predict_state.PredictStateLayout(
+        (predict_state.declared_rows(self.sublayer, state[0]),
+         predict_state.same_rows(state[1], 1)))
+
   def forward(self, inputs):
     weights = self.weights[0]
     if isinstance(inputs, list):
@@ -405,6 +414,13 @@ class Cache(base.Layer):
                        f'layer_state); got {base.signature(state)}.')
     self._state = (state[0], None)
     self.sublayer.state = state[1]
+
+  def predict_state_layout(self, state):
+    """Cached outputs hold one row per example (batch-major); then the layer's own."""
+    cached, layer_state = state
+    return predict_state.PredictStateLayout(
+        (predict_state.same_rows(cached, 1),
+         predict_state.declared_rows(self.sublayer, layer_state)))
 
   def init_weights_and_state(self, input_signature):
     with in_sublayer(self, 0):

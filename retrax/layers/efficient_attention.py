@@ -22,7 +22,7 @@ subtract 1e9 from every logit, so each real key gets weight 1) unless
 keys are split only when a dropout rate is non-zero (same numbers); when
 d_model is at most half the head depths, `SelfAttention` (without shared QK
 or biases) multiplies `W_q W_k^T` and `W_v W_o` first, the same function in
-fewer FLOPs (see `SelfAttention._attend_inputs`); predict-mode
+fewer FLOPs (see `SelfAttention`'s `_attend_inputs`); predict-mode
 `SelfAttention` caches its memory's keys and values in its per-unit state
 (Trax's is empty and reprojects the whole memory at every call).
 """

@@ -26,6 +26,7 @@ from jax import lax
 
 from retrax.layers import base
 from retrax.layers import efficient_attention_groups as groups_lib
+from retrax.layers import predict_state
 from retrax.layers import validation
 from retrax.shapes import ShapeDtype
 
@@ -118,6 +119,20 @@ class EfficientAttentionBase(base.Layer):
   def n_parallel_heads(self):
     """(example, head) units computed at once (None: all of them)."""
     return self._n_parallel_heads
+
+  def predict_state_layout(self, state):
+    """Per-unit leaves hold `n_heads` rows per example, the memory one; its end is shared.
+
+    The memory forgets its oldest positions when full, so there is no
+    position limit.
+    """
+    if not self._incremental:
+      return predict_state.PredictStateLayout(
+          predict_state.same_rows(state, self._n_heads))
+    mem_end, mem, units = state
+    return predict_state.PredictStateLayout(
+        (predict_state.same_rows(mem_end, 0), predict_state.same_rows(mem, 1),
+         predict_state.same_rows(units, self._n_heads)))
 
   # --- hooks for subclasses ---------------------------------------------------
 

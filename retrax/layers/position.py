@@ -20,6 +20,7 @@ from retrax import fastmath
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
+from retrax.layers import predict_state
 from retrax.layers import validation
 from retrax.layers.assert_shape import assert_shape
 
@@ -67,8 +68,16 @@ def sin_cos_table(max_len, d_feature):
   return pe
 
 
+class _PositionCounter(base.Layer):
+  """A layer whose predict-mode state is the count of positions encoded so far."""
+
+  def predict_state_layout(self, state):
+    """One counter shared by all examples; `max_len` positions (if any) in all."""
+    return predict_state.PredictStateLayout(0, state, self.max_len)
+
+
 @assert_shape('...d->...d')
-class PositionalEncoding(base.Layer):
+class PositionalEncoding(_PositionCounter):
   """Adds a learned positional table, initialized with Trax's sin/cos values.
 
   The weights are the `(max_len, d)` table (or, with `d_feature` set, a
@@ -148,7 +157,7 @@ class PositionalEncoding(base.Layer):
       self.state = jnp.zeros((), dtype=jnp.int32)
 
 
-class AxialPositionalEncoding(base.Layer):
+class AxialPositionalEncoding(_PositionCounter):
   """Axial positional encoding: the concatenation of one learned embedding per axis.
 
   Positions `0 .. prod(shape) - 1` are laid out row-major on a grid of
@@ -237,7 +246,7 @@ class AxialPositionalEncoding(base.Layer):
     self.weights = tuple(weights)
 
 
-class SinCosPositionalEncoding(base.Layer):
+class SinCosPositionalEncoding(_PositionCounter):
   """Adds a fixed (weightless) sin/cos encoding: `[sin(p·f_i) ..., cos(p·f_i) ...]`.
 
   `f_i = 10000^(-2i/d)`; the sines fill the first half of the features and
@@ -293,7 +302,7 @@ class SinCosPositionalEncoding(base.Layer):
       self.state = jnp.zeros((), dtype=jnp.int32)
 
 
-class FixedBasePositionalEncoding(base.Layer):
+class FixedBasePositionalEncoding(_PositionCounter):
   """Encodes positions by their digits in several bases, with learned digit vectors.
 
   For each base `b` in `bases` and digit `i < n_digits`, digit value

@@ -23,7 +23,8 @@ abstract ones: only shapes are read), a `PredictStateLayout`:
 
 Returning None means "not declared" (e.g. a layer that cannot know its heads).
 
-Layers need not declare anything when their state has no arrays. A
+Layers need not declare anything when their state has no arrays or only
+scalars (shared by all examples, e.g. `Dropout`'s rate). A
 combinator whose state is the tuple of its sublayers' states (the
 `base.Layer.state` property, not overridden) is declared when all its
 sublayers are. Anything else is undeclared: decoding then falls back to
@@ -36,6 +37,7 @@ the positions used.
 from typing import Any, NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 
 from retrax.layers import base
 
@@ -79,4 +81,6 @@ def declared_rows(layer, state):
       and len(state) == len(layer.sublayers)):
     return type(state)(declared_rows(sub, s)
                        for sub, s in zip(layer.sublayers, state))
+  if all(jnp.ndim(x) == 0 for x in jax.tree_util.tree_leaves(state)):
+    return same_rows(state, 0)  # Scalars have no rows: shared.
   return None

@@ -34,6 +34,7 @@ from retrax import fastmath
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
+from retrax.layers import predict_state
 from retrax.layers.position import AxialPositionalEncoding  # pylint: disable=unused-import
 from retrax.layers.position import FixedBasePositionalEncoding  # pylint: disable=unused-import
 from retrax.layers.position import SinCosPositionalEncoding  # pylint: disable=unused-import
@@ -195,6 +196,13 @@ class InfinitePositionalEncoding(base.Layer):
     self._time_bin_length = time_bin_length
     self._mode = mode
 
+  def predict_state_layout(self, state):
+    """Per-example positions (one row each) and a shared key."""
+    index, predict_rng = state
+    return predict_state.PredictStateLayout(
+        (predict_state.same_rows(index, 1),
+         predict_state.same_rows(predict_rng, 0)))
+
   def _codes(self, t, noise, depth, rng):
     """Codes `[..., depth]` of positions t (int, `[...]`) with their noise."""
     half = (depth + 1) // 2
@@ -265,6 +273,10 @@ class TimeBinPositionalEncoding(base.Layer):
     _check_mode('TimeBinPositionalEncoding', mode)
     self._time_bin_length = int(time_bin_length)
     self._mode = mode
+
+  def predict_state_layout(self, state):
+    """Per-example positions, one row each."""
+    return predict_state.PredictStateLayout(predict_state.same_rows(state, 1))
 
   def forward(self, inputs):
     _check_3d(self, inputs)

@@ -132,7 +132,7 @@ def _causal_attention_with(make_layer, n_heads, dropout, max_inference_length,
       make_layer(), make_layer(), make_layer(), make_layer(), n_heads=n_heads,
       qkv_attention_layer=attention.DotProductCausalAttention(
           dropout=dropout, max_inference_length=max_inference_length,
-          mode=mode))
+          mode=mode, n_heads=n_heads))
 
 
 @assert_shape('bld->bld')
@@ -448,7 +448,8 @@ def MultiplicativeConvCausalAttention(  # pylint: disable=invalid-name
 
   v_layer = [concat_layers, conv(1), attention.SplitIntoHeads(n_heads)]
   causal_attention = attention.DotProductCausalAttention(
-      dropout=dropout, max_inference_length=max_inference_length, mode=mode)
+      dropout=dropout, max_inference_length=max_inference_length, mode=mode,
+      n_heads=n_heads)
   if share_qk:
     return cb.Serial(
         cb.Select([0, 0]),                 # x x

@@ -60,6 +60,11 @@ class Decoder:
 
   # --- programs ---------------------------------------------------------------
 
+  @property
+  def compiled(self):
+    """The keys (program name and configuration) of the programs made so far."""
+    return tuple(self._programs)
+
   def program(self, key, run):
     """`(jitted, plain)` versions of `run(model_ref, *args)`, cached on `key`."""
     if key not in self._programs:
