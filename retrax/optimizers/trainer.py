@@ -105,20 +105,14 @@ class Trainer:
     self._optimizer.slots = slots
     self._slots = slots
 
-  def _loss_and_grads(self, weights, state, batch, rng):
+  def _update_fn(self, weights, slots, state, batch, rng, step, opt_params):
     def loss_fn(w, b, r):
       return self._model_with_loss.pure_fn(b, w, state, r)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    return placement.sharded_value_and_grad(
-        lambda b, r: grad_fn(weights, b, r), batch, rng,
-        self._n_devices if self._adasum else 1)
-
-  def _update_fn(self, weights, slots, state, batch, rng, step, opt_params):
-    loss, new_state, grads = self._loss_and_grads(weights, state, batch, rng)
-    new_weights, new_slots, stats = self._optimizer.tree_update(
-        step, grads, weights, slots, opt_params, store_slots=False)
-    stats = dict(stats)
-    stats['loss'] = loss
+    new_weights, new_slots, new_state, _, stats = placement.update_step(
+        self._optimizer, lambda b, r: grad_fn(weights, b, r), batch, rng,
+        self._n_devices if self._adasum else 1, step, weights, slots,
+        opt_params)
     return new_weights, new_slots, new_state, stats
 
   def _check_loss_shape(self, batch, weights, state, rng):

@@ -220,19 +220,11 @@ class TrainStep:
         self._step, donate_argnums=(0, 1, 2), in_shardings=in_shardings,
         out_shardings=(rep, rep, rep, rep, rep))
 
-  def _grads(self, weights, state, batch, rng):
-    grad_fn = jax.value_and_grad(self._forward, has_aux=True)
-    return placement.sharded_value_and_grad(
-        lambda b, r: grad_fn(weights, state, b, r), batch, rng,
-        self._n_shares)
-
   def _step(self, weights, slots, state, batch, rng, step, opt_params):
-    loss, new_state, grads = self._grads(weights, state, batch, rng)
-    new_weights, new_slots, stats = self._optimizer.tree_update(
-        step, grads, weights, slots, opt_params, store_slots=False)
-    stats = dict(stats)
-    stats['loss'] = loss
-    return new_weights, new_slots, new_state, loss, stats
+    grad_fn = jax.value_and_grad(self._forward, has_aux=True)
+    return placement.update_step(
+        self._optimizer, lambda b, r: grad_fn(weights, state, b, r), batch,
+        rng, self._n_shares, step, weights, slots, opt_params)
 
   def __call__(self, weights, slots, state, batch, rng, step, opt_params):
     """Runs one step; see the module docstring.
