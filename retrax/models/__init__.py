@@ -2,6 +2,7 @@
 
 from retrax.models import atari_cnn as atari_cnn
 from retrax.models import mlp as mlp
+from retrax.models import neural_gpu as neural_gpu
 from retrax.models import reformer as reformer
 from retrax.models import resnet as resnet
 from retrax.models import rnn as rnn
@@ -10,6 +11,7 @@ from retrax.models.atari_cnn import AtariCnn as AtariCnn
 from retrax.models.atari_cnn import AtariCnnBody as AtariCnnBody
 from retrax.models.atari_cnn import FrameStackMLP as FrameStackMLP
 from retrax.models.mlp import MLP as MLP
+from retrax.models.neural_gpu import NeuralGPU as NeuralGPU
 from retrax.models.research.configurable_transformer import ConfigurableTransformer as ConfigurableTransformer
 from retrax.models.research.configurable_transformer import ConfigurableTransformerEncoder as ConfigurableTransformerEncoder
 from retrax.models.research.configurable_transformer import ConfigurableTransformerLM as ConfigurableTransformerLM
@@ -40,6 +42,7 @@ MODELS = {name: _recorded(fn, name) for name, fn in {
     'GRULM': GRULM,
     'LSTMSeq2SeqAttn': LSTMSeq2SeqAttn,
     'MLP': MLP,
+    'NeuralGPU': NeuralGPU,
     'RNNLM': RNNLM,
     'Reformer': Reformer,
     'ReformerLM': ReformerLM,
