@@ -61,6 +61,15 @@ def _at_step_1_and_every_nth_step(period):
   return lambda step: step == 1 or (step > 0 and step % period == 0)
 
 
+def _schedules(task, checkpoint_at, permanent_checkpoint_at, eval_at):
+  """`(checkpoint_at, permanent_checkpoint_at, eval_at)`, defaults from `task`."""
+  default_at = _at_step_1_and_every_nth_step(task.n_steps_per_checkpoint)
+  return (checkpoint_at or default_at,
+          permanent_checkpoint_at or _at_step_1_and_every_nth_step(
+              task.n_steps_per_permanent_checkpoint),
+          eval_at or default_at)
+
+
 class Loop:
   """Runs supervised training for a number of steps, with evals and checkpoints.
 
@@ -133,12 +142,8 @@ class Loop:
                                  use_memory_efficient_trainer) else eval_model
     self._opt_step_offset = opt_step_offset
     self._checkpoint_kind = checkpoint_kind
-    default_at = _at_step_1_and_every_nth_step(tasks[0].n_steps_per_checkpoint)
-    self._checkpoint_at = checkpoint_at or default_at
-    self._permanent_checkpoint_at = (
-        permanent_checkpoint_at or _at_step_1_and_every_nth_step(
-            tasks[0].n_steps_per_permanent_checkpoint))
-    self._eval_at = eval_at or default_at
+    self._checkpoint_at, self._permanent_checkpoint_at, self._eval_at = (
+        _schedules(tasks[0], checkpoint_at, permanent_checkpoint_at, eval_at))
     self._checkpoint_low_metric = checkpoint_low_metric
     self._checkpoint_high_metric = checkpoint_high_metric
     self._which_task = which_task or (lambda n: n % len(tasks))
