@@ -1,15 +1,31 @@
 """The `retrax` command line: train | sample | eval | convert | plot | bench | info.
 
-Parses arguments and calls the library; errors in what the user typed exit
-with code 2 and a one-line message saying what to do.
+Parses arguments once, into a typed `config.RunConfig` (its model, data,
+train and sample sections) for `train`, and calls the library. Errors in what
+the user supplied (`retrax.errors.UserInputError`, checkpoint, argument and
+training errors, missing files) exit with code 2 and a one-line message
+saying what to do; any other exception is a bug and keeps its traceback.
 """
 
 import argparse
+import platform
 import sys
 
+import jax
+import numpy
+import optax
 
-class UsageError(Exception):
-  """A user error: printed as one line, exit code 2."""
+import retrax
+from retrax import bench
+from retrax import config as config_lib
+from retrax import jobs
+from retrax import plot
+from retrax.checkpoints import convert
+from retrax.checkpoints.errors import CheckpointError
+from retrax.errors import UserInputError
+from retrax.layers.validation import ArgumentError
+from retrax.supervised import devices
+from retrax.supervised.batch_checks import TrainingError
 
 
 def _count(text):
@@ -36,94 +52,97 @@ def _temperature(text):
   return value
 
 
+_FLAG_ALIASES = {'output_dir': ['--output-dir']}
+
+
+def _flag_type(key):
+  """An argparse type parsing a flag's text as `key`'s type."""
+  if key.name in config_lib.POSITIVE_KEYS:
+    return _count
+
+  def parse(text):
+    if key.kind is str:
+      return text
+    if key.kind is bool:
+      lowered = text.lower()
+      if lowered in ('true', '1', 'yes'):
+        return True
+      if lowered in ('false', '0', 'no'):
+        return False
+      raise argparse.ArgumentTypeError(f'expected true or false; got {text!r}')
+    try:
+      return key.kind(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+          f'expected {key.kind.__name__}; got {text!r}') from None
+  parse.__name__ = key.kind.__name__
+  return parse
+
+
 def _add_config_args(p):
+  """`--config`, `--set` and one typed option per config key, by section."""
   p.add_argument('--config', metavar='TOML', help='a TOML file of config keys')
   p.add_argument('--set', metavar='KEY=VALUE', action='append', default=[],
                  help='override one config key (repeatable)')
-  p.add_argument('--output_dir', '--output-dir', dest='output_dir',
-                 help='run directory (checkpoints, metrics); resumes if it '
-                 'holds a run of the same model')
-  p.add_argument('--steps', type=_count, help='training steps')
-  p.add_argument('--model', help='ReformerLM | TransformerLM')
-  p.add_argument('--attention', help='lsh | local | full')
-  p.add_argument('--data', help="'duplication' or 'text:PATH' (the last "
-                 'eval_fraction, 10%%, of the file is held out for eval)')
-  p.add_argument('--tokenizer', help="text data: 'bytes' (default) or "
-                 "'sentencepiece:MODEL_FILE' (vocab_size from the model)")
+  for section in config_lib.SECTIONS:
+    group = p.add_argument_group(f'{section} config')
+    for key in config_lib.KEYS.values():
+      if key.section == section:
+        group.add_argument(
+            f'--{key.name}', *_FLAG_ALIASES.get(key.name, []), dest=key.name,
+            type=_flag_type(key), default=None, metavar=key.kind.__name__.upper(),
+            help=f'{key.help} (default: {key.default!r})'.replace('%', '%%'))
 
 
 def _load_config(args):
-  from retrax import config as config_lib  # pylint: disable=g-import-not-at-top
-  overrides = list(args.set)
-  for key in ('output_dir', 'steps', 'model', 'attention', 'data',
-              'tokenizer'):
-    value = getattr(args, key, None)
-    if value is not None:
-      overrides.append(f'{key}={value}')
-  try:
-    return config_lib.load(args.config, overrides)
-  except config_lib.ConfigError as e:
-    raise UsageError(str(e)) from e
+  """The RunConfig of `--config`, `--set` and the typed options (in that order)."""
+  flags = {name: getattr(args, name) for name in config_lib.KEYS
+           if getattr(args, name, None) is not None}
+  return config_lib.load(args.config, args.set, flags=flags)
 
 
 def _join_cluster(args):
   """Joins a multi-process run (flags, or the cluster's environment)."""
-  from retrax.supervised import devices  # pylint: disable=g-import-not-at-top
-  try:
-    devices.initialize_distributed(args.coordinator, args.num_processes,
-                                   args.process_id)
-  except ValueError as e:
-    raise UsageError(str(e)) from e
-  import jax  # pylint: disable=g-import-not-at-top
+  devices.initialize_distributed(args.coordinator, args.num_processes,
+                                 args.process_id)
   return jax.process_index() == 0
 
 
 def cmd_train(args):
   chief = _join_cluster(args)
-  from retrax import jobs  # pylint: disable=g-import-not-at-top
   config = _load_config(args)
   loop = jobs.train(config, quiet=args.quiet)
   if not chief:
     return
-  if config.n_samples and not args.no_sample:
+  if config.sample.n_samples and not args.no_sample:
     jobs.print_samples(config)
   jobs.print_next_steps(config, loop.step)
 
 
 def cmd_sample(args):
-  from retrax import jobs  # pylint: disable=g-import-not-at-top
   jobs.print_samples(jobs.config_of_run(args.output_dir), n=args.n,
                      temperature=args.temperature, prompt=args.prompt,
                      max_length=args.max_length)
 
 
 def cmd_eval(args):
-  from retrax import jobs  # pylint: disable=g-import-not-at-top
   jobs.print_eval(jobs.config_of_run(args.output_dir), n_batches=args.batches)
 
 
 def cmd_convert(args):
-  from retrax.checkpoints import convert  # pylint: disable=g-import-not-at-top
   print(convert.convert(args.src, args.dst, to=args.to, force=args.force))
 
 
 def cmd_plot(args):
-  from retrax import plot  # pylint: disable=g-import-not-at-top
   print(plot.plot_metrics(args.output_dir, args.out))
 
 
 def cmd_bench(args):
-  from retrax import bench  # pylint: disable=g-import-not-at-top
   bench.main(quick=args.quick)
 
 
 def cmd_info(args):
   del args
-  import platform  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  import retrax  # pylint: disable=g-import-not-at-top
   print(f'retrax {retrax.__version__}')
   print(f'python {platform.python_version()} ({platform.machine()})')
   print(f'jax {jax.__version__}, numpy {numpy.__version__}, optax '
@@ -133,22 +152,20 @@ def cmd_info(args):
 
 
 class _Version(argparse.Action):
-  """--version: prints `retrax <version>` (importing retrax only then)."""
+  """--version: prints `retrax <version>`."""
 
   def __call__(self, parser, namespace, values, option_string=None):
-    import retrax  # pylint: disable=g-import-not-at-top
     print(f'retrax {retrax.__version__}')
     parser.exit()
 
 
-def build_parser():
-  parser = argparse.ArgumentParser(
-      prog='retrax', description='Trax, revived on today\'s JAX.')
-  parser.add_argument('--version', action=_Version, nargs=0,
-                      help="print retrax's version and exit")
-  sub = parser.add_subparsers(dest='command')
+def _add_train(sub):
   p = sub.add_parser('train', help='train a model (default: a small Reformer '
-                     'with LSH attention on the duplication task), then sample')
+                     'with LSH attention on the duplication task), then sample',
+                     epilog='Every config key has an option above; `--set '
+                     'KEY=VALUE` and a --config TOML file (flat keys, or '
+                     'tables [model], [data], [train], [sample]) take the '
+                     'same keys. Options win over --set, --set over the file.')
   _add_config_args(p)
   p.add_argument('--quiet', action='store_true', help='no progress bar')
   p.add_argument('--no-sample', action='store_true',
@@ -161,6 +178,10 @@ def build_parser():
   p.add_argument('--process_id', '--process-id', type=int,
                  help='multi-process run: this process (0 writes the run)')
   p.set_defaults(func=cmd_train)
+
+
+def _add_run_commands(sub):
+  """`sample` and `eval`: commands on a trained run directory."""
   p = sub.add_parser('sample', help='sample from a trained run')
   p.add_argument('output_dir')
   p.add_argument('-n', type=_count, default=4, help='number of samples')
@@ -177,6 +198,10 @@ def build_parser():
   p.add_argument('--batches', type=_count, default=8,
                  help='eval batches (default 8)')
   p.set_defaults(func=cmd_eval)
+
+
+def _add_tool_commands(sub):
+  """`convert`, `plot`, `bench` and `info`."""
   p = sub.add_parser('convert', help='convert between Trax checkpoints '
                      '(model.pkl.gz) and retrax native checkpoints')
   p.add_argument('src')
@@ -198,28 +223,26 @@ def build_parser():
   p.set_defaults(func=cmd_bench)
   p = sub.add_parser('info', help='versions and devices')
   p.set_defaults(func=cmd_info)
+
+
+def build_parser():
+  parser = argparse.ArgumentParser(
+      prog='retrax', description='Trax, revived on today\'s JAX.')
+  parser.add_argument('--version', action=_Version, nargs=0,
+                      help="print retrax's version and exit")
+  sub = parser.add_subparsers(dest='command')
+  _add_train(sub)
+  _add_run_commands(sub)
+  _add_tool_commands(sub)
   return parser
 
 
 # Errors that mean the user asked for something that cannot be done (a bad
-# argument, config key, path or checkpoint, bad data): one line, exit 2.
-# Anything else is a bug and keeps its traceback. Library modules are looked
-# up only if already imported (an error of theirs implies they are).
-_USER_ERRORS = (
-    ('retrax.config', 'ConfigError'),
-    ('retrax.checkpoints.errors', 'CheckpointError'),
-    ('retrax.layers.validation', 'ArgumentError'),
-    ('retrax.supervised.batch_checks', 'TrainingError'),
-)
-
-
-def _is_user_error(e):
-  types = [UsageError, FileNotFoundError, FileExistsError, NotADirectoryError,
-           IsADirectoryError, PermissionError]
-  for module, name in _USER_ERRORS:
-    if module in sys.modules:
-      types.append(getattr(sys.modules[module], name))
-  return isinstance(e, tuple(types))
+# argument, config key, path, checkpoint or data): one line, exit 2. Anything
+# else is a bug and keeps its traceback.
+_USER_ERRORS = (UserInputError, CheckpointError, ArgumentError, TrainingError,
+                FileNotFoundError, FileExistsError, NotADirectoryError,
+                IsADirectoryError, PermissionError)
 
 
 def main(argv=None):
@@ -230,9 +253,7 @@ def main(argv=None):
     return 2
   try:
     rc = args.func(args)
-  except Exception as e:  # pylint: disable=broad-except
-    if not _is_user_error(e):
-      raise
+  except _USER_ERRORS as e:
     message = ' '.join(str(e).split())
     print(f'retrax {args.command}: error: {message}', file=sys.stderr)
     return 2

@@ -1,10 +1,22 @@
-"""Run configuration for the CLI: a frozen dataclass, TOML files and `--set key=value` overrides."""
+"""Run configuration for the CLI: typed sections, TOML files and overrides.
+
+A `RunConfig` holds four frozen sections: `model` (`ModelConfig`), `data`
+(`DataConfig`), `train` (`TrainConfig`) and `sample` (`SampleConfig`). Users
+name settings by flat keys (`--set d_model=64`, a TOML file's `d_model = 64`,
+the keys of a run's `run_config.json`); `section.field` names (`--set
+model.d_model=64`, TOML tables such as `[model]`) are accepted too. `KEYS`
+maps each flat key to its section and field.
+"""
 
 import dataclasses
 import json
 import math
 import os
 import sys
+import typing
+
+from retrax.data import tasks
+from retrax.errors import UserInputError
 
 if sys.version_info >= (3, 11):
   import tomllib
@@ -12,8 +24,101 @@ else:  # pragma: no cover
   import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(UserInputError):
   """A bad configuration: unknown key, wrong type, unreadable file."""
+
+
+def _key(default, help_text, key=None):
+  """A section field: its default, `--help` text and flat key (default: its name)."""
+  return dataclasses.field(default=default,
+                           metadata={'help': help_text, 'key': key})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The model: ReformerLM (LSH, local or full attention) or TransformerLM."""
+  name: str = _key('ReformerLM', 'ReformerLM | TransformerLM', key='model')
+  attention: str = _key('lsh', 'lsh | local | full (ReformerLM only)')
+  vocab_size: int = _key(32, 'token ids (text data: from the tokenizer)')
+  length: int = _key(32, 'sequence length (duplication: 2*(|w|+1))')
+  d_model: int = _key(64, 'model width')
+  d_ff: int = _key(128, 'feed-forward width')
+  n_layers: int = _key(2, 'decoder blocks')
+  n_heads: int = _key(2, 'attention heads')
+  d_head: int = _key(32, 'ReformerLM: key/value width per head')
+  n_hashes: int = _key(2, 'lsh attention: hash rounds')
+  chunk_len: int = _key(8, 'lsh/local attention: chunk length')
+  dropout: float = _key(0.0, 'dropout rate in [0, 1)')
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """The data: the duplication task or a text file."""
+  source: str = _key('duplication', "'duplication' or 'text:PATH'", key='data')
+  tokenizer: str = _key('bytes', "text data: 'bytes' or "
+                        "'sentencepiece:MODEL_FILE'")
+  eval_fraction: float = _key(0.1, 'text data: held-out share (end of file)')
+  batch_size: int = _key(32, 'rows per batch')
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The training run."""
+  steps: int = _key(3000, 'training steps')
+  eval_every: int = _key(250, 'steps between evals')
+  checkpoint_every: int = _key(250, 'steps between checkpoints')
+  learning_rate: float = _key(2e-3, 'Adam learning rate (> 0)')
+  warmup_steps: int = _key(200, 'linear warmup steps (0: none)')
+  seed: int = _key(0, 'random seed (model and data)')
+  output_dir: str = _key('runs/duplication', 'run directory')
+  trax_files: bool = _key(True, "also write Trax's model.pkl.gz files")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+  """Sampling after training."""
+  n_samples: int = _key(4, 'samples printed after training (0: none)')
+
+
+SECTIONS = {'model': ModelConfig, 'data': DataConfig, 'train': TrainConfig,
+            'sample': SampleConfig}
+
+
+class Key(typing.NamedTuple):
+  """A config key: where it lives, its type, default and help text."""
+  name: str
+  section: str
+  field: str
+  kind: type
+  default: typing.Any
+  help: str
+
+
+def _keys():
+  keys = {}
+  for section, cls in SECTIONS.items():
+    for f in dataclasses.fields(cls):
+      name = f.metadata['key'] or f.name
+      keys[name] = Key(name, section, f.name, type(f.default), f.default,
+                       f.metadata['help'])
+  return keys
+
+
+KEYS = _keys()
+# Int keys that must be >= 1.
+POSITIVE_KEYS = ('vocab_size', 'd_model', 'd_ff', 'n_layers', 'n_heads',
+                 'd_head', 'n_hashes', 'chunk_len', 'batch_size', 'steps',
+                 'eval_every', 'checkpoint_every')
+_DOTTED = {f'{k.section}.{k.field}': k for k in KEYS.values()}
+
+
+def key_of(name):
+  """The `Key` named `name` (flat, e.g. 'd_model', or 'model.d_model')."""
+  key = KEYS.get(name) or _DOTTED.get(name)
+  if key is None:
+    raise ConfigError(f'unknown config key {name!r}; known keys: '
+                      f'{", ".join(sorted(KEYS))}')
+  return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,145 +128,188 @@ class RunConfig:
   The default job trains a small ReformerLM with LSH attention on the
   Reformer paper's duplication task (`0 w 0 w`, loss on the second `w`).
   """
-  model: str = 'ReformerLM'         # ReformerLM | TransformerLM
-  attention: str = 'lsh'            # lsh | local | full (ReformerLM only)
-  data: str = 'duplication'         # duplication | text:PATH
-  tokenizer: str = 'bytes'          # text: bytes | sentencepiece:MODEL_FILE
-  eval_fraction: float = 0.1        # text: held-out share (end of the file)
-  vocab_size: int = 32
-  length: int = 32                  # sequence length (duplication: 2*(|w|+1))
-  d_model: int = 64
-  d_ff: int = 128
-  n_layers: int = 2
-  n_heads: int = 2
-  d_head: int = 32
-  n_hashes: int = 2
-  chunk_len: int = 8
-  dropout: float = 0.0
-  batch_size: int = 32
-  steps: int = 3000
-  eval_every: int = 250
-  checkpoint_every: int = 250
-  learning_rate: float = 2e-3
-  warmup_steps: int = 200
-  seed: int = 0
-  output_dir: str = 'runs/duplication'
-  n_samples: int = 4
-  trax_files: bool = True           # also write Trax's model.pkl.gz files
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  sample: SampleConfig = dataclasses.field(default_factory=SampleConfig)
 
-  def replace(self, **kwargs):
-    return dataclasses.replace(self, **kwargs)
+  def replace(self, **values):
+    """A copy with settings replaced, named by flat (or dotted) keys."""
+    by_section = {}
+    for name, value in values.items():
+      key = key_of(name)
+      by_section.setdefault(key.section, {})[key.field] = value
+    return dataclasses.replace(self, **{
+        s: dataclasses.replace(getattr(self, s), **fields)
+        for s, fields in by_section.items()})
+
+  def get(self, name):
+    """The value of a flat (or dotted) key."""
+    key = key_of(name)
+    return getattr(getattr(self, key.section), key.field)
 
   def to_dict(self):
-    return dataclasses.asdict(self)
+    """`{flat key: value}`: the layout of a run's run_config.json."""
+    return {name: self.get(name) for name in KEYS}
+
+  @classmethod
+  def from_dict(cls, values):
+    """A RunConfig from flat keys (run_config.json; missing keys: defaults)."""
+    unknown = sorted(set(values) - set(KEYS))
+    if unknown:
+      raise ConfigError(f'unknown config keys {unknown}.')
+    return cls().replace(**values)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+def coerce(name, value, from_text=False):
+  """Checks (and for `from_text`, parses) a value for the key `name`.
 
-
-def _coerce(key, value):
-  """Converts a string (from --set) or TOML value to the field's type."""
-  if key not in FIELDS:
-    raise ConfigError(f'unknown config key {key!r}; known keys: '
-                      f'{", ".join(sorted(FIELDS))}')
-  kind = type(getattr(RunConfig(), key))
-  if isinstance(value, str) and kind is str:
+  Text (from `--set`) is read as JSON for non-string keys; a string key's
+  value may be quoted. Ints are accepted for float keys.
+  """
+  kind = key_of(name).kind
+  if from_text and kind is str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in '"\'':
       value = value[1:-1]
-  elif isinstance(value, str):
+  elif from_text:
     try:
       value = json.loads(value)
     except json.JSONDecodeError as e:
-      raise ConfigError(f'{key}: cannot read {value!r} as {kind.__name__}') from e
+      raise ConfigError(f'{name}: cannot read {value!r} as {kind.__name__}') from e
   if kind is float and isinstance(value, int) and not isinstance(value, bool):
     value = float(value)
   if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-    raise ConfigError(f'{key} must be {kind.__name__}; got {value!r}')
+    raise ConfigError(f'{name} must be {kind.__name__}; got {value!r}')
   return value
 
 
-def load(path=None, overrides=(), base=None):
-  """Builds a RunConfig from defaults, a TOML file and `key=value` overrides."""
+def _read_toml(path):
+  """`{key: value}` of a TOML file: flat keys, or tables named by section."""
+  if not os.path.isfile(path):
+    raise ConfigError(f'config file {path!r} does not exist')
+  with open(path, 'rb') as f:
+    try:
+      data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+      raise ConfigError(f'{path}: not valid TOML: {e}') from e
+  values = {}
+  for name, value in data.items():
+    if name in SECTIONS and isinstance(value, dict):
+      for field, v in value.items():
+        values[key_of(f'{name}.{field}').name] = v
+    else:
+      values[key_of(name).name] = value
+  return values
+
+
+def load(path=None, overrides=(), base=None, flags=None):
+  """Builds a RunConfig from defaults, a TOML file, overrides and flags.
+
+  Args:
+    path: a TOML file of config keys, or None.
+    overrides: `key=value` strings (`--set`), applied after the file.
+    base: the config to start from (default: `RunConfig()`).
+    flags: `{key: typed value}` (the CLI's parsed options), applied last.
+
+  Raises:
+    ConfigError: an unknown key, a wrong type or an inconsistent setting.
+  """
   values = {}
   if path is not None:
-    if not os.path.isfile(path):
-      raise ConfigError(f'config file {path!r} does not exist')
-    with open(path, 'rb') as f:
-      try:
-        data = tomllib.load(f)
-      except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f'{path}: not valid TOML: {e}') from e
-    for key, value in data.items():
-      values[key] = _coerce(key, value)
+    for name, value in _read_toml(path).items():
+      values[name] = coerce(name, value)
   for item in overrides:
     if '=' not in item:
       raise ConfigError(f'--set expects key=value; got {item!r}')
-    key, value = item.split('=', 1)
-    values[key.strip()] = _coerce(key.strip(), value.strip())
+    name, value = (s.strip() for s in item.split('=', 1))
+    values[key_of(name).name] = coerce(name, value, from_text=True)
+  for name, value in (flags or {}).items():
+    values[key_of(name).name] = coerce(name, value)
   config = (base or RunConfig()).replace(**values)
   validate(config)
-  if config.data.startswith('text:'):
+  if config.data.source.startswith('text:'):
     config = _with_text_vocab(config, 'vocab_size' in values)
   return config
 
 
+def open_tokenizer(spec):
+  """`retrax.data.tasks.TextTokenizer(spec)`; a missing or unreadable model
+  file, or no sentencepiece package, is a ConfigError."""
+  try:
+    return tasks.TextTokenizer(spec)
+  except (ImportError, OSError) as e:
+    raise ConfigError(f'tokenizer: {e}') from e
+
+
 def _with_text_vocab(config, vocab_given):
   """Sets vocab_size from the tokenizer (an explicit different one is an error)."""
-  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
-  try:
-    vocab = tasks.TextTokenizer(config.tokenizer).vocab_size
-  except (ValueError, ImportError, FileNotFoundError) as e:
-    raise ConfigError(f'tokenizer: {e}') from e
-  if vocab_given and config.vocab_size != vocab:
+  vocab = open_tokenizer(config.data.tokenizer).vocab_size
+  if vocab_given and config.model.vocab_size != vocab:
     raise ConfigError(
-        f'vocab_size={config.vocab_size} but the tokenizer {config.tokenizer!r} '
-        f'has {vocab} ids; leave vocab_size out for text data (it is taken '
-        'from the tokenizer).')
+        f'vocab_size={config.model.vocab_size} but the tokenizer '
+        f'{config.data.tokenizer!r} has {vocab} ids; leave vocab_size out for '
+        'text data (it is taken from the tokenizer).')
   return config.replace(vocab_size=vocab)
+
+
+def help_text():
+  """Every config key with its default and meaning, by section (for --help)."""
+  lines = ['config keys (--set KEY=VALUE, a --config TOML file, or the '
+           'options above):']
+  for section in SECTIONS:
+    lines.append(f'  [{section}]')
+    for key in KEYS.values():
+      if key.section == section:
+        lines.append(f'    {key.name} = {json.dumps(key.default)}  '
+                     f'# {key.help}')
+  return '\n'.join(lines)
 
 
 def validate(config):
   """Raises ConfigError for inconsistent settings."""
-  if config.model not in ('ReformerLM', 'TransformerLM'):
+  _validate_choices(config.model, config.data)
+  m, d, t = config.model, config.data, config.train
+  if not 0 < d.eval_fraction < 1:
+    raise ConfigError(f'eval_fraction must be in (0, 1); got {d.eval_fraction}')
+  if m.length % 2 or m.length < 4:
+    raise ConfigError(f'length must be even and >= 4; got {m.length}')
+  if m.attention != 'full' and m.chunk_len >= 1 and m.length % m.chunk_len:
+    raise ConfigError(f'length ({m.length}) must be a multiple of '
+                      f'chunk_len ({m.chunk_len})')
+  for name in POSITIVE_KEYS:
+    if config.get(name) < 1:
+      raise ConfigError(f'{name} must be >= 1; got {config.get(name)}')
+  if not (math.isfinite(t.learning_rate) and t.learning_rate > 0):
+    raise ConfigError(f'learning_rate must be a finite number > 0; got '
+                      f'{t.learning_rate}')
+  if not 0 <= m.dropout < 1:
+    raise ConfigError(f'dropout must be in [0, 1); got {m.dropout}')
+  if t.warmup_steps < 0:
+    raise ConfigError(f'warmup_steps must be >= 0; got {t.warmup_steps}')
+  if m.name == 'TransformerLM' and m.d_model % m.n_heads:
+    raise ConfigError(f'd_model ({m.d_model}) must be a multiple of '
+                      f'n_heads ({m.n_heads}) for TransformerLM')
+
+
+def _validate_choices(model, data):
+  """The model, attention, data and tokenizer names."""
+  if model.name not in ('ReformerLM', 'TransformerLM'):
     raise ConfigError(f"model must be 'ReformerLM' or 'TransformerLM'; got "
-                      f'{config.model!r}')
-  if config.attention not in ('lsh', 'local', 'full'):
+                      f'{model.name!r}')
+  if model.attention not in ('lsh', 'local', 'full'):
     raise ConfigError(f"attention must be 'lsh', 'local' or 'full'; got "
-                      f'{config.attention!r}')
-  if config.data != 'duplication' and not config.data.startswith('text:'):
+                      f'{model.attention!r}')
+  text = data.source.startswith('text:')
+  if data.source != 'duplication' and not text:
     raise ConfigError(f"data must be 'duplication' or 'text:PATH'; got "
-                      f'{config.data!r}')
-  if config.data.startswith('text:') and not os.path.exists(config.data[5:]):
-    raise ConfigError(f'text data path {config.data[5:]!r} does not exist')
-  if config.tokenizer != 'bytes' and not config.data.startswith('text:'):
+                      f'{data.source!r}')
+  if text and not os.path.exists(data.source[5:]):
+    raise ConfigError(f'text data path {data.source[5:]!r} does not exist')
+  if data.tokenizer != 'bytes' and not text:
     raise ConfigError(f'tokenizer applies to text data (--data text:PATH); '
-                      f'got tokenizer={config.tokenizer!r} with data='
-                      f'{config.data!r}')
-  if not config.tokenizer == 'bytes' and not config.tokenizer.startswith(
+                      f'got tokenizer={data.tokenizer!r} with data='
+                      f'{data.source!r}')
+  if data.tokenizer != 'bytes' and not data.tokenizer.startswith(
       'sentencepiece:'):
     raise ConfigError(f"tokenizer must be 'bytes' or 'sentencepiece:MODEL_FILE'"
-                      f'; got {config.tokenizer!r}')
-  if not 0 < config.eval_fraction < 1:
-    raise ConfigError(f'eval_fraction must be in (0, 1); got '
-                      f'{config.eval_fraction}')
-  if config.length % 2 or config.length < 4:
-    raise ConfigError(f'length must be even and >= 4; got {config.length}')
-  if (config.attention != 'full' and config.chunk_len >= 1 and
-      config.length % config.chunk_len):
-    raise ConfigError(f'length ({config.length}) must be a multiple of '
-                      f'chunk_len ({config.chunk_len})')
-  for key in ('vocab_size', 'd_model', 'd_ff', 'n_layers', 'n_heads', 'd_head',
-              'n_hashes', 'chunk_len', 'batch_size', 'steps', 'eval_every',
-              'checkpoint_every'):
-    if getattr(config, key) < 1:
-      raise ConfigError(f'{key} must be >= 1; got {getattr(config, key)}')
-  if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
-    raise ConfigError(f'learning_rate must be a finite number > 0; got '
-                      f'{config.learning_rate}')
-  if not 0 <= config.dropout < 1:
-    raise ConfigError(f'dropout must be in [0, 1); got {config.dropout}')
-  if config.warmup_steps < 0:
-    raise ConfigError(f'warmup_steps must be >= 0; got {config.warmup_steps}')
-  if config.model == 'TransformerLM' and config.d_model % config.n_heads:
-    raise ConfigError(f'd_model ({config.d_model}) must be a multiple of '
-                      f'n_heads ({config.n_heads}) for TransformerLM')
+                      f'; got {data.tokenizer!r}')

@@ -7,12 +7,25 @@ paper's duplication task (`0 w 0 w`) and then shows sampled copies.
 import functools
 import json
 import os
+import shlex
 
+import jax
 import numpy as np
 
 from retrax import config as config_lib
-from retrax.checkpoints.atomic import atomic_write
+from retrax import data
 from retrax import layers as tl
+from retrax import lr
+from retrax import models
+from retrax import optimizers
+from retrax import run as run_lib
+from retrax import shapes
+from retrax.checkpoints.atomic import atomic_write
+from retrax.data import tasks
+from retrax.supervised import checkpointing
+from retrax.supervised import decoding
+from retrax.supervised import devices
+from retrax.supervised import training
 
 CONFIG_FILE = 'run_config.json'
 TOKENIZER_FILE = 'tokenizer.model'  # A text run's copy of its SentencePiece model.
@@ -20,28 +33,28 @@ TOKENIZER_FILE = 'tokenizer.model'  # A text run's copy of its SentencePiece mod
 
 def build_model(config, mode='train'):
   """The model a RunConfig describes, in `mode`."""
-  from retrax import models  # pylint: disable=g-import-not-at-top
-  if config.model == 'TransformerLM':
+  m = config.model
+  if m.name == 'TransformerLM':
     return models.TransformerLM(
-        vocab_size=config.vocab_size, d_model=config.d_model, d_ff=config.d_ff,
-        n_layers=config.n_layers, n_heads=config.n_heads,
-        max_len=config.length, dropout=config.dropout, mode=mode)
-  if config.attention == 'lsh':
+        vocab_size=m.vocab_size, d_model=m.d_model, d_ff=m.d_ff,
+        n_layers=m.n_layers, n_heads=m.n_heads, max_len=m.length,
+        dropout=m.dropout, mode=mode)
+  if m.attention == 'lsh':
     attention = functools.partial(
-        tl.LSHSelfAttention, chunk_len=config.chunk_len,
-        n_hashes=config.n_hashes, n_chunks_before=1,
-        predict_mem_len=config.length, predict_drop_len=config.length)
-  elif config.attention == 'local':
+        tl.LSHSelfAttention, chunk_len=m.chunk_len, n_hashes=m.n_hashes,
+        n_chunks_before=1, predict_mem_len=m.length,
+        predict_drop_len=m.length)
+  elif m.attention == 'local':
     attention = functools.partial(
-        tl.SelfAttention, chunk_len=config.chunk_len, n_chunks_before=1,
-        predict_mem_len=config.length, predict_drop_len=config.length)
+        tl.SelfAttention, chunk_len=m.chunk_len, n_chunks_before=1,
+        predict_mem_len=m.length, predict_drop_len=m.length)
   else:
     attention = tl.CausalAttention
   return models.ReformerLM(
-      vocab_size=config.vocab_size, d_model=config.d_model, d_ff=config.d_ff,
-      d_attention_key=config.d_head, d_attention_value=config.d_head,
-      n_layers=config.n_layers, n_heads=config.n_heads, dropout=config.dropout,
-      max_len=config.length, attention_type=attention, mode=mode)
+      vocab_size=m.vocab_size, d_model=m.d_model, d_ff=m.d_ff,
+      d_attention_key=m.d_head, d_attention_value=m.d_head,
+      n_layers=m.n_layers, n_heads=m.n_heads, dropout=m.dropout,
+      max_len=m.length, attention_type=attention, mode=mode)
 
 
 def tokenizer_of_run(config):
@@ -50,17 +63,13 @@ def tokenizer_of_run(config):
   A SentencePiece model is read from the run's own copy (`TOKENIZER_FILE`,
   written by `train`) when there is one, so a moved run keeps working.
   """
-  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
-  if not config.data.startswith('text:'):
+  if not config.data.source.startswith('text:'):
     return None
-  spec = config.tokenizer
-  copy = os.path.join(config.output_dir, TOKENIZER_FILE)
+  spec = config.data.tokenizer
+  copy = os.path.join(config.train.output_dir, TOKENIZER_FILE)
   if spec.startswith('sentencepiece:') and os.path.exists(copy):
     spec = 'sentencepiece:' + copy
-  try:
-    return tasks.TextTokenizer(spec)
-  except (ValueError, ImportError, FileNotFoundError) as e:
-    raise config_lib.ConfigError(f'tokenizer: {e}') from e
+  return config_lib.open_tokenizer(spec)
 
 
 def build_inputs(config):
@@ -69,54 +78,49 @@ def build_inputs(config):
   A text file's last `eval_fraction` (from a line start) is held out for
   evaluation; see `retrax.data.tasks.text_lm_inputs`.
   """
-  from retrax import data  # pylint: disable=g-import-not-at-top
-  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
-  if config.data == 'duplication':
-    return data.duplication_inputs(config.vocab_size, config.length,
-                                   config.batch_size, seed=config.seed)
-  try:
-    return tasks.text_lm_inputs(
-        config.data[len('text:'):], config.length, config.batch_size,
-        tokenizer_of_run(config), config.eval_fraction, seed=config.seed)
-  except ValueError as e:
-    raise config_lib.ConfigError(str(e)) from e
+  m, d = config.model, config.data
+  if d.source == 'duplication':
+    return data.duplication_inputs(m.vocab_size, m.length, d.batch_size,
+                                   seed=config.train.seed)
+  return tasks.text_lm_inputs(
+      d.source[len('text:'):], m.length, d.batch_size,
+      tokenizer_of_run(config), d.eval_fraction, seed=config.train.seed)
 
 
 def _check_run_dir(config):
   """Refuses to train into a directory that holds a run of another model."""
-  path = os.path.join(config.output_dir, CONFIG_FILE)
+  path = os.path.join(config.train.output_dir, CONFIG_FILE)
   if not os.path.exists(path):
     return
   with open(path) as f:
     old = json.load(f)
-  model_keys = ('model', 'attention', 'vocab_size', 'length', 'd_model',
-                'd_ff', 'n_layers', 'n_heads', 'd_head', 'n_hashes',
-                'chunk_len')
-  model_keys += ('tokenizer',)
+  model_keys = [k.name for k in config_lib.KEYS.values()
+                if k.section == 'model' and k.name != 'dropout']
+  model_keys.append('tokenizer')
   defaults = config_lib.RunConfig()
   diff = [k for k in model_keys
-          if old.get(k, getattr(defaults, k)) != getattr(config, k)]
+          if old.get(k, defaults.get(k)) != config.get(k)]
   if diff:
     raise config_lib.ConfigError(
-        f'{config.output_dir} holds a run of another model (differs in '
+        f'{config.train.output_dir} holds a run of another model (differs in '
         f'{", ".join(diff)}); choose another --output_dir.')
 
 
 def _is_chief():
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.process_index() == 0
 
 
 def _write_run_files(config):
   """Writes run_config.json and a copy of the SentencePiece model (chief only)."""
-  os.makedirs(config.output_dir, exist_ok=True)
+  run_dir = config.train.output_dir
+  os.makedirs(run_dir, exist_ok=True)
   tokenizer = tokenizer_of_run(config)
   if not _is_chief():
     return
-  with atomic_write(os.path.join(config.output_dir, CONFIG_FILE)) as f:
+  with atomic_write(os.path.join(run_dir, CONFIG_FILE)) as f:
     f.write(json.dumps(config.to_dict(), indent=1).encode())
   source = tokenizer.model_file if tokenizer is not None else None
-  copy = os.path.join(config.output_dir, TOKENIZER_FILE)
+  copy = os.path.join(run_dir, TOKENIZER_FILE)
   if source is None or os.path.abspath(source) == os.path.abspath(copy):
     return
   with open(source, 'rb') as f:
@@ -134,15 +138,13 @@ def _write_run_files(config):
 
 def _streams(config):
   """(train, eval) batch iterators: this process's rows of the global batches."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import devices  # pylint: disable=g-import-not-at-top
   inputs = build_inputs(config)
   train_stream, eval_stream = inputs.train_stream(1), inputs.eval_stream(1)
   n_hosts = jax.process_count()
   if n_hosts > 1:
-    if config.batch_size % n_hosts:
+    if config.data.batch_size % n_hosts:
       raise config_lib.ConfigError(
-          f'batch_size ({config.batch_size}) must be a multiple of the number '
+          f'batch_size ({config.data.batch_size}) must be a multiple of the number '
           f'of processes ({n_hosts}): each feeds its share of every batch.')
     train_stream = devices.host_shard(train_stream)
     eval_stream = devices.host_shard(eval_stream)
@@ -155,21 +157,18 @@ def train(config, quiet=False):
   In a multi-process run (`jax.distributed` initialized) every process feeds
   its rows of each global batch; process 0 writes the run's files.
   """
-  from retrax import optimizers  # pylint: disable=g-import-not-at-top
-  from retrax import lr  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import training  # pylint: disable=g-import-not-at-top
+  t = config.train
   _check_run_dir(config)
   train_stream, eval_stream = _streams(config)
-  factors = 'constant * linear_warmup' if config.warmup_steps else 'constant'
-  schedule = lr.multifactor(factors=factors,
-                            constant=config.learning_rate,
-                            warmup_steps=config.warmup_steps)
+  factors = 'constant * linear_warmup' if t.warmup_steps else 'constant'
+  schedule = lr.multifactor(factors=factors, constant=t.learning_rate,
+                            warmup_steps=t.warmup_steps)
   train_task = training.TrainTask(
       labeled_data=train_stream,
       loss_layer=tl.WeightedCategoryCrossEntropy(),
-      optimizer=optimizers.Adam(config.learning_rate),
+      optimizer=optimizers.Adam(t.learning_rate),
       lr_schedule=schedule,
-      n_steps_per_checkpoint=config.checkpoint_every)
+      n_steps_per_checkpoint=t.checkpoint_every)
   eval_task = training.EvalTask(
       labeled_data=eval_stream,
       metrics=[tl.WeightedCategoryCrossEntropy(),
@@ -178,13 +177,13 @@ def train(config, quiet=False):
   loop = training.Loop(
       build_model(config, 'train'), [train_task],
       eval_model=build_model(config, 'eval'), eval_tasks=[eval_task],
-      output_dir=config.output_dir, random_seed=config.seed,
-      eval_at=lambda step: step == 1 or step % config.eval_every == 0,
+      output_dir=t.output_dir, random_seed=t.seed,
+      eval_at=lambda step: step == 1 or step % t.eval_every == 0,
       # A bar only on a terminal (never drawn into a redirected log).
       progress_bar=False if quiet else None,
-      write_trax_files=config.trax_files)
+      write_trax_files=t.trax_files)
   _write_run_files(config)  # Only once the Loop has validated the run dir.
-  remaining = config.steps - loop.step
+  remaining = t.steps - loop.step
   if remaining > 0:
     loop.run(remaining)
   return loop
@@ -192,10 +191,9 @@ def train(config, quiet=False):
 
 def print_next_steps(config, step):
   """Says where the run was saved and which commands use it."""
-  import shlex  # pylint: disable=g-import-not-at-top
-  d = shlex.quote(config.output_dir)
-  prompt = ' --prompt "..."' if config.data.startswith('text:') else ''
-  print(f'Saved the run (step {step}) in {config.output_dir}\n'
+  d = shlex.quote(config.train.output_dir)
+  prompt = ' --prompt "..."' if config.data.source.startswith('text:') else ''
+  print(f'Saved the run (step {step}) in {config.train.output_dir}\n'
         f'Next: retrax sample {d}{prompt}  |  retrax eval {d}  |  '
         f'retrax plot {d}  |  tensorboard --logdir {d}')
 
@@ -213,23 +211,21 @@ def config_of_run(output_dir):
                             f'--output_dir {output_dir}`.')
   with open(path) as f:
     values = json.load(f)
-  unknown = set(values) - set(config_lib.FIELDS)
+  unknown = sorted(set(values) - set(config_lib.KEYS))
   if unknown:
-    raise config_lib.ConfigError(f'{path} has unknown keys {sorted(unknown)}.')
+    raise config_lib.ConfigError(f'{path} has unknown keys {unknown}.')
   values['output_dir'] = os.fspath(output_dir)
-  return config_lib.RunConfig(**values)
+  return config_lib.RunConfig.from_dict(values)
 
 
 def load_model(config, mode='predict', batch_size=1):
   """A model in `mode` with the run's latest weights."""
-  from retrax import shapes  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import checkpointing  # pylint: disable=g-import-not-at-top
-  path = checkpointing.find_latest_valid(config.output_dir)
+  path = checkpointing.find_latest_valid(config.train.output_dir)
   if path is None:
-    raise FileNotFoundError(f'{config.output_dir} holds no valid checkpoint; '
-                            'train first with `retrax train`.')
+    raise FileNotFoundError(f'{config.train.output_dir} holds no valid '
+                            'checkpoint; train first with `retrax train`.')
   model = build_model(config, mode)
-  length = 1 if mode == 'predict' else config.length
+  length = 1 if mode == 'predict' else config.model.length
   model.init_from_file(path, weights_only=True, input_signature=shapes.ShapeDtype(
       (batch_size, length), np.int32))
   return model
@@ -237,11 +233,10 @@ def load_model(config, mode='predict', batch_size=1):
 
 def sample_copies(config, n=4, temperature=0.0, seed=0):
   """Prompts `0 w 0` from the eval stream and the model's continuations; returns rows."""
-  from retrax.supervised import decoding  # pylint: disable=g-import-not-at-top
   model = load_model(config, 'predict')
   rng = np.random.default_rng(seed + 12345)
-  half = config.length // 2
-  w = rng.integers(1, config.vocab_size, size=(n, half - 1))
+  half = config.model.length // 2
+  w = rng.integers(1, config.model.vocab_size, size=(n, half - 1))
   prompt = np.concatenate([np.zeros((n, 1), np.int32), w,
                            np.zeros((n, 1), np.int32)], axis=1).astype(np.int32)
   out = decoding.autoregressive_sample(
@@ -260,11 +255,10 @@ def evaluate(config, n_batches=8):
   `{metric name: mean over the batches}`, as the training `Loop` averages its
   evals (the metrics in `EVAL_METRICS`).
   """
-  import jax  # pylint: disable=g-import-not-at-top
   if not isinstance(n_batches, int) or n_batches < 1:
     raise config_lib.ConfigError(
         f'the number of eval batches must be an int >= 1; got {n_batches!r}')
-  model = load_model(config, 'eval', config.batch_size)
+  model = load_model(config, 'eval', config.data.batch_size)
   metrics = [getattr(tl, name)() for name in EVAL_METRICS]
 
   def scores(batch, weights, state, rng):
@@ -296,19 +290,17 @@ def sample_text(run_dir, prompt='', n=1, temperature=0.0, max_length=None,
   At most `length - 1 - len(prompt ids)` new tokens fit the model's positions;
   `max_length` (default: all that fit) caps them. Returns a list of str.
   """
-  from retrax import run as run_lib  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import decoding  # pylint: disable=g-import-not-at-top
   run = run_lib.load_run(run_dir, mode='predict', batch_size=n)
   if run.tokenizer is None:
     raise config_lib.ConfigError(f'{run_dir} is not a text run; --prompt '
                                  'applies to runs of --data text:FILE.')
   ids = run.tokenizer.encode(prompt)
-  room = run.config.length - 1 - len(ids)
+  length = run.config.model.length
+  room = length - 1 - len(ids)
   if room < 1:
     raise config_lib.ConfigError(
-        f'the prompt has {len(ids)} tokens; this model sees {run.config.length}'
-        ' positions, so use a prompt of at most '
-        f'{run.config.length - 2} tokens.')
+        f'the prompt has {len(ids)} tokens; this model sees {length} '
+        f'positions, so use a prompt of at most {length - 2} tokens.')
   prompt_ids = np.tile(ids[None], (n, 1)) if len(ids) else None
   out = decoding.autoregressive_sample(
       run.model, batch_size=n, temperature=temperature, start_id=0,
@@ -321,10 +313,10 @@ def print_samples(config, n=None, temperature=0.0, prompt=None,
                   max_length=None):
   """Text runs: prints continuations of `prompt`. Duplication: the copies of
   `w` for a few prompts `0 w 0`."""
-  if config.data.startswith('text:'):
+  if config.data.source.startswith('text:'):
     prompt = prompt or ''
-    for i, text in enumerate(sample_text(config.output_dir, prompt,
-                                         n or config.n_samples or 1,
+    for i, text in enumerate(sample_text(config.train.output_dir, prompt,
+                                         n or config.sample.n_samples or 1,
                                          temperature, max_length)):
       print(f'--- sample {i + 1}\n{prompt}{text}')
     return
@@ -332,7 +324,7 @@ def print_samples(config, n=None, temperature=0.0, prompt=None,
     raise config_lib.ConfigError('--prompt applies to text runs (--data '
                                  'text:FILE); this run is the duplication '
                                  'task.')
-  rows = sample_copies(config, n or config.n_samples, temperature)
+  rows = sample_copies(config, n or config.sample.n_samples, temperature)
   n_ok = 0
   for w, out in rows:
     ok = np.array_equal(w, out[:len(w)])

@@ -9,6 +9,8 @@ one-line errors that say what to do.
 import os
 import re
 
+from retrax.errors import UserInputError
+
 _URL = re.compile(r'^([A-Za-z][A-Za-z0-9+.\-]*)://')
 _COPY_HINTS = {
     'gs': 'gsutil cp -r {path} .',
@@ -18,7 +20,7 @@ _COPY_HINTS = {
 }
 
 
-class RemotePathError(ValueError):
+class RemotePathError(UserInputError):
   """A URL (gs://, s3://, http://, ...) was given where a local path is needed."""
 
 

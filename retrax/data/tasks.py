@@ -14,8 +14,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from retrax.data import tokenizers
 from retrax.data.batching import pad_to_max_dims
 from retrax.data.inputs import Inputs
+from retrax.errors import UserInputError
 
 
 def _rngs(seed):
@@ -369,7 +371,6 @@ class TextTokenizer:
   """
 
   def __init__(self, spec='bytes'):
-    from retrax.data import tokenizers  # pylint: disable=g-import-not-at-top
     self.spec = spec
     if spec == 'bytes':
       self._bytes = tokenizers.ByteTextEncoder(num_reserved_ids=0)
@@ -419,6 +420,10 @@ class TextTokenizer:
       else:
         line.append(i)
     return '\n'.join(self._spm.decode(x) for x in lines + [line])
+
+
+class TextDataError(UserInputError):
+  """A text file (or its held-out part) too short for one row of ids."""
 
 
 def split_held_out(data: bytes, eval_fraction: float):
@@ -477,7 +482,7 @@ def text_lm_inputs(path, length: int, batch_size: int, tokenizer=None,
     seed: train-stream seed.
 
   Raises:
-    ValueError: a part too short for one row of `length` ids.
+    TextDataError: a part too short for one row of `length` ids.
   """
   _check_positive(length=length, batch_size=batch_size)
   tokenizer = tokenizer or TextTokenizer('bytes')
@@ -488,7 +493,7 @@ def text_lm_inputs(path, length: int, batch_size: int, tokenizer=None,
                             ('held-out', eval_text, eval_fraction)):
     parts[name] = tokenizer.encode(text.decode('utf-8', 'replace'))
     if len(parts[name]) < length:
-      raise ValueError(
+      raise TextDataError(
           f'{path}: the {name} part (about {share:.0%} of the file) has '
           f'{len(parts[name])} tokens, fewer than one row of length={length}; '
           'use a longer file, a smaller length or another eval_fraction.')

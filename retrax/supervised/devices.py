@@ -27,11 +27,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from retrax import fastmath
+from retrax.errors import UserInputError
 
 DATA_AXIS = 'data'
 
@@ -45,6 +47,10 @@ _CLUSTER_ENV = ('SLURM_JOB_ID', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE',
                 'TPU_WORKER_HOSTNAMES')
 
 
+class ClusterConfigError(UserInputError):
+  """Multi-process flags or environment variables that are missing or invalid."""
+
+
 def _env_int(env, name):
   value = env.get(name)
   if value is None:
@@ -52,7 +58,7 @@ def _env_int(env, name):
   try:
     return int(value)
   except ValueError:
-    raise ValueError(f'{name}={value!r} is not an integer.') from None
+    raise ClusterConfigError(f'{name}={value!r} is not an integer.') from None
 
 
 def initialize_distributed(coordinator=None, num_processes=None,
@@ -69,7 +75,7 @@ def initialize_distributed(coordinator=None, num_processes=None,
     process (nothing given and no cluster found).
 
   Raises:
-    ValueError: a partial or inconsistent setting (names what is missing).
+    ClusterConfigError: a partial or inconsistent setting (names what is missing).
   """
   env = os.environ if env is None else env
   coordinator = coordinator or env.get(ENV_COORDINATOR) or None
@@ -86,12 +92,12 @@ def initialize_distributed(coordinator=None, num_processes=None,
     return jax.process_count() > 1
   missing = [k for k, v in given.items() if v is None]
   if missing:
-    raise ValueError(
+    raise ClusterConfigError(
         f'a multi-process run needs --coordinator, --num_processes and '
         f'--process_id (or {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, '
         f'{ENV_PROCESS_ID}); missing {", ".join(missing)}.')
   if num_processes < 1 or not 0 <= process_id < num_processes:
-    raise ValueError(
+    raise ClusterConfigError(
         f'process_id must be in [0, num_processes); got process_id='
         f'{process_id}, num_processes={num_processes}.')
   if num_processes == 1:
@@ -125,7 +131,6 @@ def check_hosts_differ(batch):
 
   A collective: every process must call it with its own batch.
   """
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   h = hashlib.sha256()
   for x in batch:
     x = np.ascontiguousarray(x)

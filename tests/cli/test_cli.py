@@ -85,7 +85,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 def test_output_dir_of_another_model_is_refused(tmp_path, capsys):
   out = tmp_path / 'run'
   out.mkdir()
-  other = config_lib.RunConfig(output_dir=str(out), d_model=999)
+  other = config_lib.RunConfig().replace(output_dir=str(out), d_model=999)
   (out / 'run_config.json').write_text(json.dumps(other.to_dict()))
   before = sorted(os.listdir(out))
   assert cli.main(['train', '--output_dir', str(out), '--steps', '1']) == 2
@@ -105,7 +105,8 @@ def test_config_file(tmp_path):
   path = tmp_path / 'c.toml'
   path.write_text('n_layers = 3\nattention = "local"\nlearning_rate = 1\n')
   config = config_lib.load(str(path), ['n_layers=4'])
-  assert (config.n_layers, config.attention, config.learning_rate) == (
+  assert (config.model.n_layers, config.model.attention,
+          config.train.learning_rate) == (
       4, 'local', 1.0)
 
 

@@ -19,10 +19,10 @@ _SETTINGS = dict(model='TransformerLM', vocab_size=4, length=8, d_model=32,
 @pytest.fixture(scope='module')
 def trained_run(tmp_path_factory):
   out = tmp_path_factory.mktemp('eval_run') / 'run'
-  config = config_lib.RunConfig(output_dir=str(out), **_SETTINGS)
+  config = config_lib.RunConfig().replace(output_dir=str(out), **_SETTINGS)
   loop = jobs.train(config, quiet=True)
   history = loop.history.get('eval', 'metrics/WeightedCategoryAccuracy')
-  assert history[-1][0] == config.steps
+  assert history[-1][0] == config.train.steps
   return config, float(history[-1][1])
 
 
@@ -42,7 +42,7 @@ def test_eval_command_prints_the_same_numbers(trained_run, capsys):
   config, train_acc = trained_run
   expected = jobs.evaluate(config, n_batches=3)
   for _ in range(2):
-    assert cli.main(['eval', config.output_dir, '--batches', '3']) == 0
+    assert cli.main(['eval', config.train.output_dir, '--batches', '3']) == 0
     text = capsys.readouterr().out
     acc = float(re.search(r'WeightedCategoryAccuracy ([0-9.]+)', text)[1])
     loss = float(re.search(r'WeightedCategoryCrossEntropy ([0-9.]+)',

@@ -87,7 +87,7 @@ def test_text_run_train_eval_sample_load_run(tmp_path, capsys):
   # load_run rebuilds the model with the saved weights and the tokenizer.
   run = retrax.load_run(out, mode='eval', batch_size=2)
   assert run.tokenizer.decode(run.tokenizer.encode('héllo')) == 'héllo'
-  assert run.config.data == f'text:{path}'
+  assert run.config.data.source == f'text:{path}'
   native = checkpoints.load_native(run.checkpoint)
   saved = checkpoints.tree_leaves(native.trees['weights'])
   loaded = checkpoints.tree_leaves(run.model.weights)
