@@ -121,60 +121,67 @@ def Parallel(  # pylint: disable=invalid-name
     ValueError: for a counters/fns length mismatch, a negative counter, or
       all-zero counters.
   """
-  fns = list(fns or [])
-  if not fns:
-    raise ValueError('Parallel needs at least one stream function in `fns`.')
-  if counters:
-    counters = list(counters)
-    if len(counters) != len(fns):
-      raise ValueError(
-          f'Parallel got {len(fns)} stream functions but {len(counters)} '
-          f'counters; give one counter per stream.')
-    if any(c < 0 for c in counters):
-      raise ValueError(f'Parallel counters must be >= 0, got {counters}.')
-    keep = [j for j, c in enumerate(counters) if c != 0]
-    if not keep:
-      raise ValueError(f'Parallel counters are all zero: {counters}.')
-    counters = [counters[j] for j in keep]
-    fns = [fns[j] for j in keep]
-  else:
-    counters = [1] * len(fns)
-
+  fns, counters = _kept_streams(list(fns or []), counters)
   if reweight_by_minimum:
     smallest = min(counters)
     counters = [math.floor(c / smallest) for c in counters]
 
-  def _gradual(generators):
-    pairs = sorted(zip(counters, generators), key=lambda p: p[0])
-    while True:
-      yield from _emit_gradually(pairs, min(counters))
-      if use_remainders:
-        fractions = []
-        for i, (counter, generator) in enumerate(pairs):
-          processed = math.prod(fractions)
-          for _ in range(counter - processed):
-            yield _take(generator)
-          if i < len(pairs) - 1:
-            fractions.append(math.floor(pairs[i + 1][0] / counter))
-
-  def _round_robin(generators):
-    current = [0] * len(generators)
-    total = sum(counters)
-    while True:
-      for idx, generator in enumerate(generators):
-        if current[idx] < counters[idx]:
-          current[idx] += 1
-          if sum(current) == total:
-            current = [0] * len(generators)
-          yield _take(generator)
-
   def parallel_generator(gen: Optional[Iterable[Any]] = None):
     generators = [iter(f() if gen is None else f(gen)) for f in fns]
-    inner = _gradual(generators) if gradually_reweight else _round_robin(
-        generators)
+    if gradually_reweight:
+      inner = _gradual(counters, generators, use_remainders)
+    else:
+      inner = _round_robin(counters, generators)
     try:
       yield from inner
     except _Exhausted:
       return
 
   return parallel_generator
+
+
+def _kept_streams(fns, counters):
+  """`(fns, counters)` without the zero-counter streams (counters default 1)."""
+  if not fns:
+    raise ValueError('Parallel needs at least one stream function in `fns`.')
+  if not counters:
+    return fns, [1] * len(fns)
+  counters = list(counters)
+  if len(counters) != len(fns):
+    raise ValueError(
+        f'Parallel got {len(fns)} stream functions but {len(counters)} '
+        f'counters; give one counter per stream.')
+  if any(c < 0 for c in counters):
+    raise ValueError(f'Parallel counters must be >= 0, got {counters}.')
+  keep = [j for j, c in enumerate(counters) if c != 0]
+  if not keep:
+    raise ValueError(f'Parallel counters are all zero: {counters}.')
+  return [fns[j] for j in keep], [counters[j] for j in keep]
+
+
+def _gradual(counters, generators, use_remainders):
+  """`Parallel`'s `gradually_reweight` order (with optional remainders)."""
+  pairs = sorted(zip(counters, generators), key=lambda p: p[0])
+  while True:
+    yield from _emit_gradually(pairs, min(counters))
+    if use_remainders:
+      fractions = []
+      for i, (counter, generator) in enumerate(pairs):
+        processed = math.prod(fractions)
+        for _ in range(counter - processed):
+          yield _take(generator)
+        if i < len(pairs) - 1:
+          fractions.append(math.floor(pairs[i + 1][0] / counter))
+
+
+def _round_robin(counters, generators):
+  """`Parallel`'s default order: each round takes `counters[i]` from stream i."""
+  current = [0] * len(generators)
+  total = sum(counters)
+  while True:
+    for idx, generator in enumerate(generators):
+      if current[idx] < counters[idx]:
+        current[idx] += 1
+        if sum(current) == total:
+          current = [0] * len(generators)
+        yield _take(generator)

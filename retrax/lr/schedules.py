@@ -235,6 +235,13 @@ def factor_product(names, step, xp, params, clip_cosine=False):
   return value
 
 
+def _check_real_params(params, minimum):
+  """The real-valued multifactor arguments are finite reals."""
+  for name in ('constant', 'decay_factor', 'second_constant'):
+    validation.check_real('lr.multifactor', name, params[name])
+  validation.check_real('lr.multifactor', 'minimum', minimum)
+
+
 def multifactor(factors='constant * linear_warmup * rsqrt_decay',
                 constant=0.1,  # pylint: disable=redefined-outer-name
                 warmup_steps=400,
@@ -281,15 +288,12 @@ def multifactor(factors='constant * linear_warmup * rsqrt_decay',
   """
   names = parse_factors(factors)
   check_factor_params(names, warmup_steps, steps_per_decay, steps_per_cycle)
-  for name, value in (('constant', constant), ('decay_factor', decay_factor),
-                      ('second_constant', second_constant),
-                      ('minimum', minimum)):
-    validation.check_real('lr.multifactor', name, value)
   params = dict(constant=constant, warmup_steps=warmup_steps,
                 decay_factor=decay_factor, steps_per_decay=steps_per_decay,
                 steps_per_cycle=steps_per_cycle,
                 second_constant=second_constant,
                 second_constant_step=second_constant_step)
+  _check_real_params(params, minimum)
 
   def learning_rate(step):
     xp = array_module(step)
