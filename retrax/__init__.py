@@ -8,6 +8,13 @@ from retrax import layers as layers
 from retrax import lr as lr
 from retrax import optimizers as optimizers
 from retrax import shapes as shapes
+from retrax.checkpoints import layer_io as _layer_io
+from retrax.checkpoints import tree as _checkpoint_tree
+
+# The layers read and write weights files through the checkpoint package.
+layers.base.install_weights_files(_layer_io.init_layer_from_file,
+                                  _layer_io.save_layer_to_file,
+                                  _checkpoint_tree.unflatten_weights_and_state)
 
 __version__ = '0.1.0'
 

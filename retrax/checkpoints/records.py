@@ -77,6 +77,15 @@ class TraxHistory:
           f'{type(state).__name__}.')
     self._values = state['_values']
 
+  @property
+  def values(self):
+    """The metrics, `{mode: {metric: [(step, value), ...]}}`."""
+    return self._values
+
+  @values.setter
+  def values(self, values):
+    self._values = values
+
   def to_dict(self):
     """Returns `{'_values': ...}`, the form Trax's `History.to_dict` gives."""
     return {'_values': self._values}

@@ -305,7 +305,7 @@ def _finalize(x, seen):
       x[k] = _finalize(x[k], seen)
   elif isinstance(x, TraxHistory):
     seen[id(x)] = x
-    x._values = _finalize(x._values, seen)  # pylint: disable=protected-access
+    x.values = _finalize(x.values, seen)
   elif isinstance(x, TraxShapeDtype):
     if not hasattr(x, 'shape') or not hasattr(x, 'dtype'):
       raise CheckpointFormatError('a ShapeDtype in the checkpoint has no state.')

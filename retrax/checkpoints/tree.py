@@ -20,15 +20,11 @@ from retrax.checkpoints.errors import TreeStructureError
 from retrax.fastmath import tree as fastmath_tree
 from retrax.fastmath.tree import EMPTY_STATE as EMPTY_STATE
 from retrax.fastmath.tree import EMPTY_WEIGHTS as EMPTY_WEIGHTS
+from retrax.fastmath.tree import flatten_weights_and_state as flatten_weights_and_state
 from retrax.fastmath.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
 from retrax.fastmath.tree import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
 from retrax.fastmath.tree import is_cache_marker as is_cache_marker
 from retrax.fastmath.tree import tree_flatten as tree_leaves
-
-
-def flatten_weights_and_state(weights, state):
-  """Returns `(flat_weights, flat_state)`: lists of leaves in Trax's order."""
-  return tree_leaves(weights), tree_leaves(state)
 
 
 def format_path(path):

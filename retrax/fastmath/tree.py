@@ -159,6 +159,11 @@ def tree_flatten(tree):
   return out
 
 
+def flatten_weights_and_state(weights, state):
+  """Returns `(flat_weights, flat_state)`: lists of leaves in Trax's order."""
+  return tree_flatten(weights), tree_flatten(state)
+
+
 def tree_leaves(tree, ignore_nones=True):
   """`tree_flatten`, without `None`s unless `ignore_nones=False`."""
   return [x for x in tree_flatten(tree) if not (ignore_nones and x is None)]

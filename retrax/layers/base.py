@@ -24,13 +24,12 @@ import jax
 import numpy as np
 
 from retrax import fastmath
-from retrax.checkpoints.tree import flatten_weights_and_state  # noqa: F401  (Trax's base name)
-from retrax.checkpoints.tree import unflatten_weights_and_state  # noqa: F401  (Trax's base name)
 # Cache markers stand for a shared layer's second (and later) occurrence.
 from retrax.fastmath.tree import EMPTY_STATE as EMPTY_STATE
 from retrax.fastmath.tree import EMPTY_WEIGHTS as EMPTY_WEIGHTS
 from retrax.fastmath.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
 from retrax.fastmath.tree import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
+from retrax.fastmath.tree import flatten_weights_and_state as flatten_weights_and_state
 from retrax.fastmath.tree import is_state_cache_marker as _is_state_marker
 from retrax.fastmath.tree import is_weights_cache_marker as _is_weights_marker
 from retrax.layers import errors
@@ -430,14 +429,52 @@ class Layer:
     through a restricted unpickler that runs no code, and retrax's native
     files. Returns `(weights, state)`.
     """
-    from retrax.checkpoints import layer_io  # pylint: disable=g-import-not-at-top
-    return layer_io.init_layer_from_file(self, file_name, weights_only,
-                                         input_signature)
+    return _weights_files('init_from_file')(self, file_name, weights_only,
+                                            input_signature)
 
   def save_to_file(self, file_name, weights_only=False, input_signature=None):
     """Writes weights (and state) in Trax's single-file layout, atomically."""
-    from retrax.checkpoints import layer_io  # pylint: disable=g-import-not-at-top
-    layer_io.save_layer_to_file(self, file_name, weights_only, input_signature)
+    _weights_files('save_to_file')(self, file_name, weights_only,
+                                   input_signature)
+
+
+# Weights files are read and written by `retrax.checkpoints`, which builds on
+# the layers (not the other way round); importing `retrax` installs it here.
+_WEIGHTS_FILES = {}
+
+
+def install_weights_files(init_from_file, save_to_file, unflatten):
+  """Sets the functions behind `Layer.init_from_file`/`save_to_file` and `unflatten_weights_and_state`.
+
+  Args:
+    init_from_file: `(layer, file_name, weights_only, input_signature) ->
+      (weights, state)`.
+    save_to_file: `(layer, file_name, weights_only, input_signature)`.
+    unflatten: `unflatten_weights_and_state`'s implementation.
+  """
+  _WEIGHTS_FILES.update(init_from_file=init_from_file,
+                        save_to_file=save_to_file, unflatten=unflatten)
+
+
+def _weights_files(name):
+  if name not in _WEIGHTS_FILES:
+    raise RuntimeError(f'{name} needs retrax.checkpoints, which installs '
+                       'itself when retrax is imported; import retrax.')
+  return _WEIGHTS_FILES[name]
+
+
+def unflatten_weights_and_state(flat_weights, flat_state,
+                                weights_and_state_signature,
+                                weights_only=False):
+  """Rebuilds `(weights, state)` from flat leaf lists and their signature (Trax's name).
+
+  See `retrax.checkpoints.unflatten_weights_and_state`: a leaf count or shape
+  that does not fit raises `TreeStructureError`; with `weights_only=True` the
+  state is None.
+  """
+  return _weights_files('unflatten')(flat_weights, flat_state,
+                                     weights_and_state_signature,
+                                     weights_only=weights_only)
 
 
 def _abstract(x):
