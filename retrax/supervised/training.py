@@ -295,7 +295,7 @@ class Loop:
       if self._last_rolling_step != self.step:
         # The final step is always saved as the newest checkpoint (also when
         # it is only a permanent one's step), so model.pkl.gz holds it too.
-        self.save_checkpoint(checkpointing.TRAX_BASENAME)
+        self._save_newest()
     finally:
       self._bar.close()
       self._bar = self._progress_bar(0, enabled=False)
@@ -320,7 +320,7 @@ class Loop:
     positional argument: `save_checkpoint` is a hook)."""
     at_checkpoint = self._checkpoint_at(self.step)
     if at_checkpoint:
-      self.save_checkpoint(checkpointing.TRAX_BASENAME)
+      self._save_newest()
     if self._permanent_checkpoint_at(self.step):
       self.save_checkpoint(f'{checkpointing.TRAX_BASENAME}_{self.step}')
     if at_checkpoint:
@@ -330,6 +330,12 @@ class Loop:
       if self._checkpoint_high_metric is not None and self._at_best(
           self._checkpoint_high_metric, max):
         self.save_checkpoint(f'highest_{self._checkpoint_high_metric}')
+
+  def _save_newest(self):
+    """Calls the `save_checkpoint('model')` hook; the step counts as saved
+    even when an override saves nothing, so the final step calls it once."""
+    self.save_checkpoint(checkpointing.TRAX_BASENAME)
+    self._last_rolling_step = self.step
 
   def _call_callbacks(self, hook):
     active = [c for c in self._callbacks if c.call_at(self.step)]

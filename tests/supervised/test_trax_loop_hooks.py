@@ -59,6 +59,18 @@ def test_run_calls_save_checkpoint_with_trax_names(tmp_path):
       (5, 'model')]  # The final step is saved too.
 
 
+def test_final_step_scheduled_by_checkpoint_at_is_saved_once():
+  # The override saves nothing; the final step's hook call still counts.
+  RecordingLoop.calls = []
+  task = training.TrainTask(_linear_data(), tl.L2Loss(), optimizers.SGD(0.01))
+  loop = RecordingLoop(tl.Serial(tl.Dense(1)), [task], random_seed=0,
+                       checkpoint_at=lambda s: s % 2 == 0)
+  loop.run(6)
+  assert RecordingLoop.calls == [(2, 'model'), (4, 'model'), (6, 'model')]
+  loop.run(1)
+  assert RecordingLoop.calls[3:] == [(7, 'model')]
+
+
 def _trax_files(directory):
   return sorted(f for f in os.listdir(directory) if f.endswith('.pkl.gz'))
 
