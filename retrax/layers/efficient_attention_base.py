@@ -18,6 +18,7 @@ state is `(mem_end, mem, per_unit_state)`: `mem` holds the last
 """
 
 import functools
+from typing import Any
 import weakref
 
 import jax
@@ -36,7 +37,8 @@ def _tree_stack(trees):
 
 
 # Per-layer jitted forward for eager calls (weak keys: dies with the layer).
-_EAGER_FORWARD = weakref.WeakKeyDictionary()
+_EAGER_FORWARD: 'weakref.WeakKeyDictionary[Any, Any]' = (
+    weakref.WeakKeyDictionary())
 
 
 def drop_oldest(buf, drop_len):
@@ -260,11 +262,9 @@ class EfficientAttentionBase(base.Layer):
       acc = jnp.zeros((seqlen, d_model), dtype=inputs[0].dtype)
       for head in range(self._n_heads):
         unit = example * self._n_heads + head
-        # pylint: disable=cell-var-from-loop
         x = tuple(a[example] for a in inputs)
-        w = jax.tree_util.tree_map(lambda a: a[head], weights)
-        s = jax.tree_util.tree_map(lambda a: a[unit], state)
-        # pylint: enable=cell-var-from-loop
+        w = jax.tree_util.tree_map(lambda a, i=head: a[i], weights)
+        s = jax.tree_util.tree_map(lambda a, i=unit: a[i], state)
         if self._incremental:
           out, s = self._incremental_forward_unbatched(
               *x, q_start=q_start, q_len=seqlen, weights=w, state=s, rng=rng,
@@ -383,7 +383,7 @@ class EfficientAttentionBase(base.Layer):
       return lax.scan(body, carry, xs, length=length)
     ys = []
     for i in range(length):
-      carry, y = body(carry, jax.tree_util.tree_map(lambda a: a[i], xs))  # pylint: disable=cell-var-from-loop
+      carry, y = body(carry, jax.tree_util.tree_map(lambda a, i=i: a[i], xs))
       ys.append(y)
     return carry, _tree_stack(ys)
 

@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-import numpy as np
+
+from retrax.layers import cotangents
 
 # Largest copy of a group's inputs (one per head) that the batched pass makes
 # to run the group's heads as batched matmuls (see `GroupRunner.forward`).
@@ -20,11 +21,6 @@ MAX_INPUT_COPY_BYTES = 1 << 20
 def is_differentiable(x):
   """True for inexact (float, complex) arrays."""
   return jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
-
-
-def zero_cotangent(x):
-  """The float0 zero cotangent of an integer array."""
-  return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
 
 
 class Todo(NamedTuple):
@@ -145,7 +141,8 @@ def inputs_grad(raw_inputs, dx, differentiable):
   single_input = not isinstance(raw_inputs, (tuple, list))
   raw = (raw_inputs,) if single_input else tuple(raw_inputs)
   dx_iter = iter(dx)
-  grads = tuple(next(dx_iter).reshape(jnp.shape(x)) if d else zero_cotangent(x)
+  grads = tuple(next(dx_iter).reshape(jnp.shape(x)) if d
+                else cotangents.float0_zeros(x)
                 for x, d in zip(raw, differentiable))
   if single_input:
     return grads[0]

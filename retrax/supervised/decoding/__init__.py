@@ -26,4 +26,5 @@ from retrax.supervised.decoding.decoder import Decoder as Decoder
 from retrax.supervised.decoding.decoder import decoder_for as decoder_for
 from retrax.supervised.decoding.decoder import reorder_examples as reorder_examples
 from retrax.supervised.decoding.sampling import autoregressive_sample as autoregressive_sample
-from retrax.supervised.decoding.sampling import autoregressive_sample_stream as autoregressive_sample_stream
+from retrax.supervised.decoding.sampling import (
+    autoregressive_sample_stream as autoregressive_sample_stream)

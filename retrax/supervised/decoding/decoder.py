@@ -7,6 +7,7 @@ model: dropping the model frees its programs and its default decoder.
 """
 
 import weakref
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,8 @@ import numpy as np
 from retrax.supervised.decoding import state_layout
 
 # Default decoders, one per live model (weak keys).
-_DEFAULT_DECODERS = weakref.WeakKeyDictionary()
+_DEFAULT_DECODERS: 'weakref.WeakKeyDictionary[Any, Decoder]' = (
+    weakref.WeakKeyDictionary())
 
 
 def apply(model, weights, state, tokens, enc, rng):
@@ -34,7 +36,9 @@ def step(model_ref, weights, state, tokens, enc, rng):
 
 
 def _enc_key(enc):
-  return None if enc is None else (tuple(enc.shape[1:]), np.dtype(enc.dtype).name)
+  if enc is None:
+    return None
+  return tuple(enc.shape[1:]), np.dtype(enc.dtype).name
 
 
 class Decoder:
@@ -42,7 +46,9 @@ class Decoder:
 
   Programs are compiled once per configuration and shapes; layouts come from
   the layers' declarations (`retrax.layers.predict_state`), traced only for
-  undeclared layers.
+  undeclared layers. The decoder refers to its model weakly (keep the model
+  alive while decoding); `decoder_for(model)` is the one the module's
+  functions use.
   """
 
   def __init__(self, model):

@@ -130,7 +130,10 @@ def _predict_program(max_length, sample, eos_id):
 
 
 def _eval_program(max_length, sample, eos_id, eval_length):
-  """`autoregressive_sample` in eval mode: the sequence, zero-padded to `eval_length`, rerun per token."""
+  """`autoregressive_sample` in eval mode: per token, the whole sequence is rerun.
+
+  The sequence is zero-padded to `eval_length`.
+  """
   def run(model_ref, weights, state, prefix, enc, rng, key):
     def at(buf, state, pos):  # Log-probs of the token at `pos`.
       logits, state = step(model_ref, weights, state, buf, enc, rng)
