@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
-from retrax.layers.efficient_attention import SelfAttention  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax.layers.lsh_attention import LSHSelfAttention  # pylint: disable=g-import-not-at-top,wrong-import-position
+from retrax.layers.efficient_attention import SelfAttention
+from retrax.layers.lsh_attention import LSHSelfAttention
 
 D_MODEL, N_HEADS, D_HEAD, BATCH = 256, 4, 64, 1
 CHUNK_LEN = 128
@@ -203,10 +203,10 @@ def cross_entropy(logits, targets):
 
 def train_64k(steps=4, length=65536, vocab=256):
   """A 1-layer LSH LM trains at L = 65,536: loss falls, peak RSS reported."""
-  import optax  # pylint: disable=g-import-not-at-top
-  from retrax.layers.combinators import Serial  # pylint: disable=g-import-not-at-top
-  from retrax.layers.core import Dense  # pylint: disable=g-import-not-at-top
-  from retrax.layers.core import Embedding  # pylint: disable=g-import-not-at-top
+  import optax
+  from retrax.layers.combinators import Serial
+  from retrax.layers.core import Dense
+  from retrax.layers.core import Embedding
 
   model = Serial(
       Embedding(vocab, D_MODEL),

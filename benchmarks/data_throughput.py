@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from retrax import data  # pylint: disable=g-import-not-at-top,wrong-import-position
+from retrax import data
 
 _BLOCK_BYTES = 1 << 20
 

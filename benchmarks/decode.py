@@ -79,8 +79,8 @@ import numpy as np
 
 
 def _model(kind, d_model, n_layers, vocab, max_len, attention, n_tokens):
-  from retrax import layers as tl  # pylint: disable=g-import-not-at-top
-  from retrax import models  # pylint: disable=g-import-not-at-top
+  from retrax import layers as tl
+  from retrax import models
   if kind == 'TransformerLM':
     return models.TransformerLM(vocab, d_model=d_model, d_ff=4 * d_model,
                                 n_layers=n_layers, n_heads=8, max_len=max_len,
@@ -115,7 +115,7 @@ def _best(runs):
 
 
 def _compiled_tokens_per_s(model, initial_state, batch, n_tokens, repeats):
-  from retrax.supervised import decoding  # pylint: disable=g-import-not-at-top
+  from retrax.supervised import decoding
   kwargs = dict(batch_size=batch, max_length=n_tokens, eos_id=None,
                 temperature=1.0, rng=0)
   model.state = initial_state
@@ -144,7 +144,7 @@ def _blog_loop_tokens_per_s(model, initial_state, batch, n_tokens,
   best of `repeats` (restoring the state each time). Returns the rates of
   the mean per-token time.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   rng = np.random.RandomState(0)
   cur = np.zeros((batch, 1), np.int32)
 
@@ -188,8 +188,8 @@ def main():
   parser.add_argument('--reformer-attention', default='causal',
                       choices=['causal', 'self', 'lsh'])
   args = parser.parse_args()
-  import jax  # pylint: disable=g-import-not-at-top
-  from retrax.shapes import ShapeDtype  # pylint: disable=g-import-not-at-top
+  import jax
+  from retrax.shapes import ShapeDtype
 
   d_model, n_layers, n_tokens, loop_tokens = 512, 6, args.tokens, args.loop_tokens
   if args.quick:

@@ -53,13 +53,13 @@ import time
 import jax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
-from retrax import data  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax import layers as tl  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax import lr  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax import models  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax import optimizers  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax import shapes  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax.supervised import training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from retrax import data
+from retrax import layers as tl
+from retrax import lr
+from retrax import models
+from retrax import optimizers
+from retrax import shapes
+from retrax.supervised import training
 
 DEFAULTS = dict(length=64, batch=16, steps=2000, vocab=128, d_model=256,
                 d_ff=256, n_heads=4, chunk_len=16, learning_rate=1e-3,
@@ -222,9 +222,9 @@ def run(cfg, log=print):
 
 def plot(results, path):
   """Writes the monitored eval accuracy vs step of each trained row as a PNG."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6.4, 3.6))
   for name, curve in results['curves'].items():
     ax.plot([c[0] for c in curve], [c[3] for c in curve], marker='.',

@@ -35,16 +35,16 @@ import matplotlib
 import numpy as np
 
 matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
-from matplotlib import ticker  # pylint: disable=g-import-not-at-top,wrong-import-position
+import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 '..'))
-import attention_scaling  # pylint: disable=g-import-not-at-top,wrong-import-position
-import reversible_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
-import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax.shapes import ShapeDtype  # pylint: disable=g-import-not-at-top,wrong-import-position
+import attention_scaling
+import reversible_memory
+import train_step
+from retrax.shapes import ShapeDtype
 
 MIB = 2**20
 
@@ -85,7 +85,7 @@ def depth_memory(depths, d_model=512, d_ff=2048, length=4096):
   for kind in ('reversible', 'plain'):
     out[kind] = []
     for depth in depths:
-      model = reversible_memory._build(kind, depth, d_model, d_ff)  # pylint: disable=protected-access
+      model = reversible_memory._build(kind, depth, d_model, d_ff)
       weights, state = model.init((sig, sig), rng=jax.random.PRNGKey(0))
       x = (jax.ShapeDtypeStruct(sig.shape, jnp.float32),) * 2
 

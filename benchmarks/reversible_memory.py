@@ -26,8 +26,8 @@ import time
 
 
 def _build(kind, depth, d_model, d_ff):
-  from retrax import layers as tl  # pylint: disable=g-import-not-at-top
-  from retrax.layers import reversible as rv  # pylint: disable=g-import-not-at-top
+  from retrax import layers as tl
+  from retrax.layers import reversible as rv
 
   def ff():
     return [tl.LayerNorm(), tl.Dense(d_ff), tl.Relu(), tl.Dense(d_model)]
@@ -65,9 +65,9 @@ def _reset_peak_rss():
 
 def _worker(kind, depth, d_model, d_ff, length, batch):
   """Measures one (stack, depth) in this process; prints one JSON line."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from retrax.shapes import ShapeDtype  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
+  from retrax.shapes import ShapeDtype
 
   model = _build(kind, depth, d_model, d_ff)
   sig = ShapeDtype((batch, length, d_model))

@@ -21,7 +21,7 @@ __version__ = '0.1.0'
 
 def __getattr__(name):
   # Heavier subpackages load on first use (`trax.models`, `trax.supervised`, `trax.data`).
-  import importlib  # pylint: disable=g-import-not-at-top
+  import importlib
   if name in ('models', 'supervised', 'data'):
     return importlib.import_module(f'retrax.{name}')
   if name == 'load_run':  # A run directory's model with its weights.

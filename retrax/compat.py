@@ -81,7 +81,7 @@ def _index_op(method):
 
 def _device_put_replicated(x, devices):
   """`x` stacked once per device, one copy on each (the removed JAX name)."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   devices = list(devices)
   mesh = jax.sharding.Mesh(devices, ('d',))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('d'))
@@ -110,7 +110,7 @@ def _patch_jax():
   `jax.ops.index_update`/`add`/`mul`/`min`/`max`,
   `jax.device_put_replicated` and `jax.ShapedArray`.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   if not hasattr(jax.lax, 'tie_in'):
     jax.lax.tie_in = lambda x, y: y
   _module_alias('jax.config', config=jax.config)

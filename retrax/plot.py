@@ -15,13 +15,13 @@ from retrax.supervised import metrics_log
 
 def _pyplot():
   try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
+    import matplotlib
   except ImportError:
     raise ImportError(
         'retrax.plot needs matplotlib: pip install matplotlib (or '
         'retrax[plots]).') from None
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   return plt
 
 

@@ -12,7 +12,7 @@ def ensure_flag(flag_str):
   `AssertionError` if the flag's value is empty.
   """
   try:
-    from absl import flags  # pylint: disable=g-import-not-at-top
+    from absl import flags
   except ImportError as e:
     raise ImportError('retrax.test_utils.ensure_flag needs absl-py '
                       '(pip install absl-py).') from e

@@ -19,7 +19,7 @@ _PROGRAM = textwrap.dedent('''
     config.update('jax_enable_x64', True)
     assert jax.numpy.ones(2, jax.numpy.float64).dtype == np.float64
     config.update('jax_enable_x64', False)
-    from jax import test_util  # noqa: F401
+    from jax import test_util as test_util
     tree = {'a': [1, 2], 'b': (3,)}
     assert jax.tree_map(lambda x: x * 10, tree) == {'a': [10, 20], 'b': (30,)}
     assert jax.tree_multimap(lambda x, y: x + y, [1, 2], [3, 4]) == [4, 6]

@@ -93,7 +93,7 @@ def test_numpy_backend_runs_layers_eagerly_on_numpy():
     pure_fn = model.pure_fn
     assert fastmath.jit(pure_fn) is pure_fn  # no compilation
     y = model(x, rng=fastmath.random.get_prng(0))
-    assert type(y) is np.ndarray and y.dtype == np.float32  # pylint: disable=unidiomatic-typecheck
+    assert type(y) is np.ndarray and y.dtype == np.float32
     assert model.output_signature(shapes.signature(x)) == ShapeDtype((4, 3))
   # The same key gives the same weights and dropout mask as on JAX.
   np.testing.assert_allclose(y, y_jax, rtol=1e-5, atol=1e-6)

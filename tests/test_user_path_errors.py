@@ -106,7 +106,7 @@ def test_tf_inputs_attribute_path_says_what_to_use_instead():
   # Whether or not the module was imported before (the package's __getattr__
   # or the module's answers).
   with pytest.raises(tensorflow_only.TensorFlowOnlyError, match='TextLines'):
-    trax.data.tf_inputs.TFDS('mnist')  # pylint: disable=expression-not-assigned
+    trax.data.tf_inputs.TFDS('mnist')
 
 
 @pytest.mark.parametrize('name', ['TFDS', 'data_streams', 'CreateBertInputs'])
@@ -117,13 +117,13 @@ def test_tfds_names_say_what_to_use_instead(name):
   assert 'retrax does not use' in text and 'TextLines' in text
   assert 'NumpyArrays' in text
   with pytest.raises(ImportError, match='needs TensorFlow'):
-    exec(f'from retrax.data import {name}', {})  # pylint: disable=exec-used
+    exec(f'from retrax.data import {name}', {})
 
 
 def test_tf_inputs_module_names_raise_with_the_fix():
   module = importlib.import_module('retrax.data.tf_inputs')
   with pytest.raises(ImportError, match=r'trax\.data\.TFDS \(from trax'):
-    exec('from retrax.data.tf_inputs import TFDS', {})  # pylint: disable=exec-used
+    exec('from retrax.data.tf_inputs import TFDS', {})
   with pytest.raises(tensorflow_only.TensorFlowOnlyError, match='TextLines'):
     module.data_streams('wmt')
   # Unknown names still raise a plain AttributeError (hasattr stays usable).

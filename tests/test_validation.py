@@ -190,7 +190,7 @@ def test_out_of_range_target_with_zero_weight_is_allowed():
 def test_out_of_range_target_under_jit_is_the_documented_zero():
   # Under jit the values are not visible: the documented behaviour (Trax's)
   # is a zero one-hot row, i.e. 0 cross-entropy for that item, never correct.
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   targets = np.array([[3, 9, 0]], np.int32)
   ce = tl.CategoryCrossEntropy()
   ce.init((LOGITS, targets))
@@ -211,7 +211,7 @@ def test_out_of_range_target_under_jit_is_the_documented_zero():
 
 def _predict_steps(layer, x, n):
   """Runs `n` jitted predict steps; returns the outputs and the final state."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   step = jax.jit(layer.pure_fn)
   state, outs = layer.state, []
   for _ in range(n):
@@ -221,7 +221,7 @@ def _predict_steps(layer, x, n):
 
 
 def test_positional_encoding_past_max_len_eager_jit_and_checkify():
-  from jax.experimental import checkify  # pylint: disable=g-import-not-at-top
+  from jax.experimental import checkify
   layer = tl.PositionalEncoding(max_len=3, mode='predict')
   x = np.zeros((1, 1, 4), np.float32)
   layer.init(x)
@@ -247,7 +247,7 @@ def test_positional_encoding_past_max_len_eager_jit_and_checkify():
 
 
 def test_causal_attention_cache_past_max_len_under_checkify():
-  from jax.experimental import checkify  # pylint: disable=g-import-not-at-top
+  from jax.experimental import checkify
   layer = tl.DotProductCausalAttention(max_inference_length=3, mode='predict')
   q = np.ones((2, 1, 4), np.float32)
   layer.init((q, q, q))
@@ -258,7 +258,7 @@ def test_causal_attention_cache_past_max_len_under_checkify():
 
 
 def test_transformer_lm_decoding_past_max_len_under_checkify():
-  from jax.experimental import checkify  # pylint: disable=g-import-not-at-top
+  from jax.experimental import checkify
   model = models.TransformerLM(8, n_layers=1, mode='predict', d_model=8,
                                d_ff=8, n_heads=2, max_len=4)
   x = np.zeros((1, 1), np.int32)

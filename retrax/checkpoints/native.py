@@ -83,7 +83,7 @@ class NativeCheckpoint(typing.NamedTuple):
 
 
 def _ml_dtypes():
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import ml_dtypes
   return ml_dtypes
 
 
@@ -110,7 +110,7 @@ def _dtype_from_name(name, where):
 def _is_prng_key(x):
   if not type(x).__module__.startswith('jax'):
     return False
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
@@ -163,9 +163,9 @@ class _Encoder:
       return {'t': 'none'}
     if isinstance(x, bool):
       return {'t': 'bool', 'v': x}
-    if isinstance(x, int) and type(x) is int:  # pylint: disable=unidiomatic-typecheck
+    if isinstance(x, int) and type(x) is int:
       return {'t': 'int', 'v': x}
-    if type(x) is float:  # pylint: disable=unidiomatic-typecheck
+    if type(x) is float:
       return {'t': 'float', 'v': x.hex()}
     if isinstance(x, str):
       return {'t': 'str', 'v': x}
@@ -196,7 +196,7 @@ class _Encoder:
               'items': [self._node(c, path + (k,)) for k, c in x.items()]}
     if hasattr(x, '__array__') and hasattr(x, 'dtype'):
       if _is_prng_key(x):
-        import jax  # pylint: disable=g-import-not-at-top
+        import jax
         return {'t': 'prng_key', 'impl': str(jax.random.key_impl(x)),
                 'data': self._array_node(jax.random.key_data(x), path)}
       return self._array_node(x, path)
@@ -462,7 +462,7 @@ class _Decoder:
     if t == 'scalar':
       return self._array(node, where)[()]
     if t == 'prng_key':
-      import jax  # pylint: disable=g-import-not-at-top
+      import jax
       data = self._array(node.get('data', {}), where)
       return jax.random.wrap_key_data(data, impl=str(node.get('impl')))
     if t == 'shape_dtype':

@@ -187,13 +187,13 @@ class _Emitter:
       self._w(_TRUE)
     elif x is False:
       self._w(_FALSE)
-    elif type(x) is int:  # pylint: disable=unidiomatic-typecheck
+    elif type(x) is int:
       self._int(x)
-    elif type(x) is float:  # pylint: disable=unidiomatic-typecheck
+    elif type(x) is float:
       self._w(_BINFLOAT + struct.pack('>d', x))
-    elif type(x) is str:  # pylint: disable=unidiomatic-typecheck
+    elif type(x) is str:
       self._str(x)
-    elif type(x) is bytes:  # pylint: disable=unidiomatic-typecheck
+    elif type(x) is bytes:
       self._bytes(x)
     elif isinstance(x, np.dtype):
       self._dtype(x, path)
@@ -203,16 +203,16 @@ class _Emitter:
       self._numpy_scalar(x, path)
     elif is_shape_dtype(x):
       self._shape_dtype(x, path)
-    elif isinstance(x, tuple) and type(x) is tuple:  # pylint: disable=unidiomatic-typecheck
+    elif isinstance(x, tuple) and type(x) is tuple:
       self._tuple(x, path)
-    elif type(x) is list:  # pylint: disable=unidiomatic-typecheck
+    elif type(x) is list:
       self._w(_EMPTY_LIST)
       if x:
         self._w(_MARK)
         for i, y in enumerate(x):
           self._save(y, path + (i,))
         self._w(_APPENDS)
-    elif type(x) is collections.defaultdict:  # pylint: disable=unidiomatic-typecheck
+    elif type(x) is collections.defaultdict:
       factory = _BUILTIN_FACTORIES.get(x.default_factory)
       if factory is None:
         raise TypeError(
@@ -222,7 +222,7 @@ class _Emitter:
       self._global('builtins', factory)
       self._w(_TUPLE1 + _REDUCE)
       self._setitems(x, path)
-    elif type(x) is dict:  # pylint: disable=unidiomatic-typecheck
+    elif type(x) is dict:
       self._w(_EMPTY_DICT)
       self._setitems(x, path)
     elif hasattr(x, '__array__') and hasattr(x, 'dtype'):  # e.g. jax arrays.

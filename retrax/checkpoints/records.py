@@ -110,7 +110,7 @@ def convert_shape_dtypes(tree, factory=None):
     The tree with converted leaves; other leaves are kept as they are.
   """
   if factory is None:
-    from retrax.shapes import ShapeDtype as factory  # pylint: disable=g-import-not-at-top
+    from retrax.shapes import ShapeDtype as factory
   if is_shape_dtype(tree):
     return factory(tuple(tree.shape), tree.dtype)
   if isinstance(tree, (list, tuple)):

@@ -35,7 +35,7 @@ _ML_DTYPE_NAMES = (
 
 @functools.lru_cache(maxsize=None)
 def _ml_dtype_types():
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import ml_dtypes
   return {name: getattr(ml_dtypes, name) for name in _ML_DTYPE_NAMES
           if hasattr(ml_dtypes, name)}
 

@@ -164,14 +164,14 @@ def batch(generator: Iterable[Any], batch_size: int) -> Iterator[Any]:
       buf = []
 
 
-def Batch(batch_size: int) -> Callable[[Iterable[Any]], Iterator[Any]]:  # pylint: disable=invalid-name
+def Batch(batch_size: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function batching examples; see `batch`."""
   if batch_size <= 0:
     raise ValueError(f'Batch size must be positive, but is {batch_size}.')
   return lambda g: batch(g, batch_size)
 
 
-def UnBatch() -> Callable[[Iterable[Any]], Iterator[Any]]:  # pylint: disable=invalid-name
+def UnBatch() -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function splitting tuple batches into examples.
 
   ``(xs[B, ...], ys[B, ...])`` becomes B examples ``(xs[i], ys[i])``.
@@ -268,7 +268,7 @@ def _check_buckets(boundaries, batch_sizes):
                      f'{list(boundaries)}.')
 
 
-def BucketByLength(  # pylint: disable=invalid-name
+def BucketByLength(
     boundaries: Sequence[int],
     batch_sizes: Sequence[int],
     length_keys: Optional[Sequence[int]] = None,

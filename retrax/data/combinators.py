@@ -29,7 +29,7 @@ def _flatten_fns(fns):
   return flat
 
 
-def Serial(*fns: Any) -> StreamFn:  # pylint: disable=invalid-name
+def Serial(*fns: Any) -> StreamFn:
   """Combines stream functions into one that runs them one after another.
 
   Nested lists or tuples of functions are flattened first (as Trax does), so
@@ -81,7 +81,7 @@ def _emit_gradually(sorted_counters_with_gens, prev_counter):
       yield from _emit_gradually(sorted_counters_with_gens[1:], counter)
 
 
-def Parallel(  # pylint: disable=invalid-name
+def Parallel(
     fns: Optional[Sequence[StreamFn]] = None,
     counters: Optional[Sequence[int]] = None,
     reweight_by_minimum: bool = False,

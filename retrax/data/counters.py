@@ -45,7 +45,7 @@ def count_and_skip(generator: Iterable[Any], name: str) -> Iterator[Any]:
       yield example
 
 
-def CountAndSkip(name: str) -> Callable[[Iterable[Any]], Iterator[Any]]:  # pylint: disable=invalid-name
+def CountAndSkip(name: str) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function that counts and skips examples; see above."""
   if not isinstance(name, str) or not name:
     raise ValueError(f'CountAndSkip needs a non-empty string name, got '
@@ -56,7 +56,7 @@ def CountAndSkip(name: str) -> Callable[[Iterable[Any]], Iterator[Any]]:  # pyli
 def _host_id(host_id):
   if host_id is not None:
     return host_id
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   return jax.process_index()
 
 
@@ -110,7 +110,7 @@ def load_data_counters(output_dir: str, host_id: Optional[int] = None) -> bool:
   return True
 
 
-def UniformlySeek(name: Optional[str] = None,  # pylint: disable=invalid-name
+def UniformlySeek(name: Optional[str] = None,
                   host_id: Optional[int] = None,
                   n_hosts: Optional[int] = None,
                   dataset_size: Optional[int] = None
@@ -130,7 +130,7 @@ def UniformlySeek(name: Optional[str] = None,  # pylint: disable=invalid-name
     _log.error('No dataset size given to UniformlySeek, assuming: %d',
                dataset_size)
   if n_hosts is None:
-    import jax  # pylint: disable=g-import-not-at-top
+    import jax
     n_hosts = jax.process_count()
   host = _host_id(host_id)
   to_skip = host * int(dataset_size / n_hosts)

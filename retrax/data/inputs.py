@@ -271,7 +271,7 @@ _TASK_NAMES = frozenset({
 
 def __getattr__(name):
   if name in _TASK_NAMES:
-    from retrax.data import tasks  # pylint: disable=g-import-not-at-top
+    from retrax.data import tasks
     return getattr(tasks, name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 

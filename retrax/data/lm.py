@@ -10,7 +10,7 @@ from retrax.data.combinators import Serial
 StreamFn = Callable[[Iterable[Any]], Iterator[Any]]
 
 
-def ConcatenateToLMInput(pad_to_length: Optional[int] = None) -> StreamFn:  # pylint: disable=invalid-name
+def ConcatenateToLMInput(pad_to_length: Optional[int] = None) -> StreamFn:
   """Turns ``(input, target)`` pairs into LM examples.
 
   A pair becomes ``(x, x, weights)`` with ``x = concat(input, target)`` and
@@ -48,7 +48,7 @@ def ConcatenateToLMInput(pad_to_length: Optional[int] = None) -> StreamFn:  # py
   return _concatenate
 
 
-def PrefixLM(input_length: int = 128, output_length: int = 512) -> StreamFn:  # pylint: disable=invalid-name
+def PrefixLM(input_length: int = 128, output_length: int = 512) -> StreamFn:
   """Cuts each sequence into ``(input, output)`` chunks for prefix LM.
 
   Chunks of `input_length` tokens followed by up to `output_length` tokens
@@ -163,7 +163,7 @@ def consume_noise_mask(vocab_size: int = 32100) -> StreamFn:
   return _f
 
 
-def MLM(vocab_size: Optional[int] = None,  # pylint: disable=invalid-name
+def MLM(vocab_size: Optional[int] = None,
         max_length: Optional[int] = None,
         noise_density: float = 0.15,
         mean_noise_span_length: float = 3.0) -> Callable[..., Iterator[Any]]:

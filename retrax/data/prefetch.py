@@ -33,14 +33,14 @@ def _produce(source, q, stop):
       if not _put(q, (_ITEM, example), stop):
         return
     _put(q, (_END, None), stop)
-  except BaseException as e:  # pylint: disable=broad-except
+  except BaseException as e:
     _put(q, (_ERROR, e), stop)
   finally:
     close = getattr(iterator, 'close', None)
     if close is not None and stop.is_set():
       try:
         close()
-      except Exception:  # pylint: disable=broad-except
+      except Exception:
         pass
 
 
@@ -82,7 +82,7 @@ def prefetch(source: Iterable[Any], n_prefetch: int = 2) -> Iterator[Any]:
     stop.set()
 
 
-def Prefetch(n_prefetch: int = 2) -> Callable[[Iterable[Any]], Iterator[Any]]:  # pylint: disable=invalid-name
+def Prefetch(n_prefetch: int = 2) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function prefetching in a background thread.
 
   Use it after the expensive steps (reading, tokenizing, batching), e.g.

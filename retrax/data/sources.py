@@ -77,7 +77,7 @@ def _read_lines(path, encoding, errors, keep_newlines, skip_empty):
   mode = 'r' if encoding else 'rb'
   kwargs = dict(encoding=encoding, errors=errors) if encoding else {}
   n = 0
-  with open(path, mode, **kwargs) as f:  # pylint: disable=unspecified-encoding
+  with open(path, mode, **kwargs) as f:
     try:
       for line in f:
         n += 1
@@ -90,7 +90,7 @@ def _read_lines(path, encoding, errors, keep_newlines, skip_empty):
       raise _decode_error(path, f'after line {n}', encoding, e) from e
 
 
-def TextLines(path_or_dir: Union[str, os.PathLike, Sequence[Any]],  # pylint: disable=invalid-name
+def TextLines(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
               pattern: str = '*',
               encoding: Optional[str] = 'utf-8',
               errors: str = 'replace',
@@ -148,7 +148,7 @@ def _read_chunks(path, chunk_size, encoding, errors, drop_remainder):
   mode = 'r' if encoding else 'rb'
   kwargs = dict(encoding=encoding, errors=errors, newline='') if encoding else {}
   n = 0
-  with open(path, mode, **kwargs) as f:  # pylint: disable=unspecified-encoding
+  with open(path, mode, **kwargs) as f:
     while True:
       try:
         chunk = f.read(chunk_size)
@@ -164,7 +164,7 @@ def _read_chunks(path, chunk_size, encoding, errors, drop_remainder):
       yield chunk
 
 
-def TextChunks(path_or_dir: Union[str, os.PathLike, Sequence[Any]],  # pylint: disable=invalid-name
+def TextChunks(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
                chunk_size: int,
                pattern: str = '*',
                encoding: Optional[str] = 'utf-8',
@@ -211,7 +211,7 @@ def TextChunks(path_or_dir: Union[str, os.PathLike, Sequence[Any]],  # pylint: d
   return text_chunks
 
 
-def NumpyArrays(*arrays: Any, repeat: bool = False) -> Source:  # pylint: disable=invalid-name
+def NumpyArrays(*arrays: Any, repeat: bool = False) -> Source:
   """A source yielding the rows (axis 0) of numpy arrays.
 
   With one array each example is a row; with several, a tuple of rows (e.g.

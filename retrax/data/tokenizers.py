@@ -147,7 +147,7 @@ class CharTextEncoder:
 
 def _import_sentencepiece():
   try:
-    import sentencepiece  # pylint: disable=g-import-not-at-top
+    import sentencepiece
   except ImportError as e:
     raise ImportError(
         'SentencePiece vocabularies need the sentencepiece package: '
@@ -424,7 +424,7 @@ def tokenize(stream: Iterable[Any],
       yield _map_keys(example, keys, encode)
 
 
-def Tokenize(keys: Optional[Sequence[Any]] = None,  # pylint: disable=invalid-name
+def Tokenize(keys: Optional[Sequence[Any]] = None,
              vocab_type: str = 'subword',
              vocab_file: Optional[str] = None,
              vocab_dir: Optional[str] = None,
@@ -454,7 +454,7 @@ def detokenize(x: Any,
   return str(encoder.decode(ids.tolist()))
 
 
-def Detokenize(keys: Optional[Sequence[Any]] = None,  # pylint: disable=invalid-name
+def Detokenize(keys: Optional[Sequence[Any]] = None,
                vocab_type: str = 'subword',
                vocab_file: Optional[str] = None,
                vocab_dir: Optional[str] = None,
@@ -480,7 +480,7 @@ def vocab_size(vocab_type: str = 'subword',
       n_reserved_ids)
 
 
-def ConvertToUnicode(keys: Optional[Sequence[Any]] = None  # pylint: disable=invalid-name
+def ConvertToUnicode(keys: Optional[Sequence[Any]] = None
                      ) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Decodes UTF-8 bytes at `keys` to str, ignoring undecodable bytes (Trax)."""
   def _to_str(x):
@@ -505,7 +505,7 @@ def sentencepiece_tokenize(stream: Iterable[Any], spm_path: str,
     yield np.asarray(encoder.encode(example), dtype=np.int64)
 
 
-def SentencePieceTokenize(spm_path: Optional[str] = None,  # pylint: disable=invalid-name
+def SentencePieceTokenize(spm_path: Optional[str] = None,
                           extra_ids: int = 0
                           ) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function; see `sentencepiece_tokenize`."""

@@ -63,14 +63,14 @@ def shuffle(samples: Iterable[Any], queue_size: int,
   yield from queue
 
 
-def Shuffle(queue_size: int = 1024, seed: Optional[int] = None) -> StreamFn:  # pylint: disable=invalid-name
+def Shuffle(queue_size: int = 1024, seed: Optional[int] = None) -> StreamFn:
   """Returns a stream function shuffling with a queue; see `shuffle`."""
   if queue_size < 1:
     raise ValueError(f'Arg queue_size ({queue_size}) is less than 1.')
   return lambda g: shuffle(g, queue_size, seed)
 
 
-def Dup() -> StreamFn:  # pylint: disable=invalid-name
+def Dup() -> StreamFn:
   """Duplicates the first element: ``(x, *rest)`` -> ``(x, x, *rest)``.
 
   A bare (non-tuple) example ``x`` becomes ``(x, x)``.
@@ -85,7 +85,7 @@ def Dup() -> StreamFn:  # pylint: disable=invalid-name
   return _dup
 
 
-def FilterEmptyExamples(axes: Optional[Sequence[int]] = None,  # pylint: disable=invalid-name
+def FilterEmptyExamples(axes: Optional[Sequence[int]] = None,
                         debug: bool = False) -> StreamFn:
   """Drops examples in which some element has shape ``(0,)``.
 
@@ -104,7 +104,7 @@ def FilterEmptyExamples(axes: Optional[Sequence[int]] = None,  # pylint: disable
   return _filter
 
 
-def FilterByLength(max_length: Optional[int],  # pylint: disable=invalid-name
+def FilterByLength(max_length: Optional[int],
                    min_length: Optional[int] = 0,
                    length_keys: Optional[Sequence[int]] = None,
                    length_axis: int = 0) -> StreamFn:
@@ -138,7 +138,7 @@ def FilterByLength(max_length: Optional[int],  # pylint: disable=invalid-name
   return _filtered
 
 
-def TruncateToLength(len_map: Optional[Dict[int, Any]] = None) -> StreamFn:  # pylint: disable=invalid-name
+def TruncateToLength(len_map: Optional[Dict[int, Any]] = None) -> StreamFn:
   """Truncates tuple elements to the shapes given in `len_map`.
 
   ``len_map={0: (256,), 1: (256,)}`` cuts elements 0 and 1 to at most 256
@@ -175,7 +175,7 @@ def _pad_len(length, value, multiple):
   return max(0, value - length)
 
 
-def PadToLength(len_map: Optional[Dict[int, int]] = None,  # pylint: disable=invalid-name
+def PadToLength(len_map: Optional[Dict[int, int]] = None,
                 pad_value: Union[int, float, Dict[int, Any]] = 0,
                 multiple: bool = False) -> StreamFn:
   """Pads axis 0 of tuple elements to the lengths given in `len_map`.
@@ -258,12 +258,12 @@ def add_loss_weights(generator: Iterable[Any],
     yield (example[0], example[1], weights)
 
 
-def AddLossWeights(id_to_mask: Optional[int] = None) -> StreamFn:  # pylint: disable=invalid-name
+def AddLossWeights(id_to_mask: Optional[int] = None) -> StreamFn:
   """Returns a stream function adding loss weights; see `add_loss_weights`."""
   return lambda g: add_loss_weights(g, id_to_mask=id_to_mask)
 
 
-def CastTo(dtype: Any = np.int32, indices: Sequence[int] = (0, 1),  # pylint: disable=invalid-name
+def CastTo(dtype: Any = np.int32, indices: Sequence[int] = (0, 1),
            debug: bool = False) -> StreamFn:
   """Casts tuple elements at `indices` to `dtype`.
 
@@ -295,7 +295,7 @@ def CastTo(dtype: Any = np.int32, indices: Sequence[int] = (0, 1),  # pylint: di
   return _cast
 
 
-def AppendValue(val: Optional[Dict[int, Any]] = None) -> StreamFn:  # pylint: disable=invalid-name
+def AppendValue(val: Optional[Dict[int, Any]] = None) -> StreamFn:
   """Appends ``val[key]`` along the last axis of tuple element ``key``.
 
   ``AppendValue({0: [[5]], 1: [[4]]})`` turns ``(zeros[1, 5], ones[1, 5])``
@@ -319,7 +319,7 @@ def AppendValue(val: Optional[Dict[int, Any]] = None) -> StreamFn:  # pylint: di
   return _append
 
 
-def Log(n_steps_per_example: int = 1, only_shapes: bool = True) -> StreamFn:  # pylint: disable=invalid-name
+def Log(n_steps_per_example: int = 1, only_shapes: bool = True) -> StreamFn:
   """Prints (and logs) every `n_steps_per_example`-th example, passing all on.
 
   With ``only_shapes=True`` the `ShapeDtype` signature is printed instead of

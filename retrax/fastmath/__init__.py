@@ -1,5 +1,4 @@
 """Fast math on JAX under Trax's `fastmath` names; `use_backend('numpy')` runs layers eagerly on NumPy."""
-# pylint: disable=g-importing-member,useless-import-alias,redefined-builtin
 
 from retrax.fastmath import random as random
 from retrax.fastmath.backend import Backend as Backend

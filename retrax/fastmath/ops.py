@@ -166,7 +166,7 @@ pmap = jax.pmap
 custom_jvp = jax.custom_jvp
 disable_jit = jax.disable_jit
 psum = lax.psum
-map = lax.map  # pylint: disable=redefined-builtin
+map = lax.map
 while_loop = lax.while_loop
 dynamic_slice = lax.dynamic_slice
 dynamic_slice_in_dim = lax.dynamic_slice_in_dim

@@ -180,7 +180,7 @@ def tree_unflatten(flat, tree, copy_from_tree=None):
   """
   if copy_from_tree is not None:
     for c in copy_from_tree:
-      if type(tree) is type(c) and tree == c:  # pylint: disable=unidiomatic-typecheck
+      if type(tree) is type(c) and tree == c:
         return tree, flat
   if isinstance(tree, (list, tuple)):
     new = []

@@ -1,5 +1,4 @@
 """retrax.layers: Trax's layers and combinators (`from retrax import layers as tl`)."""
-# pylint: disable=g-importing-member,useless-import-alias
 
 from retrax.layers.acceleration import Accelerate as Accelerate
 from retrax.layers.acceleration import for_n_devices as for_n_devices

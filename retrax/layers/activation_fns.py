@@ -12,100 +12,100 @@ _SQRT2 = math.sqrt(2.0)  # float32(√2) equals jnp.sqrt(2.0), Trax's divisor.
 
 
 @assert_shape('...->...')
-def Relu():  # pylint: disable=invalid-name
+def Relu():
   """ReLU: 0 if x <= 0 else x."""
   return Fn('Relu', lambda x: jnp.where(x <= 0, jnp.zeros_like(x), x))
 
 
 @assert_shape('...->...')
-def ParametricRelu(a=1.):  # pylint: disable=invalid-name
+def ParametricRelu(a=1.):
   """max(a·x, 0): ReLU with slope `a` for positive inputs."""
   return Fn('ParametricRelu', lambda x: jnp.maximum(a * x, jnp.zeros_like(x)))
 
 
 @assert_shape('...->...')
-def LeakyRelu(a=0.01):  # pylint: disable=invalid-name
+def LeakyRelu(a=0.01):
   """x if x >= 0 else a·x."""
   return Fn('LeakyRelu', lambda x: jnp.where(x >= 0, x, a * x))
 
 
 @assert_shape('...->...')
-def Elu(a=1.):  # pylint: disable=invalid-name
+def Elu(a=1.):
   """x if x > 0 else a·(exp(x) - 1)."""
   return Fn('Elu', lambda x: jnp.where(x > 0, x, a * jnp.expm1(x)))
 
 
 @assert_shape('...->...')
-def Selu(alpha=1.6732632423543772848170429916717,  # pylint: disable=invalid-name
+def Selu(alpha=1.6732632423543772848170429916717,
          lmbda=1.0507009873554804934193349852946):
   """lmbda·x if x > 0 else lmbda·alpha·(exp(x) - 1)."""
   return Fn('Selu', lambda x: lmbda * jnp.where(x > 0, x, alpha * jnp.expm1(x)))
 
 
 @assert_shape('...->...')
-def Gelu():  # pylint: disable=invalid-name
+def Gelu():
   """Exact GELU: x·Φ(x) = x·(1 + erf(x/√2))/2."""
   return Fn('Gelu',
             lambda x: x * 0.5 * (1.0 + fastmath.erf(x / _SQRT2)))
 
 
 @assert_shape('...->...')
-def FastGelu():  # pylint: disable=invalid-name
+def FastGelu():
   """Tanh approximation of GELU: x·(1 + tanh(0.7978845608·x·(1 + 0.044715·x²)))/2."""
   return Fn('FastGelu', lambda x: 0.5 * x * (
       1 + jnp.tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))))
 
 
 @assert_shape('...->...')
-def Sigmoid():  # pylint: disable=invalid-name
+def Sigmoid():
   """1 / (1 + exp(-x))."""
-  return Fn('Sigmoid', lambda x: fastmath.expit(x))  # pylint: disable=unnecessary-lambda
+  return Fn('Sigmoid', lambda x: fastmath.expit(x))
 
 
 @assert_shape('...->...')
-def Tanh():  # pylint: disable=invalid-name
+def Tanh():
   """tanh(x)."""
-  return Fn('Tanh', lambda x: jnp.tanh(x))  # pylint: disable=unnecessary-lambda
+  return Fn('Tanh', lambda x: jnp.tanh(x))
 
 
 @assert_shape('...->...')
-def HardSigmoid():  # pylint: disable=invalid-name
+def HardSigmoid():
   """max(0, min(1, 1 + x)) (Trax's formula: the ramp spans [-1, 0])."""
   return Fn('HardSigmoid', lambda x: jnp.maximum(0, jnp.minimum(1, (1 + x))))
 
 
 @assert_shape('...->...')
-def HardTanh():  # pylint: disable=invalid-name
+def HardTanh():
   """max(-1, min(1, x))."""
   return Fn('HardTanh', lambda x: jnp.maximum(-1, jnp.minimum(1, x)))
 
 
 @assert_shape('...->...')
-def Softplus():  # pylint: disable=invalid-name
+def Softplus():
   """log(1 + exp(x))."""
   return Fn('Softplus', lambda x: jnp.logaddexp(x, 0.))
 
 
 @assert_shape('...->...')
-def Exp():  # pylint: disable=invalid-name
+def Exp():
   """exp(x)."""
-  return Fn('Exp', lambda x: jnp.exp(x))  # pylint: disable=unnecessary-lambda
+  return Fn('Exp', lambda x: jnp.exp(x))
 
 
 @assert_shape('...->...')
-def Log():  # pylint: disable=invalid-name
+def Log():
   """log(x)."""
-  return Fn('Log', lambda x: jnp.log(x))  # pylint: disable=unnecessary-lambda
+  return Fn('Log', lambda x: jnp.log(x))
 
 
 @assert_shape('...->...')
-def Swish():  # pylint: disable=invalid-name
+def Swish():
   """x·sigmoid(x)."""
   return Fn('Swish', lambda x: x * fastmath.expit(x))
 
 
 @assert_shape('...a->...b')
-def Glu():  # pylint: disable=invalid-name
+def Glu():
   """Gated linear unit: splits the last axis into (a, b) and returns a·σ(b)."""
   def glu(x):
     if x.shape[-1] % 2:

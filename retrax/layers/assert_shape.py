@@ -21,7 +21,7 @@ def assert_shape(specification):
   AssertShape)` (Trax's tree layout: two empty weight entries around it);
   a decorated class gets the checks inside `forward`.
   """
-  message = _defined_at(sys._getframe(1))  # pylint: disable=protected-access
+  message = _defined_at(sys._getframe(1))
 
   def wrap_cls(cls):
     forward, init = cls.forward, cls.__init__
@@ -38,9 +38,9 @@ def assert_shape(specification):
 
     @functools.wraps(forward)
     def forward_wrapper(self, x, *args, **kwargs):
-      x = self._before_assert.forward(x)  # pylint: disable=protected-access
+      x = self._before_assert.forward(x)
       y = forward(self, x, *args, **kwargs)
-      return self._after_assert.forward(y)  # pylint: disable=protected-access
+      return self._after_assert.forward(y)
 
     cls.forward, cls.__init__ = forward_wrapper, init_wrapper
     return cls
@@ -59,10 +59,10 @@ def _defined_at(frame):
   return f'Defined at {frame.f_code.co_filename}:{frame.f_lineno}'
 
 
-def AssertFunction(specification, layer, message=None):  # pylint: disable=invalid-name
+def AssertFunction(specification, layer, message=None):
   """Wraps `layer` as `Serial(AssertShape(in), layer, AssertShape(out))`."""
   if message is None:
-    message = _defined_at(sys._getframe(1))  # pylint: disable=protected-access
+    message = _defined_at(sys._getframe(1))
   before_spec, after_spec = specification.split('->')
   before = AssertShape(before_spec, message=message + ' function input')
   after = AssertShape(after_spec, message=message + ' function output',

@@ -35,7 +35,6 @@ from retrax.layers.core import PaddingMask as PaddingMask
 from retrax.layers.core import ShiftRight as ShiftRight
 from retrax.layers.position import PositionalEncoding as PositionalEncoding
 
-# pylint: disable=invalid-name
 
 _MODES = ('train', 'eval', 'predict', 'viz')
 _MASK_VALUE = -1e9
@@ -146,7 +145,7 @@ class PureAttention(base.Layer):
   def forward(self, inputs):
     q, k, v, mask = inputs
     _check_heads(self.name, q.shape[-1], self._n_heads)
-    split = lambda x: _split_into_heads(x, self._n_heads, False)  # pylint: disable=unnecessary-lambda-assignment
+    split = lambda x: _split_into_heads(x, self._n_heads, False)
     per_head, dots = _per_head_attention(
         split(q), split(k), split(v), mask, dropout=self._dropout,
         mode=self._mode, rng=self.rng)

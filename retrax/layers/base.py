@@ -289,7 +289,7 @@ class Layer:
     except LayerError:
       self.clear_init_cache()
       raise
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       self.clear_init_cache()
       raise LayerError(self._name, 'init', self._caller, input_signature,
                        errors.short_traceback(e)) from e
@@ -352,7 +352,7 @@ class Layer:
       if was_cached:
         s = GET_STATE_FROM_CACHE
       return outputs, s
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       self._rng = old_rng
       if not use_cache:
         self._restore(old_weights, old_state)
@@ -365,7 +365,7 @@ class Layer:
     """Puts back weights and state after a failed call (best effort)."""
     try:
       self.weights, self.state = weights, state
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       pass
 
   def output_signature(self, input_signature):
@@ -382,7 +382,7 @@ class Layer:
           input_signature, weights_sig, state_sig, rng_sig)
     except LayerError:
       raise
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise LayerError(self._name, '_forward_abstract', self._caller,
                        input_signature, errors.short_traceback(e)) from e
 
@@ -504,7 +504,7 @@ class PureLayer(Layer):
     return out
 
 
-def Fn(name, f, n_out=1):  # pylint: disable=invalid-name
+def Fn(name, f, n_out=1):
   """Returns a weightless layer applying `f`; `n_in` is `f`'s number of positional args.
 
   `f` takes only positional arguments (no defaults, `*args` or `**kwargs`),
@@ -563,7 +563,7 @@ def _validate_forward_output(out, n_out, name):
 
 
 def _is_empty(x):
-  return isinstance(x, (list, tuple)) and len(x) == 0  # pylint: disable=g-explicit-length-test
+  return isinstance(x, (list, tuple)) and len(x) == 0
 
 
 def to_list(outputs):

@@ -140,7 +140,7 @@ def _validate_parallel(layers):
   return layers
 
 
-def Branch(*layers, name='Branch'):  # pylint: disable=invalid-name
+def Branch(*layers, name='Branch'):
   """Applies layers in parallel to copies of the inputs.
 
   With F (1 in, 1 out), G (3 in, 1 out) and H (2 in, 2 out), `Branch(F, G, H)`
@@ -160,14 +160,14 @@ def Branch(*layers, name='Branch'):  # pylint: disable=invalid-name
   return branch
 
 
-def Residual(*layers, shortcut=None):  # pylint: disable=invalid-name
+def Residual(*layers, shortcut=None):
   """Adds the output of `layers` (in series) to the stack-top input (or `shortcut(inputs)`)."""
   layers = _ensure_flat(layers)
   layer = layers[0] if len(layers) == 1 else Serial(layers)
   return Serial(Branch(shortcut, layer), Add())
 
 
-def SerialWithSideOutputs(layers, n_side_outputs=1):  # pylint: disable=invalid-name
+def SerialWithSideOutputs(layers, n_side_outputs=1):
   """Serial in which each layer puts its last `n_side_outputs` outputs aside (below the stack)."""
   if isinstance(n_side_outputs, int):
     n_side_outputs = [n_side_outputs] * len(layers)
@@ -357,7 +357,7 @@ class Cond(base.Layer):
     return outputs_onto_stack(out, stack, n)
 
 
-def Chunk(layer, chunk_size, pass_unchunkable=True):  # pylint: disable=invalid-name
+def Chunk(layer, chunk_size, pass_unchunkable=True):
   """Runs `layer` on batch chunks of `chunk_size` (one at a time, rematerialized) to save memory."""
   if chunk_size < 1:
     return layer
@@ -483,7 +483,7 @@ class BatchLeadingAxes(base.Layer):
     self.weights = (w,)
 
 
-def Bidirectional(forward_layer, axis=1, merge_layer=None):  # pylint: disable=invalid-name
+def Bidirectional(forward_layer, axis=1, merge_layer=None):
   """Runs `forward_layer` forwards and a copy of it on the time-reversed input, then merges."""
   merge_layer = Concatenate() if merge_layer is None else merge_layer
   backward_layer = copy.deepcopy(forward_layer)

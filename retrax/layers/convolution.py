@@ -276,7 +276,7 @@ class CausalConv(Conv):
     super().init_weights_and_state(padded)
 
 
-def Conv1d(filters, kernel_size, stride=1, padding='VALID',  # pylint: disable=invalid-name
+def Conv1d(filters, kernel_size, stride=1, padding='VALID',
            kernel_initializer=None,
            bias_initializer=init.RandomNormalInitializer(1e-6),
            use_bias=True):

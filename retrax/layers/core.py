@@ -175,7 +175,7 @@ class RandomUniform(base.Layer):
                                    self._min_val, self._max_val)
 
 
-def Flatten(n_axes_to_keep=1):  # pylint: disable=invalid-name
+def Flatten(n_axes_to_keep=1):
   """Collapses all axes after the first `n_axes_to_keep` into one."""
   def f(x):
     if len(x.shape) <= n_axes_to_keep:
@@ -190,71 +190,71 @@ def log_softmax(x, axis=-1):
   return x - fastmath.logsumexp(x, axis=axis, keepdims=True)
 
 
-def LogSoftmax(axis=-1):  # pylint: disable=invalid-name
+def LogSoftmax(axis=-1):
   """Layer computing `log_softmax` along `axis`."""
   return Fn('LogSoftmax', lambda x: log_softmax(x, axis=axis))
 
 
-def LogSumExp(axis=-1):  # pylint: disable=invalid-name
+def LogSumExp(axis=-1):
   """Layer computing log(sum(exp(x))) along `axis`, keeping that axis (size 1)."""
   return Fn('LogSumExp',
             lambda x: fastmath.logsumexp(x, axis=axis, keepdims=True))
 
 
-def Softmax(axis=-1):  # pylint: disable=invalid-name
+def Softmax(axis=-1):
   """Layer computing softmax along `axis` (as exp of `log_softmax`)."""
   return Fn('Softmax', lambda x: jnp.exp(log_softmax(x, axis=axis)))
 
 
-def ToFloat():  # pylint: disable=invalid-name
+def ToFloat():
   """Layer casting its input to float32."""
   return Fn('ToFloat', lambda x: x.astype(np.float32))
 
 
-def Mean(axis=-1, keepdims=False):  # pylint: disable=invalid-name
+def Mean(axis=-1, keepdims=False):
   """Layer computing the mean along `axis`."""
   return Fn('Mean', lambda x: jnp.mean(x, axis=axis, keepdims=keepdims))
 
 
-def Min(axis=-1, keepdims=False):  # pylint: disable=invalid-name
+def Min(axis=-1, keepdims=False):
   """Layer computing the minimum along `axis`."""
   return Fn('Min', lambda x: jnp.min(x, axis, keepdims=keepdims))
 
 
-def Max(axis=-1, keepdims=False):  # pylint: disable=invalid-name
+def Max(axis=-1, keepdims=False):
   """Layer computing the maximum along `axis`."""
   return Fn('Max', lambda x: jnp.max(x, axis, keepdims=keepdims))
 
 
-def Sum(axis=None, keepdims=False):  # pylint: disable=invalid-name
+def Sum(axis=None, keepdims=False):
   """Layer computing the sum along `axis` (all elements if None)."""
   return Fn('Sum', lambda x: jnp.sum(x, axis=axis, keepdims=keepdims))
 
 
-def ThresholdToBinary(threshold=.5):  # pylint: disable=invalid-name
+def ThresholdToBinary(threshold=.5):
   """Layer mapping `x > threshold` to int32 1 and everything else to 0."""
   return Fn('ThresholdToBinary',
             lambda x: (x > threshold).astype(jnp.int32))
 
 
-def ArgMax(axis=-1):  # pylint: disable=invalid-name
+def ArgMax(axis=-1):
   """Layer computing the index of the maximum along `axis`."""
   return Fn('ArgMax', lambda x: jnp.argmax(x, axis=axis))
 
 
 @assert_shape('...->...')
-def Negate():  # pylint: disable=invalid-name
+def Negate():
   """Layer computing `-x`."""
   return Fn('Negate', lambda x: -x)
 
 
 @assert_shape('...->...')
-def StopGradient():  # pylint: disable=invalid-name
+def StopGradient():
   """Identity layer whose gradient is zero."""
-  return Fn('StopGradient', lambda x: fastmath.stop_gradient(x))  # pylint: disable=unnecessary-lambda
+  return Fn('StopGradient', lambda x: fastmath.stop_gradient(x))
 
 
-def PrintShape(n_in=1, msg=''):  # pylint: disable=invalid-name
+def PrintShape(n_in=1, msg=''):
   """Prints the shapes and dtypes of `n_in` inputs and returns them unchanged."""
   def fwd(xs):
     def fmt(x):
@@ -265,19 +265,19 @@ def PrintShape(n_in=1, msg=''):  # pylint: disable=invalid-name
   return base.PureLayer(fwd, n_in=n_in, n_out=n_in, name=f'PrintShape_{n_in}')
 
 
-def one_hot(x, n_categories, dtype=jnp.float32):  # pylint: disable=invalid-name
+def one_hot(x, n_categories, dtype=jnp.float32):
   """One-hot array with a new last axis of size `n_categories`."""
   return jnp.array(x[..., jnp.newaxis] == jnp.arange(n_categories), dtype)
 
 
-def logsoftmax_sample(log_probs, temperature=1.0):  # pylint: disable=invalid-name
+def logsoftmax_sample(log_probs, temperature=1.0):
   """Samples ids from log-probabilities with the Gumbel trick (numpy RNG, as Trax)."""
   u = np.random.uniform(low=1e-6, high=1.0 - 1e-6, size=log_probs.shape)
   g = -np.log(-np.log(u))
   return np.argmax(np.asarray(log_probs) + g * temperature, axis=-1)
 
 
-def log_gaussian_pdf(x, mu, sigma):  # pylint: disable=invalid-name
+def log_gaussian_pdf(x, mu, sigma):
   """log N(x | mu, sigma) for a full covariance matrix."""
   a = mu.shape[-1] * jnp.log(2 * jnp.pi)
   _, b = jnp.linalg.slogdet(sigma)
@@ -286,7 +286,7 @@ def log_gaussian_pdf(x, mu, sigma):  # pylint: disable=invalid-name
   return -0.5 * (a + b + c)
 
 
-def log_gaussian_diag_pdf(x, mu, diag_sigma):  # pylint: disable=invalid-name
+def log_gaussian_diag_pdf(x, mu, diag_sigma):
   """log N(x | mu, diag(diag_sigma))."""
   a = mu.shape[-1] * jnp.log(2 * jnp.pi)
   b = jnp.sum(jnp.log(diag_sigma), axis=-1)
@@ -314,7 +314,7 @@ def _check_features(layer, x, n, weight_name, weight_shape):
 
 
 @assert_shape('...d->...d')
-def ShiftRight(n_positions=1, mode='train'):  # pylint: disable=invalid-name
+def ShiftRight(n_positions=1, mode='train'):
   """Shifts sequences (axis 1) right by `n_positions`, padding with 0; identity in predict mode."""
   def f(x):
     if mode == 'predict':
@@ -326,7 +326,7 @@ def ShiftRight(n_positions=1, mode='train'):  # pylint: disable=invalid-name
 
 
 @assert_shape('bs->b11l')
-def PaddingMask(pad=0):  # pylint: disable=invalid-name
+def PaddingMask(pad=0):
   """Maps (batch, length) ids to a (batch, 1, 1, length) mask: True where `x != pad`."""
   def f(x):
     if len(x.shape) != 2:
@@ -336,7 +336,7 @@ def PaddingMask(pad=0):  # pylint: disable=invalid-name
   return Fn(f'PaddingMask({pad})', f)
 
 
-def EncoderDecoderMask():  # pylint: disable=invalid-name
+def EncoderDecoderMask():
   """(decoder_input, encoder padding mask) -> (batch, 1, decoder_len, encoder_len) mask."""
   def f(decoder_input, mask):
     if len(decoder_input.shape) != 3:

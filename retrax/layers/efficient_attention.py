@@ -447,7 +447,7 @@ class EncDecAttention(EfficientAttentionBase):
       if self._penalize_padding_only:
         # Real keys get info 0, padding -1 (1 and 0 after attend's +1 shift).
         kv_info = mask.astype(jnp.int32) - 1
-        mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (  # pylint: disable=g-long-lambda
+        mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (
             kv_info < 1).astype(dots.dtype)
       else:
         # Trax 1.4.1: "is padding" 0/1, shifted to 1/2 by attend, times 1e9
@@ -455,7 +455,7 @@ class EncDecAttention(EfficientAttentionBase):
         # normaliser all round to -1e9: each real key gets weight 1 (their
         # values are summed), padding 0. Trax checkpoints were trained so.
         kv_info = jnp.logical_not(mask).astype(jnp.int32)
-        mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (  # pylint: disable=g-long-lambda
+        mask_fn = lambda dots, q_info, kv_info: dots - MASK_PENALTY * (
             kv_info.astype(dots.dtype))
     else:
       kv_info = mask_fn = None

@@ -30,7 +30,7 @@ def _get_fans(shape, out_dim=-1, in_dim=-2, nonreceptive_dims=None):
   return 1., 1.
 
 
-def InitializerFromFile(path):  # pylint: disable=invalid-name
+def InitializerFromFile(path):
   """Loads a parameter array from a `.npy` file (no pickle); checks its shape.
 
   The array comes back as stored (a numpy array of the file's dtype), as in
@@ -46,19 +46,19 @@ def InitializerFromFile(path):  # pylint: disable=invalid-name
   return init
 
 
-def RandomNormalInitializer(stddev=1e-2):  # pylint: disable=invalid-name
+def RandomNormalInitializer(stddev=1e-2):
   """Normal(0, stddev²) coefficients, float32."""
   return lambda shape, rng: (stddev * random.normal(
       rng, _pure_shape(shape))).astype(np.float32)
 
 
-def RandomUniformInitializer(lim=1.0):  # pylint: disable=invalid-name
+def RandomUniformInitializer(lim=1.0):
   """Uniform(-lim, lim) coefficients, float32."""
   return lambda shape, rng: random.uniform(
       rng, _pure_shape(shape), np.float32, -lim, lim)
 
 
-def ScaledInitializer(out_dim, in_dim, scale, mode, distribution):  # pylint: disable=invalid-name
+def ScaledInitializer(out_dim, in_dim, scale, mode, distribution):
   """Variance-scaling initializer: variance `scale / fan`, float32.
 
   Args:
@@ -103,39 +103,39 @@ def ScaledInitializer(out_dim, in_dim, scale, mode, distribution):  # pylint: di
   return init
 
 
-def GlorotNormalInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+def GlorotNormalInitializer(out_dim=-1, in_dim=-2, scale=1.):
   """Glorot/Xavier normal: variance scale / mean(fan_in, fan_out)."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_avg', 'normal')
 
 
-def GlorotUniformInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+def GlorotUniformInitializer(out_dim=-1, in_dim=-2, scale=1.):
   """Glorot/Xavier uniform: limits ±sqrt(3·scale / mean(fan_in, fan_out))."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_avg', 'uniform')
 
 
-def LeCunNormalInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+def LeCunNormalInitializer(out_dim=-1, in_dim=-2, scale=1.):
   """LeCun normal: variance scale / fan_in."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_in', 'normal')
 
 
-def LeCunUniformInitializer(out_dim=-1, in_dim=-2, scale=1.):  # pylint: disable=invalid-name
+def LeCunUniformInitializer(out_dim=-1, in_dim=-2, scale=1.):
   """LeCun uniform: limits ±sqrt(3·scale / fan_in)."""
   return ScaledInitializer(out_dim, in_dim, scale, 'fan_in', 'uniform')
 
 
-def KaimingNormalInitializer(out_dim=-1, in_dim=-2, param=0.):  # pylint: disable=invalid-name
+def KaimingNormalInitializer(out_dim=-1, in_dim=-2, param=0.):
   """He-normal: variance 2/sqrt(1 + param²) / fan_in (Trax's formula)."""
   return ScaledInitializer(out_dim, in_dim, 2.0 / jnp.sqrt(1 + param**2),
                            'fan_in', 'normal')
 
 
-def KaimingUniformInitializer(out_dim=-1, in_dim=-2, param=0.):  # pylint: disable=invalid-name
+def KaimingUniformInitializer(out_dim=-1, in_dim=-2, param=0.):
   """He-uniform: variance 2/sqrt(1 + param²) / fan_in (Trax's formula)."""
   return ScaledInitializer(out_dim, in_dim, 2.0 / jnp.sqrt(1 + param**2),
                            'fan_in', 'uniform')
 
 
-def OrthogonalInitializer(stddev=1.0):  # pylint: disable=invalid-name
+def OrthogonalInitializer(stddev=1.0):
   """`stddev` times an orthogonal matrix (QR of a normal draw, signs fixed by R's diagonal).
 
   Shapes with more than two axes are flattened to (prod(shape[:-1]),
@@ -157,7 +157,7 @@ def OrthogonalInitializer(stddev=1.0):  # pylint: disable=invalid-name
   return init
 
 
-def AtariConvInit(kernel_shape, rng, dtype=np.float32):  # pylint: disable=invalid-name
+def AtariConvInit(kernel_shape, rng, dtype=np.float32):
   """Uniform(±1/sqrt(fan_in·h·w)) for (h, w, in, out) conv kernels."""
   h, w, fan_in, _ = kernel_shape
   std = 1 / jnp.sqrt(fan_in * h * w)

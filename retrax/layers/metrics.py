@@ -91,7 +91,7 @@ def _div_or_zero(num, den):
 # --- category metrics (model outputs are activation vectors) -----------------
 
 
-def CategoryAccuracy():  # pylint: disable=invalid-name
+def CategoryAccuracy():
   """Fraction of items whose argmax category equals the target.
 
   Inputs: model outputs [..., n_categories], targets [...] int.
@@ -106,7 +106,7 @@ def CategoryAccuracy():  # pylint: disable=invalid-name
   return base.Fn('CategoryAccuracy', f)
 
 
-def WeightedCategoryAccuracy():  # pylint: disable=invalid-name
+def WeightedCategoryAccuracy():
   """Weighted fraction of items whose argmax category equals the target.
 
   Inputs: model outputs [..., n_categories], targets [...] int, weights
@@ -140,7 +140,7 @@ def _category_cross_entropy(model_output, targets, label_smoothing, cutoff):
   return cross_ent
 
 
-def CategoryCrossEntropy(label_smoothing=None):  # pylint: disable=invalid-name
+def CategoryCrossEntropy(label_smoothing=None):
   """Mean cross-entropy of softmax(logits) against one-hot targets.
 
   Inputs: logits [..., n_categories] (softmax is fused in), targets [...]
@@ -156,7 +156,7 @@ def CategoryCrossEntropy(label_smoothing=None):  # pylint: disable=invalid-name
   return base.Fn('CategoryCrossEntropy', f)
 
 
-def WeightedCategoryCrossEntropy(label_smoothing=None, cutoff=0.0):  # pylint: disable=invalid-name
+def WeightedCategoryCrossEntropy(label_smoothing=None, cutoff=0.0):
   """Weighted mean cross-entropy of softmax(logits) against one-hot targets.
 
   Inputs: logits [..., n_categories], targets [...] int, weights
@@ -173,7 +173,7 @@ def WeightedCategoryCrossEntropy(label_smoothing=None, cutoff=0.0):  # pylint: d
   return base.Fn('WeightedCategoryCrossEntropy', f)
 
 
-def BinaryCrossEntropy():  # pylint: disable=invalid-name
+def BinaryCrossEntropy():
   """Mean binary cross-entropy of sigmoid(logit) against 0/1 targets.
 
   Inputs: logits [...] float, targets [...] in {0, 1}.
@@ -186,7 +186,7 @@ def BinaryCrossEntropy():  # pylint: disable=invalid-name
   return base.Fn('BinaryCrossEntropy', f)
 
 
-def MaskedSequenceAccuracy():  # pylint: disable=invalid-name
+def MaskedSequenceAccuracy():
   """Fraction of sequences predicted right at every non-zero-weight position.
 
   Inputs: model outputs [batch, length, n_categories], targets [batch,
@@ -209,14 +209,14 @@ def MaskedSequenceAccuracy():  # pylint: disable=invalid-name
 # --- Trax's older Serial-built metrics -----------------------------------------
 
 
-def _Accuracy():  # pylint: disable=invalid-name
+def _Accuracy():
   """1.0 where the predicted category equals the target, else 0.0."""
   def f(predicted_category, target_category):
     return jnp.equal(predicted_category, target_category).astype(jnp.float32)
   return base.Fn('_Accuracy', f)
 
 
-def _CrossEntropy(check_name=None):  # pylint: disable=invalid-name
+def _CrossEntropy(check_name=None):
   """Per-item cross-entropy from log-probabilities: -log_probs[target].
 
   With `check_name`, warns once if the inputs are not log-probabilities
@@ -233,7 +233,7 @@ def _CrossEntropy(check_name=None):  # pylint: disable=invalid-name
   return base.Fn('_CrossEntropy', f)
 
 
-def _BinaryCrossEntropy():  # pylint: disable=invalid-name
+def _BinaryCrossEntropy():
   """Trax's binary cross-entropy on probabilities [batch, 1] (a dot product over the batch)."""
   def f(model_output, target_category):
     _check_same_shape('BinaryCrossEntropyLoss', 'model outputs', model_output,
@@ -245,14 +245,14 @@ def _BinaryCrossEntropy():  # pylint: disable=invalid-name
   return base.Fn('_BinaryCrossEntropy', f)
 
 
-def _WeightedMean():  # pylint: disable=invalid-name
+def _WeightedMean():
   """sum(values * weights) / sum(weights)."""
   def f(values, weights):
     return jnp.sum(values * weights) / _weight_sum(weights)
   return base.Fn('_WeightedMean', f)
 
 
-def _WeightedSequenceMean():  # pylint: disable=invalid-name
+def _WeightedSequenceMean():
   """Fraction of sequences with no wrong position of non-zero (0/1) weight."""
   def f(values, weights):
     not_correct = (1.0 - values) * weights
@@ -263,7 +263,7 @@ def _WeightedSequenceMean():  # pylint: disable=invalid-name
   return base.Fn('_WeightedSequenceMean', f)
 
 
-def Accuracy(classifier=core.ArgMax()):  # pylint: disable=invalid-name
+def Accuracy(classifier=core.ArgMax()):
   """Weighted mean accuracy of `classifier`'s predictions (Trax: deprecated).
 
   Inputs: model outputs, targets, weights. `Serial(classifier, _Accuracy,
@@ -274,7 +274,7 @@ def Accuracy(classifier=core.ArgMax()):  # pylint: disable=invalid-name
                    name='Accuracy', sublayers_to_print=[])
 
 
-def SequenceAccuracy(classifier=core.ArgMax()):  # pylint: disable=invalid-name
+def SequenceAccuracy(classifier=core.ArgMax()):
   """Fraction of sequences `classifier` gets right at every weighted position (Trax: deprecated).
 
   Inputs: model outputs, targets, 0/1 weights.
@@ -283,7 +283,7 @@ def SequenceAccuracy(classifier=core.ArgMax()):  # pylint: disable=invalid-name
                    name='SequenceAccuracy', sublayers_to_print=[])
 
 
-def CrossEntropyLoss():  # pylint: disable=invalid-name
+def CrossEntropyLoss():
   """Weighted mean cross-entropy from LOG-PROBABILITIES (Trax: deprecated).
 
   The model must end in `LogSoftmax`; this layer computes
@@ -294,14 +294,14 @@ def CrossEntropyLoss():  # pylint: disable=invalid-name
                    name='CrossEntropyLoss', sublayers_to_print=[])
 
 
-def CrossEntropyLossWithLogSoftmax():  # pylint: disable=invalid-name
+def CrossEntropyLossWithLogSoftmax():
   """`CrossEntropyLoss` with the `LogSoftmax` built in: takes logits."""
   return cb.Serial(core.LogSoftmax(), _CrossEntropy(), _WeightedMean(),
                    name='CrossEntropyLossWithLogSoftmax',
                    sublayers_to_print=[])
 
 
-def BinaryCrossEntropyLoss():  # pylint: disable=invalid-name
+def BinaryCrossEntropyLoss():
   """Trax's deprecated binary cross-entropy on probabilities, then a weighted mean.
 
   Inputs: probabilities [batch, 1], 0/1 targets [batch, 1], weights.
@@ -310,13 +310,13 @@ def BinaryCrossEntropyLoss():  # pylint: disable=invalid-name
                    name='BinaryCrossEntropyLoss', sublayers_to_print=[])
 
 
-def CrossEntropySum():  # pylint: disable=invalid-name
+def CrossEntropySum():
   """Weighted sum of per-item cross-entropies from log-probabilities."""
   return cb.Serial(_CrossEntropy('CrossEntropySum'), WeightedSum(),
                    name='CrossEntropySum', sublayers_to_print=[])
 
 
-def BinaryCrossEntropySum():  # pylint: disable=invalid-name
+def BinaryCrossEntropySum():
   """Weighted sum of Trax's binary cross-entropy (see `BinaryCrossEntropyLoss`)."""
   return cb.Serial(_BinaryCrossEntropy(), WeightedSum(),
                    name='BinaryCrossEntropySum', sublayers_to_print=[])
@@ -325,7 +325,7 @@ def BinaryCrossEntropySum():  # pylint: disable=invalid-name
 # --- regression losses -------------------------------------------------------
 
 
-def L2Loss():  # pylint: disable=invalid-name
+def L2Loss():
   """Weighted mean squared error: sum(w·(y - t)²) / sum(w).
 
   Inputs: model outputs, targets and weights, all of the same shape.
@@ -340,7 +340,7 @@ def L2Loss():  # pylint: disable=invalid-name
   return base.Fn('L2Loss', f)
 
 
-def SmoothL1Loss():  # pylint: disable=invalid-name
+def SmoothL1Loss():
   """Weighted mean Huber loss: ½d² if d = |y - t| < 1 else d - ½.
 
   Inputs: model outputs, targets and weights, all of the same shape.
@@ -356,7 +356,7 @@ def SmoothL1Loss():  # pylint: disable=invalid-name
   return base.Fn('SmoothL1Loss', f)
 
 
-def WeightedSum():  # pylint: disable=invalid-name
+def WeightedSum():
   """sum(values * weights)."""
   def f(values, weights):
     return jnp.sum(values * weights)
@@ -393,7 +393,7 @@ def _per_category_f_scores(model_output, targets, beta, initial_category_index):
   return jnp.concatenate(f_scores), jnp.concatenate(n_targets)
 
 
-def MacroAveragedFScore(beta=1., initial_category_index=0):  # pylint: disable=invalid-name
+def MacroAveragedFScore(beta=1., initial_category_index=0):
   """Mean over categories k >= initial_category_index of the F_beta score of k.
 
   Inputs: model outputs [batch, n_categories], targets [batch] int. Categories
@@ -406,7 +406,7 @@ def MacroAveragedFScore(beta=1., initial_category_index=0):  # pylint: disable=i
   return base.Fn('MacroAveragedFScore', f)
 
 
-def WeightedFScore(beta=1., initial_category_index=0):  # pylint: disable=invalid-name
+def WeightedFScore(beta=1., initial_category_index=0):
   """F_beta scores of the categories averaged with weights = their target counts.
 
   Inputs: model outputs [batch, n_categories], targets [batch] int.

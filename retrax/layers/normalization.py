@@ -122,7 +122,7 @@ class FilterResponseNorm(base.Layer):
   def forward(self, inputs):
     gamma, beta, epsilon_l = self.weights
     epsilon = self._init_epsilon
-    if len(epsilon_l):  # pylint: disable=g-explicit-length-test
+    if len(epsilon_l):
       epsilon = epsilon + jnp.abs(epsilon_l[0])
     axis = tuple(range(1, inputs.ndim - 1))
     nu2 = jnp.mean(inputs ** 2, axis=axis, keepdims=True)

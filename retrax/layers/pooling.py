@@ -78,7 +78,7 @@ def _pool_layer(kind, fn, pool_size, strides, padding):
   return Fn(name, lambda x: fn(x, pool_size, strides, padding, name=name))
 
 
-def MaxPool(pool_size=(2, 2), strides=None, padding='VALID'):  # pylint: disable=invalid-name
+def MaxPool(pool_size=(2, 2), strides=None, padding='VALID'):
   """Reduces each window to its maximum, per channel.
 
   Args:
@@ -96,12 +96,12 @@ def MaxPool(pool_size=(2, 2), strides=None, padding='VALID'):  # pylint: disable
   return _pool_layer('MaxPool', max_pool, pool_size, strides, padding)
 
 
-def SumPool(pool_size=(2, 2), strides=None, padding='VALID'):  # pylint: disable=invalid-name
+def SumPool(pool_size=(2, 2), strides=None, padding='VALID'):
   """Reduces each window to its sum, per channel (arguments as `MaxPool`)."""
   return _pool_layer('SumPool', sum_pool, pool_size, strides, padding)
 
 
-def AvgPool(pool_size=(2, 2), strides=None, padding='VALID'):  # pylint: disable=invalid-name
+def AvgPool(pool_size=(2, 2), strides=None, padding='VALID'):
   """Reduces each window to its mean, per channel (arguments as `MaxPool`).
 
   With 'SAME' padding, padded positions are not counted in the mean.

@@ -80,7 +80,7 @@ class ReversibleSelect(ReversibleLayer):
     return selected[0] if len(selected) == 1 else selected
 
 
-def ReversibleSwap():  # pylint: disable=invalid-name
+def ReversibleSwap():
   """Swaps the top two stack items; its own reverse: `(x1, x2) -> (x2, x1)`."""
   return ReversibleSelect([1, 0], name='ReversibleSwap')
 

@@ -75,7 +75,7 @@ class LSTMCell(base.Layer):
     self.weights = (w, b)
 
 
-def MakeZeroState(depth_multiplier=1):  # pylint: disable=invalid-name
+def MakeZeroState(depth_multiplier=1):
   """Layer mapping `(batch, length, depth)` to float32 zeros `(batch, depth_multiplier * depth)`."""
   def f(x):
     if len(x.shape) != 3:
@@ -87,7 +87,7 @@ def MakeZeroState(depth_multiplier=1):  # pylint: disable=invalid-name
   return base.Fn('MakeZeroState', f)
 
 
-def LSTM(n_units, mode='train', return_state=False, initial_state=False):  # pylint: disable=invalid-name
+def LSTM(n_units, mode='train', return_state=False, initial_state=False):
   """LSTM over axis 1 of `(batch, length, d)`: `LSTMCell(n_units)` under `Scan`.
 
   Args:
@@ -153,7 +153,7 @@ class GRUCell(base.Layer):
     self.weights = (w1, b1, w2, b2)
 
 
-def GRU(n_units, mode='train'):  # pylint: disable=invalid-name
+def GRU(n_units, mode='train'):
   """GRU over axis 1 of `(batch, length, n_units)` from a zero state; named `GRU_{n_units}`."""
   return cb.Serial(
       cb.Branch([], MakeZeroState(depth_multiplier=1)),
@@ -162,7 +162,7 @@ def GRU(n_units, mode='train'):  # pylint: disable=invalid-name
       name=f'GRU_{n_units}', sublayers_to_print=[])
 
 
-def ConvGRUCell(n_units, kernel_size=(3, 3)):  # pylint: disable=invalid-name
+def ConvGRUCell(n_units, kernel_size=(3, 3)):
   """Convolutional GRU cell (https://arxiv.org/abs/1511.06432) on NHWC states.
 
   A `GeneralGRUCell` whose transforms are `Conv(n_units, kernel_size,
@@ -179,7 +179,7 @@ def ConvGRUCell(n_units, kernel_size=(3, 3)):  # pylint: disable=invalid-name
                         candidate_nonlinearity=activation_fns.Tanh)
 
 
-def GeneralGRUCell(candidate_transform, memory_transform_fn=None,  # pylint: disable=invalid-name
+def GeneralGRUCell(candidate_transform, memory_transform_fn=None,
                    gate_nonlinearity=activation_fns.Sigmoid,
                    candidate_nonlinearity=activation_fns.Tanh,
                    dropout_rate_c=0.1, sigmoid_bias=0.5):
@@ -226,7 +226,7 @@ def GeneralGRUCell(candidate_transform, memory_transform_fn=None,  # pylint: dis
   )
 
 
-def InnerSRUCell():  # pylint: disable=invalid-name
+def InnerSRUCell():
   """The SRU recurrence `(x·(1-f), f, c) -> (c', c')` with `c' = f·c + x·(1-f)`."""
   def f(cur_x_times_one_minus_f, cur_f, cur_state):
     res = cur_f * cur_state + cur_x_times_one_minus_f
@@ -234,7 +234,7 @@ def InnerSRUCell():  # pylint: disable=invalid-name
   return base.Fn('InnerSRUCell', f, n_out=2)
 
 
-def ScanSRUCell(mode, monkey_patched_mask=None):  # pylint: disable=invalid-name
+def ScanSRUCell(mode, monkey_patched_mask=None):
   """`InnerSRUCell` scanned over axis 1.
 
   With `monkey_patched_mask` (Terraformer, predict mode only), an object
@@ -270,7 +270,7 @@ def ScanSRUCell(mode, monkey_patched_mask=None):  # pylint: disable=invalid-name
   )
 
 
-def SRU(n_units, activation=None, mode='train'):  # pylint: disable=invalid-name
+def SRU(n_units, activation=None, mode='train'):
   r"""Simple Recurrent Unit (https://arxiv.org/abs/1709.02755) over axis 1.
 
   .. math::
@@ -304,7 +304,7 @@ def SRU(n_units, activation=None, mode='train'):  # pylint: disable=invalid-name
       name=f'SRU_{n_units}', sublayers_to_print=[])
 
 
-def _AddSigmoidBias(sigmoid_bias):  # pylint: disable=invalid-name
+def _AddSigmoidBias(sigmoid_bias):
   # The name is Trax's literal string (its f-prefix is missing there too).
   return base.Fn('AddSigmoidBias({sigmoid_bias})',
                  lambda x: x + sigmoid_bias)

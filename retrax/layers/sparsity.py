@@ -210,7 +210,7 @@ class _SparseFFMain(base.Layer):
     self.weights = (w1, w2, b2)
 
 
-def SparseFF(d_ff, n_elements_in_block=32, d_lowrank=64, temperature=0.1,  # pylint: disable=invalid-name
+def SparseFF(d_ff, n_elements_in_block=32, d_lowrank=64, temperature=0.1,
              quant_prob=0.3, use_bfloat16=False, big_weights_in_bfloat16=False,
              mode='train', kernel_initializer=init.GlorotUniformInitializer(),
              bias_initializer=init.RandomNormalInitializer(1e-6),

@@ -11,7 +11,7 @@ from retrax.layers import base
 from retrax.layers.base import Fn
 
 
-def Select(indices, n_in=None, name=None):  # pylint: disable=invalid-name
+def Select(indices, n_in=None, name=None):
   """Copies, reorders or drops stack items: takes `n_in` items, pushes `items[indices]`.
 
   `n_in` defaults to `max(indices) + 1`.
@@ -35,37 +35,37 @@ def Select(indices, n_in=None, name=None):  # pylint: disable=invalid-name
   return base.PureLayer(select, n_in=n_in, n_out=len(indices), name=name)
 
 
-def Drop():  # pylint: disable=invalid-name
+def Drop():
   """Drops the top stack item."""
   return Fn('Drop', lambda x: (), n_out=0)
 
 
-def Dup():  # pylint: disable=invalid-name
+def Dup():
   """Duplicates the top stack item."""
   return Fn('Dup', lambda x: (x, x), n_out=2)
 
 
-def Swap():  # pylint: disable=invalid-name
+def Swap():
   """Swaps the top two stack items."""
   return Fn('Swap', lambda x0, x1: (x1, x0), n_out=2)
 
 
-def Add():  # pylint: disable=invalid-name
+def Add():
   """Adds the top two items."""
   return Fn('Add', lambda x0, x1: x0 + x1)
 
 
-def SubtractTop():  # pylint: disable=invalid-name
+def SubtractTop():
   """Subtracts the top item from the second: x1 - x0."""
   return Fn('SubtractTop', lambda x0, x1: x1 - x0)
 
 
-def Multiply():  # pylint: disable=invalid-name
+def Multiply():
   """Multiplies the top two items."""
   return Fn('Multiply', lambda x0, x1: x0 * x1)
 
 
-def Gate():  # pylint: disable=invalid-name
+def Gate():
   """Highway gate on (memory, gate, candidate): `g * m + (1 - g) * c`."""
   return Fn('Gate', lambda m, g, c: g * m + (1.0 - g) * c)
 
@@ -97,7 +97,7 @@ class Split(base.Layer):
     return tuple(jnp.split(inputs, self._n_items, self._axis))
 
 
-def FlattenList():  # pylint: disable=invalid-name
+def FlattenList():
   """Flattens nested lists/tuples on the top of the stack."""
   return Fn('FlattenList', lambda x: tuple(deep_flatten(x)))
 

@@ -16,7 +16,7 @@ _LEGACY_FACTOR_NAMES = ('constant', 'linear_warmup', 'rsqrt_decay',
                         'cosine_decay')
 
 
-def MultifactorSchedule(history=None,  # pylint: disable=invalid-name
+def MultifactorSchedule(history=None,
                         factors='constant * linear_warmup * rsqrt_decay',
                         constant=0.1,
                         warmup_steps=400,
@@ -64,7 +64,7 @@ def MultifactorSchedule(history=None,  # pylint: disable=invalid-name
   return learning_rate
 
 
-def EvalAdjustingSchedule(history,  # pylint: disable=invalid-name
+def EvalAdjustingSchedule(history,
                           constant=0.1,
                           steps_to_decrease=20,
                           improvement_margin=0.001,

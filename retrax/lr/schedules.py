@@ -243,7 +243,7 @@ def _check_real_params(params, minimum):
 
 
 def multifactor(factors='constant * linear_warmup * rsqrt_decay',
-                constant=0.1,  # pylint: disable=redefined-outer-name
+                constant=0.1,
                 warmup_steps=400,
                 decay_factor=0.5,
                 steps_per_decay=20000,

@@ -3,7 +3,7 @@
 from retrax import layers as tl
 
 
-def _FrameStack(n_frames):  # pylint: disable=invalid-name
+def _FrameStack(n_frames):
   """Stacks each frame with its `n_frames - 1` predecessors along the last axis.
 
   `(B, T, ..., C)` becomes `(B, T, ..., C * n_frames)`: copy k is the input
@@ -19,12 +19,12 @@ def _FrameStack(n_frames):  # pylint: disable=invalid-name
   ]
 
 
-def _BytesToFloats():  # pylint: disable=invalid-name
+def _BytesToFloats():
   """Layer scaling byte values to [0, 1]: `x / 255`."""
   return tl.Fn('BytesToFloats', lambda x: x / 255.0)
 
 
-def AtariCnn(n_frames=4, hidden_sizes=(32, 32), output_size=128,  # pylint: disable=invalid-name
+def AtariCnn(n_frames=4, hidden_sizes=(32, 32), output_size=128,
              mode='train'):
   """CNN over frame sequences: `(B, T, H, W, C)` bytes to `(B, T, output_size)`.
 
@@ -46,7 +46,7 @@ def AtariCnn(n_frames=4, hidden_sizes=(32, 32), output_size=128,  # pylint: disa
   )
 
 
-def AtariCnnBody(n_frames=4, hidden_sizes=(32, 64, 64), output_size=512,  # pylint: disable=invalid-name
+def AtariCnnBody(n_frames=4, hidden_sizes=(32, 64, 64), output_size=512,
                  mode='train', kernel_initializer=None, padding='VALID'):
   """The DQN-style body: 8x8/4, 4x4/2, 3x3/1 convolutions, then `Dense(output_size)`.
 
@@ -72,7 +72,7 @@ def AtariCnnBody(n_frames=4, hidden_sizes=(32, 64, 64), output_size=512,  # pyli
   )
 
 
-def FrameStackMLP(n_frames=4, hidden_sizes=(64,), output_size=64,  # pylint: disable=invalid-name
+def FrameStackMLP(n_frames=4, hidden_sizes=(64,), output_size=64,
                   mode='train'):
   """MLP on each frame stacked with its `n_frames - 1` predecessors: `(B, T, d)` to `(B, T, output_size)`."""
   del mode
@@ -83,5 +83,5 @@ def FrameStackMLP(n_frames=4, hidden_sizes=(64,), output_size=64,  # pylint: dis
   )
 
 
-def _shift_right(n):  # pylint: disable=invalid-name
+def _shift_right(n):
   return [tl.ShiftRight()] * n

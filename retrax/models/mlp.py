@@ -3,7 +3,7 @@
 from retrax import layers as tl
 
 
-def MLP(layer_widths=(128, 64), activation_fn=None, out_activation=False,  # pylint: disable=invalid-name
+def MLP(layer_widths=(128, 64), activation_fn=None, out_activation=False,
         flatten=True, mode='train'):
   """Dense layers of `layer_widths` with `activation_fn` (default Relu) between them."""
   del mode

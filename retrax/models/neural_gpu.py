@@ -9,12 +9,12 @@ from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 
 
-def SaturationCost(x, limit=0.9):  # pylint: disable=invalid-name
+def SaturationCost(x, limit=0.9):
   """`min(0, |x| - limit)`, elementwise: the saturation term of the NGPU paper."""
   return jnp.minimum(0, jnp.abs(x) - limit)
 
 
-def DiagonalGate():  # pylint: disable=invalid-name
+def DiagonalGate():
   """Shifts the first third of the channels one cell right and the last third left.
 
   Takes `(batch, height, width, depth)` with `depth` divisible by 3; the shift
@@ -32,7 +32,7 @@ def DiagonalGate():  # pylint: disable=invalid-name
   return tl.Fn('DiagonalGate', f)
 
 
-def ConvDiagonalGRU(units, kernel_size=(3, 3)):  # pylint: disable=invalid-name
+def ConvDiagonalGRU(units, kernel_size=(3, 3)):
   """A convolutional GRU cell (`SAME` convolutions) with `DiagonalGate` memory."""
   def conv():
     return tl.Conv(filters=units, kernel_size=kernel_size, padding='SAME')
@@ -42,7 +42,7 @@ def ConvDiagonalGRU(units, kernel_size=(3, 3)):  # pylint: disable=invalid-name
                            candidate_nonlinearity=tl.HardTanh)
 
 
-def NeuralGPU(d_feature=96, steps=16, vocab_size=2, mode='train'):  # pylint: disable=invalid-name
+def NeuralGPU(d_feature=96, steps=16, vocab_size=2, mode='train'):
   """The Neural GPU: `(batch, height, width)` ids -> `(..., vocab_size)` logits.
 
   Args:

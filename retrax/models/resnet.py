@@ -3,7 +3,7 @@
 from retrax import layers as tl
 
 
-def ConvBlock(kernel_size, filters, strides, norm, non_linearity,  # pylint: disable=invalid-name
+def ConvBlock(kernel_size, filters, strides, norm, non_linearity,
               mode='train'):
   """ResNet bottleneck block with a strided 1x1 convolution shortcut.
 
@@ -30,7 +30,7 @@ def ConvBlock(kernel_size, filters, strides, norm, non_linearity,  # pylint: dis
   return [tl.Residual(main, shortcut=shortcut), non_linearity()]
 
 
-def IdentityBlock(kernel_size, filters, norm, non_linearity, mode='train'):  # pylint: disable=invalid-name
+def IdentityBlock(kernel_size, filters, norm, non_linearity, mode='train'):
   """ResNet bottleneck block with an identity shortcut (same input/output size)."""
   ks = kernel_size
   filters1, filters2, filters3 = filters
@@ -47,7 +47,7 @@ def IdentityBlock(kernel_size, filters, norm, non_linearity, mode='train'):  # p
   return [tl.Residual(main), non_linearity()]
 
 
-def Resnet50(d_hidden=64, n_output_classes=1001, mode='train',  # pylint: disable=invalid-name
+def Resnet50(d_hidden=64, n_output_classes=1001, mode='train',
              norm=tl.BatchNorm, non_linearity=tl.Relu):
   """ResNet-50 (https://arxiv.org/abs/1512.03385) mapping images to logits.
 
@@ -67,12 +67,12 @@ def Resnet50(d_hidden=64, n_output_classes=1001, mode='train',  # pylint: disabl
   Returns:
     The model as a `Serial` layer.
   """
-  def Resnet50ConvBlock(filter_multiplier=1, strides=(2, 2)):  # pylint: disable=invalid-name
+  def Resnet50ConvBlock(filter_multiplier=1, strides=(2, 2)):
     filters = [filter_multiplier * d for d in (d_hidden, d_hidden,
                                                 4 * d_hidden)]
     return ConvBlock(3, filters, strides, norm, non_linearity, mode)
 
-  def Resnet50IdentityBlock(filter_multiplier=1):  # pylint: disable=invalid-name
+  def Resnet50IdentityBlock(filter_multiplier=1):
     filters = [filter_multiplier * d for d in (d_hidden, d_hidden,
                                                 4 * d_hidden)]
     return IdentityBlock(3, filters, norm, non_linearity, mode)
@@ -97,7 +97,7 @@ def Resnet50(d_hidden=64, n_output_classes=1001, mode='train',  # pylint: disabl
   )
 
 
-def WideResnetBlock(channels, strides=(1, 1), bn_momentum=0.9, mode='train'):  # pylint: disable=invalid-name
+def WideResnetBlock(channels, strides=(1, 1), bn_momentum=0.9, mode='train'):
   """Pre-activation block: (BatchNorm, Relu, 3x3 conv) twice, the first strided."""
   return [
       tl.BatchNorm(momentum=bn_momentum, mode=mode),
@@ -109,7 +109,7 @@ def WideResnetBlock(channels, strides=(1, 1), bn_momentum=0.9, mode='train'):  #
   ]
 
 
-def WideResnetGroup(n, channels, strides=(1, 1), bn_momentum=0.9,  # pylint: disable=invalid-name
+def WideResnetGroup(n, channels, strides=(1, 1), bn_momentum=0.9,
                     mode='train'):
   """A strided block with a 3x3 conv shortcut, then one residual over `n - 1` blocks.
 
@@ -125,7 +125,7 @@ def WideResnetGroup(n, channels, strides=(1, 1), bn_momentum=0.9,  # pylint: dis
   ]
 
 
-def WideResnet(n_blocks=3, widen_factor=1, n_output_classes=10,  # pylint: disable=invalid-name
+def WideResnet(n_blocks=3, widen_factor=1, n_output_classes=10,
                bn_momentum=0.9, mode='train'):
   """Wide ResNet (https://arxiv.org/abs/1605.07146) for 32x32 images.
 

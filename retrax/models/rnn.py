@@ -4,7 +4,7 @@ from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 
 
-def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,  # pylint: disable=invalid-name
+def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,
           rnn_cell_d_state_multiplier=2, dropout=0.1, mode='train'):
   """RNN language model: token ids `(batch, length)` to logits `(batch, length, vocab_size)`.
 
@@ -31,7 +31,7 @@ def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,  # pylint: 
     raise ValueError(f'Number of layers must be set to 2; instead got '
                      f'{n_layers}.')
 
-  def MultiRNNCell():  # pylint: disable=invalid-name
+  def MultiRNNCell():
     """`n_layers` cells run in series on one time step; states concatenated."""
     return tl.Serial(
         tl.Parallel([], tl.Split(n_items=n_layers)),
@@ -53,7 +53,7 @@ def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,  # pylint: 
   )
 
 
-def GRULM(vocab_size=256, d_model=512, n_layers=1, mode='train'):  # pylint: disable=invalid-name
+def GRULM(vocab_size=256, d_model=512, n_layers=1, mode='train'):
   """GRU language model: `ShiftRight`, `Embedding`, `n_layers` x `GRU`, `Dense` (logits).
 
   Args:
@@ -74,7 +74,7 @@ def GRULM(vocab_size=256, d_model=512, n_layers=1, mode='train'):  # pylint: dis
   )
 
 
-def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,  # pylint: disable=invalid-name
+def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,
                     d_model=512, n_encoder_layers=2, n_decoder_layers=2,
                     n_attention_heads=1, attention_dropout=0.0, mode='train'):
   """LSTM encoder-decoder with attention: `(source, target)` ids to log-probs.
@@ -109,7 +109,7 @@ def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,  # pylint: disa
       tl.LSTM(d_model, mode=mode),
   )
 
-  def PrepareAttentionInputs():  # pylint: disable=invalid-name
+  def PrepareAttentionInputs():
     """(encoder, decoder activations, source ids) -> (q, k, v, mask)."""
     def f(encoder_activations, decoder_activations, input_tokens):
       keys = values = encoder_activations

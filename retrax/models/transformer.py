@@ -11,13 +11,13 @@ def _dropout(dropout, dropout_shared_axes, mode):
   return tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode)
 
 
-def _FeedForwardBlock(d_model, d_ff, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+def _FeedForwardBlock(d_model, d_ff, dropout, dropout_shared_axes, mode,
                       activation):
   return [tl.Dense(d_ff), activation(),
           _dropout(dropout, dropout_shared_axes, mode), tl.Dense(d_model)]
 
 
-def _EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+def _EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
                   ff_activation):
   """(activations, mask) -> (activations, mask): attention and feed-forward residuals."""
   return [
@@ -32,7 +32,7 @@ def _EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  #
   ]
 
 
-def _DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+def _DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
                   ff_activation):
   """Causal attention and feed-forward residuals."""
   return [
@@ -47,7 +47,7 @@ def _DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  #
   ]
 
 
-def _EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,  # pylint: disable=invalid-name
+def _EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                          mode, ff_activation):
   """(dec, mask, enc) -> same: causal self-attention, attention to the encoder, feed-forward."""
   return [
@@ -66,7 +66,7 @@ def _EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,  
   ]
 
 
-def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,  # pylint: disable=invalid-name
+def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,
                        n_layers=6, n_heads=8, max_len=2048, dropout=0.1,
                        dropout_shared_axes=None, mode='train',
                        ff_activation=None):
@@ -92,7 +92,7 @@ def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,  # pyli
   )
 
 
-def TransformerDecoder(vocab_size=None, d_model=512, d_ff=2048, n_layers=6,  # pylint: disable=invalid-name
+def TransformerDecoder(vocab_size=None, d_model=512, d_ff=2048, n_layers=6,
                        n_heads=8, max_len=2048, dropout=0.1,
                        dropout_shared_axes=None, mode='train',
                        ff_activation=None):
@@ -116,7 +116,7 @@ def TransformerDecoder(vocab_size=None, d_model=512, d_ff=2048, n_layers=6,  # p
   )
 
 
-def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,  # pylint: disable=invalid-name
+def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,
                   max_len=2048, dropout=0.1, dropout_shared_axes=None,
                   mode='train', ff_activation=None):
   """Autoregressive language model: ids -> logits over `vocab_size` (input shifted right)."""
@@ -139,7 +139,7 @@ def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,  # 
   )
 
 
-def Transformer(input_vocab_size, output_vocab_size=None, d_model=512,  # pylint: disable=invalid-name
+def Transformer(input_vocab_size, output_vocab_size=None, d_model=512,
                 d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, n_heads=8,
                 max_len=2048, dropout=0.1, dropout_shared_axes=None,
                 mode='train', ff_activation=None):

@@ -327,7 +327,7 @@ def _flatten_serials(layers):
   """`layers` (a layer or nested lists of them) with every Serial opened up."""
   if isinstance(layers, (list, tuple)):
     return [x for layer in layers for x in _flatten_serials(layer)]
-  if type(layers) is cb.Serial:  # pylint: disable=unidiomatic-typecheck
+  if type(layers) is cb.Serial:
     return _flatten_serials(list(layers.sublayers))
   return [layers]
 
@@ -384,7 +384,7 @@ def _chunked_loss(std_layers, chunk_size):
   if last != ['LogSoftmax', '_CrossEntropy', '_WeightedMean']:
     raise ValueError('Loss chunking needs the last layers to be LogSoftmax, '
                      f'_CrossEntropy, _WeightedMean; got {last}.')
-  from retrax.layers import base  # pylint: disable=g-import-not-at-top
+  from retrax.layers import base
 
   def merge(preds, targets):
     return (jnp.reshape(preds, (-1, preds.shape[-1])),

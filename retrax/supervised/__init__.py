@@ -4,7 +4,6 @@
 `train`), `callbacks`, `history`; `lr_schedules` (= `retrax.lr`), `inputs` and
 `Inputs` (from `retrax.data.inputs`) and `decoding` are loaded when first used.
 """
-# pylint: disable=g-importing-member,useless-import-alias
 
 import importlib as _importlib
 

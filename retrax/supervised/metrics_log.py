@@ -129,7 +129,7 @@ class JsonlWriter:
     if self._file is None:
       if self._on_create is not None:
         self._on_create(self._path)
-      self._file = open(self._path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+      self._file = open(self._path, 'a', encoding='utf-8')
     record = {'step': int(step), 'mode': mode, 'metric': metric,
               'value': float(value), 'time': time.time()}
     self._file.write(json.dumps(record) + '\n')
@@ -215,7 +215,7 @@ class EventWriter:
     self._path = os.path.join(log_dir, name)
     if on_create is not None:
       on_create(self._path)
-    self._file = open(self._path, 'ab')  # pylint: disable=consider-using-with
+    self._file = open(self._path, 'ab')
     self._file.write(frame_record(
         encode_event(time.time(), 0, file_version='brain.Event:2')))
     self._file.flush()

@@ -64,7 +64,7 @@ def test_stages_and_max_len():
   assert duplication.stages(cfg) == [(64, 200), (256, 30), (128, 5)]
   assert duplication.max_len(cfg) == 256
   # Evaluation and the table use the last stage's length.
-  x, _, _ = next(duplication._inputs(cfg).eval_stream(1))  # pylint: disable=protected-access
+  x, _, _ = next(duplication._inputs(cfg).eval_stream(1))
   assert x.shape == (cfg.eval_batch, 128)
   for bad in ['64', '64:0', '64:x', '64:10,,']:
     with pytest.raises(ValueError, match='--curriculum'):
@@ -86,7 +86,7 @@ def test_evaluate_matches_numpy_for_constant_prediction(attention):
   # so the accuracy is the share of copy positions whose target is `token`.
   cfg = tiny_config()
   model = duplication.build_model(attention, cfg, 'eval')
-  stream = duplication._inputs(cfg).eval_stream(1)  # pylint: disable=protected-access
+  stream = duplication._inputs(cfg).eval_stream(1)
   batches = [next(stream) for _ in range(cfg.eval_batches)]
   model.init(jax.ShapeDtypeStruct(batches[0][0].shape, np.int32))
   leaves, tree = jax.tree_util.tree_flatten(model.weights)

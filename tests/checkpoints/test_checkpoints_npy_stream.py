@@ -18,7 +18,7 @@ def _trax_np_from_file(path):
     while True:
       try:
         out.append(np.load(f, allow_pickle=False))
-      except Exception:  # pylint: disable=broad-except
+      except Exception:
         break
   return out
 

@@ -32,7 +32,7 @@ def _assert_same(ours, ref, path='<root>'):
     assert ours.shape == ref.shape and ours.dtype == ref.dtype, path
   elif type(ref).__name__ == 'History':
     assert isinstance(ours, records.TraxHistory), path
-    _assert_same(ours._values, ref._values, path + '._values')  # pylint: disable=protected-access
+    _assert_same(ours._values, ref._values, path + '._values')
   elif isinstance(ref, dict):
     assert type(ours) is type(ref) and list(ours) == list(ref), path
     for k in ref:

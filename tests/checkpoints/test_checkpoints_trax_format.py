@@ -161,7 +161,7 @@ def test_written_loop_checkpoint_reads_like_trax_reads_it(golden, tmp_path,
     while True:
       try:
         weights.append(np.load(f, allow_pickle=False))
-      except Exception:  # pylint: disable=broad-except
+      except Exception:
         break
   _same_arrays(weights, ckpt['flat_weights'])
   acc = d['history']['_values']['eval']['metrics/WeightedCategoryAccuracy']
@@ -206,7 +206,7 @@ def test_legacy_1_2_plain_pickle(tmp_path, fake_trax):
   weights = ((), emb, ((), (w, b)), ())
   slots = ((), (emb * 0, emb * 0), ((), ((w * 0, w * 0), (b * 0, b * 0))), ())
   history = fake_trax.History()
-  history._values = {'eval': {'metrics/accuracy': [(10, np.float32(0.5))]}}  # pylint: disable=protected-access
+  history._values = {'eval': {'metrics/accuracy': [(10, np.float32(0.5))]}}
   d = {'step': 10, 'weights': weights, 'loss_weights': (), 'slots': slots,
        'opt_params': {'learning_rate': np.float32(0.1)}, 'history': history,
        'state': ((), (np.array(0.1, np.float32),)), 'loss_state': (),

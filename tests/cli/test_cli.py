@@ -43,7 +43,7 @@ def test_train_then_sample_and_resume(tmp_path, capsys):
 
 def test_no_progress_bar_in_redirected_stderr(tmp_path, capsys,
                                                monkeypatch):
-  from retrax.supervised import progress  # pylint: disable=g-import-not-at-top
+  from retrax.supervised import progress
   settings = []
   init = progress.Progress.__init__
 
@@ -61,7 +61,7 @@ def test_no_progress_bar_in_redirected_stderr(tmp_path, capsys,
 
 
 def test_version(capsys):
-  import retrax  # pylint: disable=g-import-not-at-top
+  import retrax
   with pytest.raises(SystemExit) as e:
     cli.main(['--version'])
   assert e.value.code == 0
@@ -116,7 +116,7 @@ def test_info(capsys):
 
 
 def test_trainer_entry_point(tmp_path, capsys):
-  from retrax import trainer  # pylint: disable=g-import-not-at-top
+  from retrax import trainer
   path = tmp_path / 'c.toml'
   path.write_text('steps = 2\nd_model = 16\nd_ff = 32\nn_layers = 1\n'
                   'd_head = 8\nbatch_size = 4\nn_samples = 0\n')

@@ -81,13 +81,13 @@ def test_typed_options_parse_once_into_the_config():
        'TransformerLM'])
   assert args.d_model == 48 and args.dropout == 0.25
   assert args.trax_files is False
-  config = cli._load_config(args)  # pylint: disable=protected-access
+  config = cli._load_config(args)
   assert (config.model.name, config.model.d_model, config.model.dropout,
           config.model.n_layers) == ('TransformerLM', 48, 0.25, 3)
   assert (config.train.trax_files, config.train.output_dir) == (False, 'r')
   # A string option is taken as typed (no quote stripping, no JSON).
   args = cli.build_parser().parse_args(['train', '--output_dir', '"q"'])
-  assert cli._load_config(args).train.output_dir == '"q"'  # pylint: disable=protected-access
+  assert cli._load_config(args).train.output_dir == '"q"'
 
 
 @pytest.mark.parametrize('argv', [['train', '--d_model', 'wide'],
@@ -113,10 +113,10 @@ def test_help_lists_every_key_with_its_default(capsys):
 
 
 def test_user_input_errors_have_one_type(tmp_path):
-  from retrax import errors  # pylint: disable=g-import-not-at-top
-  from retrax import local_paths  # pylint: disable=g-import-not-at-top
-  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import devices  # pylint: disable=g-import-not-at-top
+  from retrax import errors
+  from retrax import local_paths
+  from retrax.data import tasks
+  from retrax.supervised import devices
   with pytest.raises(devices.ClusterConfigError) as e:
     devices.initialize_distributed(num_processes=2, env={})
   with pytest.raises(tasks.TextDataError) as e2:

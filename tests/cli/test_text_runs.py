@@ -114,7 +114,7 @@ def test_text_config_errors_are_one_line(tmp_path, capsys):
 @pytest.mark.slow
 def test_sentencepiece_tokenizer_run(tmp_path, capsys):
   pytest.importorskip('sentencepiece')
-  from retrax import data  # pylint: disable=g-import-not-at-top
+  from retrax import data
   path = _corpus(tmp_path / 'c.txt')
   spm = data.train_sentencepiece(str(path), str(tmp_path / 'spm'),
                                  vocab_size=60, model_type='bpe')

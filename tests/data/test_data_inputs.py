@@ -37,7 +37,7 @@ def test_inputs_errors():
 
 
 def test_legacy_supervised_path():
-  from retrax.supervised.inputs import Inputs  # pylint: disable=g-import-not-at-top
+  from retrax.supervised.inputs import Inputs
   assert Inputs is data.Inputs
 
 

@@ -20,7 +20,7 @@ def _run_with_timeout(fn):
   def target():
     try:
       result['value'] = fn()
-    except BaseException as e:  # pylint: disable=broad-except
+    except BaseException as e:
       result['error'] = e
 
   t = threading.Thread(target=target, daemon=True)
@@ -97,7 +97,7 @@ def test_prefetch_reraises_producer_errors():
 def test_prefetch_error_before_first_example():
   def source():
     raise ValueError('cannot open')
-    yield  # pylint: disable=unreachable
+    yield
 
   with pytest.raises(ValueError, match='cannot open'):
     _run_with_timeout(lambda: next(data.Prefetch()(source())))

@@ -9,8 +9,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'docs'))
 
-import build_api  # pylint: disable=g-import-not-at-top,wrong-import-position
-import trax_names  # pylint: disable=g-import-not-at-top,wrong-import-position
+import build_api
+import trax_names
 
 INVENTORY = os.path.join(ROOT, '..', 'shared', 'trax_api.md')
 

@@ -123,7 +123,7 @@ def lsh_attention(x, weights, buckets, *, n_heads, n_hashes, chunk_len,
       valid = np.ones(length, bool) if mask is None else np.asarray(
           mask[b], bool)
       bk = np.asarray(buckets[b * n_heads + h])
-      order = sorted(range(n_items), key=lambda i: (bk[i], i))  # pylint: disable=cell-var-from-loop
+      order = sorted(range(n_items), key=lambda i: (bk[i], i))
       pos = np.array([i % length for i in order])
       round_out = np.zeros((n_hashes, length, v.shape[-1]))
       round_lse = np.zeros((n_hashes, length))
@@ -163,7 +163,7 @@ def predict_outputs(layer, x, weights, rng, step=1):
 
 def read_golden(name):
   """(flat_weights, flat_state, io) of a golden Trax checkpoint."""
-  from retrax.checkpoints.trax_format import read_trax_checkpoint  # pylint: disable=g-import-not-at-top
+  from retrax.checkpoints.trax_format import read_trax_checkpoint
   ckpt = read_trax_checkpoint(GOLDEN / name / 'model.pkl.gz')
   weights = [np.asarray(w) for w in ckpt['flat_weights']]
   state = [np.asarray(s) for s in ckpt['flat_state']]

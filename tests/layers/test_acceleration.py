@@ -78,7 +78,7 @@ def test_shard_and_unshard_split_rank_lt3_on_axis0_else_last():
 
 
 def test_on_cpu_and_on_accelerator():
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   x = np.ones(3, np.float32)
   y = tl.on_cpu(x)
   assert y.devices() == {jax.devices('cpu')[0]}

@@ -210,7 +210,7 @@ def test_attention_qkv_noop_sparsity_drops_dense_layers():
   w, _ = layer.init(sig)
   y, _ = fwd(layer, (x, x, x, mask))
   (dq, dk, dv), _, do = w[1]
-  assert dq == () and do == ()  # pylint: disable=g-explicit-bool-comparison
+  assert dq == () and do == ()
   close(y, np_multihead(x, x, x, mask, None, dk, dv, None, 3))
   with pytest.raises(ValueError, match='q_sparsity'):
     attn.AttentionQKV(6, q_sparsity=4)

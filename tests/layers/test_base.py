@@ -81,7 +81,7 @@ def test_fn_from_bound_method_does_not_count_self():
 
 
 def test_fn_single_input_may_be_a_tuple():
-  layer = base.Fn('Len', lambda t: len(t))  # pylint: disable=unnecessary-lambda
+  layer = base.Fn('Len', lambda t: len(t))
   assert layer((1, 2, 3)) == 3
   assert layer((np.array([4, 5]),)) == 2  # a 1-tuple is unpacked
 
@@ -281,7 +281,7 @@ def test_failed_call_restores_weights():
 
 
 def test_walk_mode_max_len_and_vocab_size_are_public():
-  from retrax.layers import attention, position  # pylint: disable=g-import-not-at-top
+  from retrax.layers import attention, position
   emb = core.Embedding(11, 4)
   pos = position.PositionalEncoding(max_len=7, mode='predict')
   drop = core.Dropout(0.1, mode='eval')

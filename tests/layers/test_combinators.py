@@ -19,15 +19,15 @@ def as_list(outputs):
   return np.asarray(outputs).tolist()
 
 
-def DivideBy(val):  # pylint: disable=invalid-name
+def DivideBy(val):
   return base.Fn('DivideBy', lambda x: x / val)
 
 
-def ReturnConst(val):  # pylint: disable=invalid-name
+def ReturnConst(val):
   return base.Fn('ReturnConst', lambda: val)
 
 
-def SmallerThan(val):  # pylint: disable=invalid-name
+def SmallerThan(val):
   return base.Fn('SmallerThan', lambda x: x < val)
 
 
@@ -383,7 +383,7 @@ def test_serial_with_side_outputs():
 # --- Scan ----------------------------------------------------------------------
 
 
-def AddWithCarry():  # pylint: disable=invalid-name
+def AddWithCarry():
   def f(x, carry):
     res = x + carry
     return res, res

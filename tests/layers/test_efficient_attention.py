@@ -181,9 +181,9 @@ def test_self_attention_with_narrow_model_multiplies_weights_first(case):
   layer = ea.SelfAttention(n_heads=2, d_qk=8, d_v=8, mode='eval', **case)
   x = _normal(0, (2, 12, 4))
   weights = _weights(2, 4, 8, 8)
-  assert layer._attend_inputs(x[0], tuple(w[0] for w in weights))[3] is None  # pylint: disable=protected-access
+  assert layer._attend_inputs(x[0], tuple(w[0] for w in weights))[3] is None
   wide = _weights(2, 6, 8, 8)  # 2 * 6 > 8: the usual projections
-  assert layer._attend_inputs(_normal(1, (12, 6)), tuple(  # pylint: disable=protected-access
+  assert layer._attend_inputs(_normal(1, (12, 6)), tuple(
       w[0] for w in wide))[3] is not None
   mask = None
   inputs = x

@@ -64,7 +64,7 @@ def test_writes_equal_numpy(n):
   `lax.dynamic_update_slice` does.
   """
   length, cache = 300, randn(2, 300, 4)
-  write = jax.jit(kv_cache._write)  # pylint: disable=protected-access
+  write = jax.jit(kv_cache._write)
   for idx in [0, 5, 126, 127, 128, 254, 255, 256, 297, 310]:
     new = randn(2, n, 4, seed=idx + 1)
     want = cache.copy()
@@ -75,7 +75,7 @@ def test_writes_equal_numpy(n):
         whole(write(segmented, new, np.int32(idx))), want)
     if idx + n <= length:
       np.testing.assert_array_equal(
-          whole(kv_cache._write(segmented, new, idx)), want)  # pylint: disable=protected-access
+          whole(kv_cache._write(segmented, new, idx)), want)
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu'])

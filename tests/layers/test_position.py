@@ -60,7 +60,7 @@ def test_positional_table_is_the_sin_cos_formula(d):
   w, s = layer.init(ShapeDtype((2, 10, d)))
   assert w.shape == (50, d) and w.dtype == np.float32
   np.testing.assert_allclose(w, np_interleaved_table(50, d), atol=1e-6)
-  assert s == ()  # pylint: disable=g-explicit-bool-comparison
+  assert s == ()
 
 
 def test_positional_encoding_default_table_long_positions():
@@ -177,7 +177,7 @@ def test_axial_weights_and_eval_output():
   w, s = layer.init(ShapeDtype(x.shape))
   assert [tuple(a.shape) for a in w] == [(1, 2, 1, 1, 3), (1, 1, 3, 1, 2),
                                          (1, 1, 1, 4, 5)]
-  assert s == ()  # pylint: disable=g-explicit-bool-comparison
+  assert s == ()
   np.testing.assert_allclose(fwd(layer, x), x + np_axial(w, shape, 24), atol=1e-6)
   # Shorter inputs use the first positions.
   np.testing.assert_allclose(fwd(layer, x[:, :7]), x[:, :7] + np_axial(w, shape, 7),
@@ -244,7 +244,7 @@ def test_sincos_eval_is_concatenated_sin_cos():
   x = randn(2, 5, 8)
   layer = position.SinCosPositionalEncoding(mode='eval')
   w, _ = layer.init(ShapeDtype(x.shape))
-  assert w == ()  # pylint: disable=g-explicit-bool-comparison
+  assert w == ()
   np.testing.assert_allclose(fwd(layer, x), x + np_concat_sincos(np.arange(5), 8),
                              atol=1e-5)
 

@@ -50,15 +50,15 @@ class Spec:
     return rs.randn(*self.shape).astype(np.float32)
 
 
-def F(*shape):  # pylint: disable=invalid-name
+def F(*shape):
   return Spec(shape)
 
 
-def I(*shape, high=10):  # pylint: disable=invalid-name
+def I(*shape, high=10):
   return Spec(shape, 'int', high)
 
 
-def Case(case_id, make, *specs, grads=None):  # pylint: disable=invalid-name
+def Case(case_id, make, *specs, grads=None):
   return pytest.param(make, specs, grads, id=case_id)
 
 

@@ -97,14 +97,14 @@ Branch_in2_out5[
 
 def test_lab_part_1_prints_what_trax_prints(capsys):
   namespace = {}
-  exec(compile(LAB_PART_1, 'revnet_lab_part1', 'exec'), namespace)  # pylint: disable=exec-used
+  exec(compile(LAB_PART_1, 'revnet_lab_part1', 'exec'), namespace)
   assert capsys.readouterr().out == EXPECTED
 
 
 def test_lab_networks_init_and_run_under_jit():
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import retrax as trax  # pylint: disable=g-import-not-at-top
+  import jax
+  import numpy as np
+  import retrax as trax
   tl = trax.layers
   f = tl.Fn('F', lambda x0: (2 * x0), n_out=1)
   g = tl.Fn('G', lambda x0: (10 * x0), n_out=1)

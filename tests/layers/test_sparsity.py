@@ -19,7 +19,7 @@ def _shape_tree(tree):
   return f'A{np.shape(tree)}'
 
 
-def A(*shape):  # pylint: disable=invalid-name
+def A(*shape):
   return f'A{shape}'
 
 

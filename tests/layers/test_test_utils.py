@@ -22,7 +22,7 @@ def _leaky_model(mode):
 
 
 def jnp_roll(x):
-  from retrax.fastmath import numpy as jnp  # pylint: disable=g-import-not-at-top
+  from retrax.fastmath import numpy as jnp
   return jnp.roll(x, -1, axis=1)
 
 
@@ -48,7 +48,7 @@ def test_eval_is_deterministic_catches_dropout_that_ignores_mode():
   # Dropout draws from the fixed rng both models get: still deterministic.
   ltu.test_eval_is_deterministic(
       x, lambda mode: tl.Serial(tl.Dense(3), tl.Dropout(0.5, mode='train')))
-  noisy = lambda mode: tl.Fn('Noise', lambda x: x + np.random.normal(  # pylint: disable=g-long-lambda
+  noisy = lambda mode: tl.Fn('Noise', lambda x: x + np.random.normal(
       size=x.shape))
   with pytest.raises(AssertionError, match='Non-deterministic'):
     ltu.test_eval_is_deterministic(x, noisy)
@@ -90,7 +90,7 @@ def test_eval_equals_predict_discrete_with_the_mock():
 
 
 def test_ensure_flag_parses_absl_flags_once_needed():
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
   name = 'retrax_test_utils_flag'
   if name not in flags.FLAGS:
     flags.DEFINE_string(name, 'set', 'a flag for this test')

@@ -82,7 +82,7 @@ def test_tfnp_random_draws_equal_jax_s():
 
 
 def test_set_backend_tfnp_turns_x64_on_and_back_off():
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   assert not jax.config.jax_enable_x64
   fastmath.set_backend('tensorflow-numpy')
   try:
@@ -107,8 +107,8 @@ def test_flatten_weights_and_state_skip_empty_and_shared():
 
 
 def test_fastmath_backend_table_matches_backend():
-  from retrax.fastmath import ops  # pylint: disable=g-import-not-at-top
-  table = ops._backend_dict  # pylint: disable=protected-access  (Trax's name)
+  from retrax.fastmath import ops
+  table = ops._backend_dict
   assert set(table) == set(ops.Backend)
   for b in ops.Backend:
     assert table[b]['name'] == b.value

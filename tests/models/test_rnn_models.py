@@ -19,7 +19,7 @@ except ImportError:  # tests/ is not a package: import the sibling folder's modu
   import sys
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                   '..', 'layers'))
-  import predict_utils  # pylint: disable=g-import-not-at-top
+  import predict_utils
 
 RNG = jax.random.PRNGKey(0)
 VOCAB = 11

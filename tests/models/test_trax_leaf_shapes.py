@@ -48,7 +48,7 @@ def shape_tree(tree):
   return f'A{tuple(np.shape(tree))}'
 
 
-def A(*shape):  # pylint: disable=invalid-name
+def A(*shape):
   return f'A{tuple(shape)}'
 
 

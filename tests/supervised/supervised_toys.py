@@ -23,17 +23,17 @@ def _weighted_ce(log_probs, targets, weights):
   return jnp.sum(ce * weights) / jnp.sum(weights)
 
 
-def WeightedCrossEntropy():  # pylint: disable=invalid-name
+def WeightedCrossEntropy():
   """Trax's CrossEntropyLoss: weighted mean of -log p(target); takes log-probs."""
   return tl.Fn('WeightedCrossEntropy', _weighted_ce)
 
 
-def WeightedAccuracy():  # pylint: disable=invalid-name
+def WeightedAccuracy():
   return tl.Fn('WeightedAccuracy', lambda lp, t, w: jnp.sum(
       (jnp.argmax(lp, axis=-1) == t) * w) / jnp.sum(w))
 
 
-def SumOfWeights():  # pylint: disable=invalid-name
+def SumOfWeights():
   return tl.Fn('SumOfWeights', lambda lp, t, w: jnp.sum(w))
 
 

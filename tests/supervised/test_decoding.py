@@ -102,7 +102,7 @@ def _greedy_reference(table, fed, max_length, eos_id):
 def _beam_reference(log_probs_fn, k, max_length, eos_id, alpha):
   """Beam search in plain Python: of the 2k best candidates, eos among the
   best k finish (a pool of k), the k best others live on."""
-  penalty = lambda n: ((5.0 + n) / 6.0)**alpha  # pylint: disable=unnecessary-lambda-assignment
+  penalty = lambda n: ((5.0 + n) / 6.0)**alpha
   alive, finished = [(0.0, [])], []
   for t in range(max_length):
     cands = [(lp + v, seq + [tok]) for lp, seq in alive
@@ -313,13 +313,13 @@ def test_decoding_loop_is_compiled_once_per_shape():
   out = decoding.autoregressive_sample(model, batch_size=2, max_length=30,
                                        eos_id=None, temperature=0.5, rng=0)
   assert out.shape == (2, 30)
-  traced = model._n_forward  # pylint: disable=protected-access
+  traced = model._n_forward
   assert traced <= 6  # Layout probes and the loop's steps, not one per token.
   model.state = initial_state
   again = decoding.autoregressive_sample(model, batch_size=2, max_length=30,
                                          eos_id=None, temperature=0.5, rng=0)
   np.testing.assert_array_equal(again, out)
-  assert model._n_forward == traced  # pylint: disable=protected-access
+  assert model._n_forward == traced
 
 
 # --- beam search ------------------------------------------------------------------
@@ -336,7 +336,7 @@ def test_beam_search_matches_numpy_beam_search():
   assert len(got) == k
   for row in range(2):
     fed = [0] + list(prompts[row])
-    want = _beam_reference(lambda seq: _toy_log_probs(table, fed + seq),  # pylint: disable=cell-var-from-loop
+    want = _beam_reference(lambda seq: _toy_log_probs(table, fed + seq),
                            k, max_length, eos_id, alpha)
     for (seqs, scores), (want_score, want_seq) in zip(got, want):
       np.testing.assert_array_equal(_padded(seqs[row], max_length),
@@ -347,7 +347,7 @@ def test_beam_search_matches_numpy_beam_search():
 def test_wide_beam_search_finds_the_best_sequences_by_enumeration():
   table = _table(3, seed=6, scale=2.0)
   eos_id, max_length, alpha = 1, 3, 0.8
-  penalty = lambda n: ((5.0 + n) / 6.0)**alpha  # pylint: disable=unnecessary-lambda-assignment
+  penalty = lambda n: ((5.0 + n) / 6.0)**alpha
   complete = []
   for n in range(1, max_length + 1):
     for seq in itertools.product(range(3), repeat=n):

@@ -115,7 +115,7 @@ def test_chunked_loss_equals_unchunked_value_and_gradients():
     step_fn, weights, state, _, _ = _setup(
         model, toys.WeightedCrossEntropy(), optimizers.SGD(0.0), batch,
         loss_chunk_size=size)
-    forward = step_fn._forward  # pylint: disable=protected-access
+    forward = step_fn._forward
     loss, grads = jax.jit(jax.value_and_grad(
         lambda w, f=forward: f(w, state, batch, jax.random.PRNGKey(1))[0]))(
             weights)

@@ -61,7 +61,7 @@ def test_bar_says_compiling_then_one_rate_and_an_eta_without_compile_time(
     p.update(_batch(), 2.5)
   assert p.rate() == pytest.approx(10.0)
   assert p.eta() == pytest.approx(5.0)  # 50 steps left at 10/s: no 60 s in it.
-  p._bar.refresh()  # pylint: disable=protected-access
+  p._bar.refresh()
   text = term.getvalue()
   p.close()
   last = text.split('\r')[-1]

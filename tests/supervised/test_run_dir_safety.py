@@ -179,7 +179,7 @@ def test_a_kill_between_the_two_formats_leaves_no_stale_trax_files(
     tmp_path, monkeypatch):
   """Item 7 with item 4: killed after the native checkpoint of the final
   step 5 but before Trax's files; the resumed run rewrites them."""
-  from retrax.supervised import checkpointing  # pylint: disable=g-import-not-at-top
+  from retrax.supervised import checkpointing
   real_write = checkpointing.save_trax_state
 
   def write_then_die(basename, host_state, *args):

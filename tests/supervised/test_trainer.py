@@ -65,7 +65,7 @@ def test_train_epoch_prints_trax_report(capsys):
 def test_trainer_and_loop_train_identically():
   trainer = _trainer(optimizer=optimizers.SGD, schedule=lambda step: 0.1)
   for _ in range(4):
-    trainer.train_step(next(trainer._loop.tasks[0]._labeled_data))  # pylint: disable=protected-access
+    trainer.train_step(next(trainer._loop.tasks[0]._labeled_data))
   task = training.TrainTask(toys.copy_batches(0), toys.WeightedCrossEntropy(),
                             optimizers.SGD(0.1),
                             sample_batch=next(toys.copy_batches(99)))

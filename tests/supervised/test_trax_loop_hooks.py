@@ -115,8 +115,8 @@ def test_history_has_training_loss_equal_to_the_mean_loss():
 
 
 def test_legacy_trainer_exposes_history_as_trax_does(tmp_path):
-  from retrax.data import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import trainer_lib  # pylint: disable=g-import-not-at-top
+  from retrax.data import inputs as inputs_lib
+  from retrax.supervised import trainer_lib
 
   def stream(n_devices):
     del n_devices
@@ -132,7 +132,7 @@ def test_legacy_trainer_exposes_history_as_trax_does(tmp_path):
       lr_schedule=lr_schedules.constant(0.01),
       inputs=inputs_lib.Inputs(stream), output_dir=str(tmp_path))
   trainer.train_epoch(2, 1)
-  assert trainer._history is trainer.history  # pylint: disable=protected-access
+  assert trainer._history is trainer.history
   assert trainer.state.history is trainer.history
   assert trainer.history.get('eval', 'metrics/loss')[-1][0] == 2
 
@@ -147,14 +147,14 @@ def test_body_and_tail_with_cosine_sawtooth_is_the_closed_form():
     phase = ((step - 20) % 40) / 40
     want = 0.1 + 0.2 * 0.5 * (1 + math.cos(math.pi * phase))
     assert schedule(step) == pytest.approx(want, rel=1e-12)
-  assert lr_schedules._BodyAndTail is lr_schedules.BodyAndTail  # pylint: disable=protected-access
+  assert lr_schedules._BodyAndTail is lr_schedules.BodyAndTail
   with pytest.raises(ValueError, match='tail_fn is None'):
     lr_schedules.BodyAndTail(0.3, tail_start=3)
 
 
 def test_tf_numpy_path_runs_on_jax():
-  from retrax.tf_numpy import extensions  # pylint: disable=g-import-not-at-top
-  from retrax.tf_numpy import numpy as tf_np  # pylint: disable=g-import-not-at-top
+  from retrax.tf_numpy import extensions
+  from retrax.tf_numpy import numpy as tf_np
   assert extensions.tpu_devices() == [d for d in jax.devices()
                                       if d.platform == 'tpu']
   np.testing.assert_array_equal(tf_np.cumsum(tf_np.array([1, 2, 3])),

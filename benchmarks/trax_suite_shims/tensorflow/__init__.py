@@ -2,7 +2,7 @@
 import types
 
 from tensorflow import _testing
-from tensorflow import compat  # noqa: F401
+from tensorflow import compat as compat
 
 test = types.SimpleNamespace(TestCase=_testing.TestCase, main=_testing.main,
                              get_temp_dir=_testing.get_temp_dir)

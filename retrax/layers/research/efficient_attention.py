@@ -5,7 +5,6 @@ EncDecAttention), `retrax.layers.lsh_attention` (LSHSelfAttention),
 `retrax.layers.efficient_attention_base` and `..._ops` (the shared helpers);
 this module gathers them under Trax's name.
 """
-# pylint: disable=unused-import,g-importing-member
 
 from retrax.layers.efficient_attention import EncDecAttention
 from retrax.layers.efficient_attention import SelfAttention

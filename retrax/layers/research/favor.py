@@ -104,7 +104,7 @@ class FavorAttention(base.Layer):
     return numerator / denominator[..., None], mask
 
 
-def Favor(d_feature, n_heads=1, n_random_features=256, dropout=0.0,  # pylint: disable=invalid-name
+def Favor(d_feature, n_heads=1, n_random_features=256, dropout=0.0,
           numerical_stabilizer=0.001, use_approximate_softmax=False,
           scale_by_norm=0, normalize_data=False, epsilon=0.0001, mode='train'):
   """`(x, mask) -> (y, mask)`: multi-head FAVOR+ attention with Dense Q, K, V and output.
@@ -209,7 +209,7 @@ class CausalFavorAttention(base.Layer):
           jnp.zeros((k_sig.shape[0], k_sig.shape[-1]), np.float32))
 
 
-def CausalFavor(d_feature, n_heads=1, dropout=0.0, numerical_stabilizer=0.001,  # pylint: disable=invalid-name
+def CausalFavor(d_feature, n_heads=1, dropout=0.0, numerical_stabilizer=0.001,
                 mode='train'):
   """`x -> y`: multi-head causal FAVOR+ attention with Dense Q, K, V and output.
 

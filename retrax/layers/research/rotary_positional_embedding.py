@@ -23,6 +23,6 @@ def rotate(x):
   return x * jnp.cos(angles) + rotated_half * jnp.sin(angles)
 
 
-def Rotate():  # pylint: disable=invalid-name
+def Rotate():
   """`x -> rotate(x)`: the rotary embedding as a weightless layer."""
   return core.Fn('Rotate', rotate)

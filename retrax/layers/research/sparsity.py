@@ -35,13 +35,13 @@ from retrax.layers import initializers as init
 from retrax.layers import reversible
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.locally_connected import LocallyConnected1d
-from retrax.layers.research.favor import CausalFavor  # pylint: disable=unused-import
-from retrax.layers.research.favor import CausalFavorAttention  # pylint: disable=unused-import
-from retrax.layers.research.favor import Favor  # pylint: disable=unused-import
-from retrax.layers.research.favor import FavorAttention  # pylint: disable=unused-import
-from retrax.layers.research.sparse_ff import BlockSparseFF  # pylint: disable=unused-import
-from retrax.layers.research.sparse_ff import SwitchSparseFF  # pylint: disable=unused-import
-from retrax.layers.sparsity import SparseFF  # pylint: disable=unused-import
+from retrax.layers.research.favor import CausalFavor
+from retrax.layers.research.favor import CausalFavorAttention
+from retrax.layers.research.favor import Favor
+from retrax.layers.research.favor import FavorAttention
+from retrax.layers.research.sparse_ff import BlockSparseFF
+from retrax.layers.research.sparse_ff import SwitchSparseFF
+from retrax.layers.sparsity import SparseFF
 
 
 def _check_divides(owner, what, value, by_what, by):
@@ -92,21 +92,21 @@ class ReversibleRandomPermute(_PermuteLastAxis):
 
 
 @assert_shape('...a->...bc')
-def SplitLastAxis(num_splits):  # pylint: disable=invalid-name
+def SplitLastAxis(num_splits):
   """`(..., d) -> (..., num_splits, d // num_splits)`."""
   return core.Fn(f'SplitLastAxis_{num_splits}',
                  lambda x: jnp.reshape(x, x.shape[:-1] + (num_splits, -1)))
 
 
 @assert_shape('...ab->...c')
-def MergeLastTwoAxes():  # pylint: disable=invalid-name
+def MergeLastTwoAxes():
   """`(..., a, b) -> (..., a * b)`."""
   return core.Fn('MergeLastTwoAxes',
                  lambda x: jnp.reshape(x, x.shape[:-2] + (-1,)))
 
 
 @assert_shape('...a->...b')
-def LocallyConnectedDense(n_modules, n_units, kernel_size=1,  # pylint: disable=invalid-name
+def LocallyConnectedDense(n_modules, n_units, kernel_size=1,
                           kernel_initializer=init.GlorotUniformInitializer(),
                           bias_initializer=init.RandomNormalInitializer(1e-6),
                           use_bias=True):
@@ -136,7 +136,7 @@ def _causal_attention_with(make_layer, n_heads, dropout, max_inference_length,
 
 
 @assert_shape('bld->bld')
-def ModularCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,  # pylint: disable=invalid-name
+def ModularCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,
                            max_inference_length=2048, kernel_size=1,
                            mode='train'):
   """CausalAttention with `LocallyConnectedDense(sparsity, d / sparsity)` for Q, K, V and output."""
@@ -180,7 +180,7 @@ class _RememberPad(base.Layer):
 
 
 @assert_shape('...a->...b')
-def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,  # pylint: disable=invalid-name
+def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,
                      length_kernel_size=1):
   """Like LocallyConnectedDense with weights shared over modules (a Conv), causal over `length_kernel_size` positions.
 
@@ -204,7 +204,7 @@ def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,  # pylint: disable
 
 
 @assert_shape('bld->bld')
-def ConvCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,  # pylint: disable=invalid-name
+def ConvCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,
                         max_inference_length=2048, kernel_size=1,
                         mode='train'):
   """CausalAttention with `LocallyConvDense(sparsity, d / sparsity)` for Q, K, V and output."""
@@ -218,13 +218,13 @@ def ConvCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,  # pyl
 
 
 @assert_shape('...a->...b')
-def LowRankDense(n_units, d_lowrank):  # pylint: disable=invalid-name
+def LowRankDense(n_units, d_lowrank):
   """`Dense(d_lowrank)` then `Dense(n_units)`."""
   return cb.Serial(core.Dense(d_lowrank), core.Dense(n_units))
 
 
 @assert_shape('...a->...b')
-def EinsumDense(d_input, d_output, use_bias):  # pylint: disable=invalid-name
+def EinsumDense(d_input, d_output, use_bias):
   """Dense with its kernel stored transposed, `(d_output, d_input)`, as in Trax."""
   layers = [
       core.Weights(init.GlorotUniformInitializer(), [d_output, d_input]),
@@ -237,7 +237,7 @@ def EinsumDense(d_input, d_output, use_bias):  # pylint: disable=invalid-name
   return cb.Serial(layers)
 
 
-def RandomLayer(layer_a, layer_b, prob_a):  # pylint: disable=invalid-name
+def RandomLayer(layer_a, layer_b, prob_a):
   """Runs `layer_a` with probability `prob_a` (a fresh draw per call), else `layer_b`."""
   condition = cb.Serial(core.RandomUniform(),
                         core.Fn('SmallerThan', lambda x: x < prob_a))
@@ -249,7 +249,7 @@ _SPARSITY_TYPES = (None, 'None', 'mult', 'lowrank', 'einsum', 'local',
 
 
 @assert_shape('...a->...b')
-def SparseDenseWithOptions(n_units, d_input=None, sparsity_type=None,  # pylint: disable=invalid-name
+def SparseDenseWithOptions(n_units, d_input=None, sparsity_type=None,
                            sparsity=0, d_lowrank=None, prob_sparse=None,
                            mode=None, use_bias=True, use_bfloat16=False):
   """A Dense layer or one of its sparse replacements.
@@ -300,7 +300,7 @@ def SparseDenseWithOptions(n_units, d_input=None, sparsity_type=None,  # pylint:
 
 
 @assert_shape('bld->bld')
-def LowRankCausalAttention(d_feature, n_heads=1, dropout=0.0,  # pylint: disable=invalid-name
+def LowRankCausalAttention(d_feature, n_heads=1, dropout=0.0,
                            max_inference_length=2048, lowrank=64,
                            mode='train'):
   """CausalAttention with `LowRankDense(d_feature, lowrank)` for Q, K, V and output."""
@@ -308,14 +308,14 @@ def LowRankCausalAttention(d_feature, n_heads=1, dropout=0.0,  # pylint: disable
                                 n_heads, dropout, max_inference_length, mode)
 
 
-def _GateAndProject():  # pylint: disable=invalid-name
+def _GateAndProject():
   # Stack: x, gating [n, d], projection [d, m] -> x gated by each module and projected.
   return core.Fn('_GateAndProject', lambda projection, gating, x: jnp.einsum(
       '...d,nd,dm->...nm', x, gating, projection))
 
 
 @assert_shape('...a->...b')
-def FactoredDense(n_modules, d_in, d_out, use_bias=True, use_bfloat16=False):  # pylint: disable=invalid-name
+def FactoredDense(n_modules, d_in, d_out, use_bias=True, use_bfloat16=False):
   """`y[..., i*m:(i+1)*m] = (x * g_i) @ P (+ b)`: `n_modules` gates `g_i` share one projection.
 
   Weights (in order): gates `(n_modules, d_in)` ~ N(0, 0.5²), projection
@@ -340,7 +340,7 @@ def FactoredDense(n_modules, d_in, d_out, use_bias=True, use_bfloat16=False):  #
 
 
 @assert_shape('...a->...a')
-def MultiplicativeModularSparseDense(sparsity, d_feature):  # pylint: disable=invalid-name
+def MultiplicativeModularSparseDense(sparsity, d_feature):
   """FactoredDense followed by a per-module `(d_module, d_module)` Dense, in one einsum.
 
   Weights: gates `(sparsity, d)`, shared kernel `(d, d / sparsity)`, module
@@ -366,7 +366,7 @@ def MultiplicativeModularSparseDense(sparsity, d_feature):  # pylint: disable=in
 
 
 @assert_shape('bld->bld')
-def MultiplicativeCausalAttention(d_feature, n_heads=1, sparsity=None,  # pylint: disable=invalid-name
+def MultiplicativeCausalAttention(d_feature, n_heads=1, sparsity=None,
                                   dropout=0.0, max_inference_length=2048,
                                   mode='train'):
   """CausalAttention with `FactoredDense(sparsity, d, d)` for Q, K, V and output."""
@@ -377,7 +377,7 @@ def MultiplicativeCausalAttention(d_feature, n_heads=1, sparsity=None,  # pylint
 
 
 @assert_shape('bld->bld')
-def MultiplicativeModularCausalAttention(  # pylint: disable=invalid-name
+def MultiplicativeModularCausalAttention(
     d_feature, n_heads=1, sparsity=None, dropout=0.0, max_inference_length=2048,
     mode='train'):
   """CausalAttention with `MultiplicativeModularSparseDense` for Q, K, V and output."""
@@ -405,7 +405,7 @@ _V_CONCAT_TYPES = ('original', 'fixed', 'none')
 
 
 @assert_shape('bld->bld')
-def MultiplicativeConvCausalAttention(  # pylint: disable=invalid-name
+def MultiplicativeConvCausalAttention(
     d_feature, n_heads=1, sparsity=None, length_kernel_size=3, dropout=0.0,
     force_no_dropout=False, max_inference_length=2048, share_qk=False,
     output_layer_type='none', v_concat_type='none', mode='train'):

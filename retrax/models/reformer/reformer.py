@@ -15,7 +15,7 @@ from retrax.models.research import configurable_transformer as ct
 ReversibleHalfResidualV2 = tl.ReversibleHalfResidual
 
 
-def DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,  # pylint: disable=invalid-name
+def DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
                  attention_type, dropout, ff_activation, ff_dropout, ff_use_sru,
                  ff_chunk_size, ff_sparsity, attention_chunk_size,
                  n_attention_layers=1, n_feedforward_layers=1,
@@ -60,7 +60,7 @@ def _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob):
                      'them at their defaults.')
 
 
-def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,  # pylint: disable=invalid-name
+def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
                max_len=2048, attention_type=None, pos_type=None,
                pos_axial_shape=(), pos_d_axial_embs=None,
@@ -126,7 +126,7 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,  # pylint
   )
 
 
-def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,  # pylint: disable=invalid-name
+def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,
                       d_model=512, d_ff=2048, d_attention_key=64,
                       d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
                       max_len=2048, attention_type=None, pos_type=None,
@@ -180,7 +180,7 @@ def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,  # pylint: 
   )
 
 
-def EncoderBlock(d_model, d_ff, n_heads, attention_type, dropout, ff_activation,  # pylint: disable=invalid-name
+def EncoderBlock(d_model, d_ff, n_heads, attention_type, dropout, ff_activation,
                  ff_dropout, ff_use_sru=0, ff_chunk_size=0, ff_sparsity=0,
                  attention_chunk_size=0, center_layernorm=True,
                  use_bfloat16=False, use_two_swaps_per_block=True,
@@ -212,7 +212,7 @@ def EncoderBlock(d_model, d_ff, n_heads, attention_type, dropout, ff_activation,
   return layers
 
 
-def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, ff_activation,  # pylint: disable=invalid-name
+def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, ff_activation,
                         ff_dropout, mode, ff_use_sru=0, ff_chunk_size=0,
                         ff_sparsity=0):
   """Reversible decoder block with causal self-attention and encoder-decoder attention."""
@@ -236,7 +236,7 @@ def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, ff_activation,  # pylin
   ]
 
 
-def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,  # pylint: disable=invalid-name
+def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
              n_encoder_layers=6, n_decoder_layers=6, n_heads=8, dropout=0.1,
              max_len=2048, ff_activation=None, ff_dropout=None, mode='train',
              pos_type=None, pos_axial_shape=None, pos_d_axial_embs=None,
@@ -288,14 +288,14 @@ def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,  
   )
 
 
-def _InsertAxes12():  # pylint: disable=invalid-name
+def _InsertAxes12():
   return tl.Fn('InsertAxes12',
                lambda x: jnp.reshape(x, (x.shape[0], 1, 1, x.shape[1])))
 
 
-def _RemoveAxes12():  # pylint: disable=invalid-name
+def _RemoveAxes12():
   return tl.Fn('RemoveAxes12', lambda x: jnp.squeeze(x, (1, 2)))
 
 
-def _XYAvg():  # pylint: disable=invalid-name
+def _XYAvg():
   return tl.Fn('XYAvg', lambda x, y: (x + y) / 2.0)

@@ -12,7 +12,7 @@ from retrax.layers.research import sparsity as research_sparsity
 from retrax.layers import validation
 
 
-def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16,  # pylint: disable=invalid-name
+def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16,
                  mode):
   """Dense(d_ff), Dropout, activation, Dense(d_model)."""
   if act_dropout is None:
@@ -52,7 +52,7 @@ def _parse_sparsity(ff_sparsity, d_ff):
   return n_elements_in_block, d_lowrank, temperature, quant_prob
 
 
-def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,  # pylint: disable=invalid-name
+def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
                            ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                            ff_sparsity, center_layernorm, mode,
                            use_bfloat16=False, ff_sparsity_type='1inN'):
@@ -121,7 +121,7 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,  # pylin
   return [res]
 
 
-def ApplyAttentionLayer(attention_type, d_model, n_heads, d_qk, d_v, causal,  # pylint: disable=invalid-name
+def ApplyAttentionLayer(attention_type, d_model, n_heads, d_qk, d_v, causal,
                         masked, attention_dropout, output_dropout,
                         attention_chunk_size, mode):
   """Builds `attention_type` with the efficient-attention or dense-attention signature."""
@@ -139,7 +139,7 @@ def ApplyAttentionLayer(attention_type, d_model, n_heads, d_qk, d_v, causal,  # 
 
 
 @tl.assert_shape('...d->...d')
-def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,  # pylint: disable=invalid-name
+def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,
                       pos_axial_shape=None, pos_d_axial_embs=None,
                       pos_start_from_zero_prob=1.0, pos_max_offset_to_add=0,
                       use_bfloat16=False, pos_time_bin_length=None):
@@ -188,7 +188,7 @@ def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,  # pylint
                    "'axial' or 'no'.")
 
 
-def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,  # pylint: disable=invalid-name
+def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,
                                     embedding_dropout, dropout_shared_axes,
                                     max_len, output_vocab_size=None,
                                     pos_type=None, pos_axial_shape=None,
@@ -239,7 +239,7 @@ def _residual_attention(attention, dropout, dropout_shared_axes, mode):
       tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode))
 
 
-def _residual_ff(d_model, d_ff, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+def _residual_ff(d_model, d_ff, dropout, dropout_shared_axes, mode,
                  ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                  ff_sparsity, ff_sparsity_type):
   return tl.Residual(FeedForwardWithOptions(
@@ -248,7 +248,7 @@ def _residual_ff(d_model, d_ff, dropout, dropout_shared_axes, mode,  # pylint: d
       ff_sparsity_type))
 
 
-def EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+def EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
                  ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                  ff_sparsity, ff_sparsity_type, attention_chunk_size,
                  attention_type, n_attention_layers=1, n_feedforward_layers=1):
@@ -267,7 +267,7 @@ def EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # 
   return attentions + feed_forwards
 
 
-def DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # pylint: disable=invalid-name
+def DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
                  ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                  ff_sparsity, ff_sparsity_type, attention_chunk_size,
                  attention_type, n_attention_layers=1, n_feedforward_layers=1):
@@ -286,7 +286,7 @@ def DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,  # 
   return attentions + feed_forwards
 
 
-def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,  # pylint: disable=invalid-name
+def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                         mode, ff_activation, ff_dropout, ff_chunk_size,
                         ff_use_sru, ff_sparsity, ff_sparsity_type,
                         attention_chunk_size, attention_type,
@@ -331,7 +331,7 @@ def _check_heads(model, d_model, n_heads):
                      f'multiple of n_heads ({n_heads}).')
 
 
-def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,  # pylint: disable=invalid-name
+def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,
                                    d_ff=2048, n_layers=6, n_heads=8,
                                    max_len=2048, dropout=0.1,
                                    dropout_shared_axes=None, mode='train',
@@ -370,7 +370,7 @@ def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,  # pyl
   )
 
 
-def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,  # pylint: disable=invalid-name
+def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                               n_heads=8, max_len=2048, dropout=0.1,
                               dropout_shared_axes=None, mode='train',
                               ff_activation=tl.Relu, ff_dropout=0.1,
@@ -418,7 +418,7 @@ def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,  #
   )
 
 
-def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,  # pylint: disable=invalid-name
+def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
                             d_model=512, d_ff=2048, n_encoder_layers=6,
                             n_decoder_layers=6, n_heads=8, max_len=2048,
                             dropout=0.1, dropout_shared_axes=None,

@@ -19,7 +19,6 @@ checks), `state_layout` (rows per example of the predict-mode state, from
 the layers' declarations in `retrax.layers.predict_state`), `sampling`,
 `beam_search`, and `decoder` (`Decoder`: a model's compiled programs).
 """
-# pylint: disable=g-importing-member,useless-import-alias
 
 from retrax.supervised.decoding.beam_search import beam_search as beam_search
 from retrax.supervised.decoding.decoder import Decoder as Decoder

@@ -75,7 +75,7 @@ class Decoder:
     """`(jitted, plain)` versions of `run(model_ref, *args)`, cached on `key`."""
     if key not in self._programs:
       model_ref = self._model_ref
-      plain = lambda *args: run(model_ref, *args)  # pylint: disable=unnecessary-lambda-assignment
+      plain = lambda *args: run(model_ref, *args)
       self._programs[key] = (jax.jit(plain), plain)
     return self._programs[key]
 
