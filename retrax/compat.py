@@ -130,8 +130,14 @@ def _patch_jax():
 
 
 def install():
-  """Makes `import trax` (and `trax.*`) import retrax. Idempotent."""
+  """Makes `import trax` (and `trax.*`) import retrax. Idempotent.
+
+  Once the program imports gin, gin's `backend.name` also selects the
+  default backend, as in Trax (`retrax.compat_gin`).
+  """
   _patch_jax()
+  from retrax import compat_gin  # pylint: disable=g-import-not-at-top
+  compat_gin.install()
   if not any(isinstance(f, _TraxFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _TraxFinder())
 

@@ -90,9 +90,32 @@ def use_backend(name):
     _override = old
 
 
+_default_source = None  # set by set_default_source
+
+
+def set_default_source(source):
+  """Consults `source()` for the backend's name when none is set or overridden.
+
+  `source` takes no arguments and returns a name, a `Backend` or None (then
+  JAX); None removes it. A hook for configuration systems: `retrax.compat`
+  installs one reading gin's `backend.name`, as Trax's gin-configurable
+  `backend()` did.
+  """
+  global _default_source
+  if source is not None and not callable(source):
+    raise TypeError(f'set_default_source: source must be callable or None; '
+                    f'got {source!r}.')
+  _default_source = source
+
+
 def current():
-  """The `Backend` in use now (override, else default, else JAX)."""
-  return _override or _default or Backend.JAX
+  """The `Backend` in use now (override, else default, else the default
+  source's, else JAX)."""
+  b = _override or _default
+  if b is None and _default_source is not None:
+    name = _default_source()
+    b = None if name is None else _parse(name)
+  return b or Backend.JAX
 
 
 def is_numpy():
@@ -110,12 +133,13 @@ def is_backend(backend_):
   return current() == _parse(backend_)
 
 
-def backend(name='jax'):
+def backend(name=None):
   """Trax's backend dict (`'np'` and `'name'`) of the backend in use.
 
-  As in Trax, `name` only matters when no backend was set or overridden.
+  As in Trax, `name` only matters when no backend was set or overridden;
+  None means the backend in use (with no default source: JAX).
   """
-  b = current() if (_override or _default) else _parse(name)
+  b = current() if (_override or _default or name is None) else _parse(name)
   return {'np': onp if b == Backend.NUMPY else jnp, 'name': b.value}
 
 

@@ -1,0 +1,76 @@
+"""gin's `backend.name` selects the default backend under retrax.compat (as
+Trax's gin-configurable `fastmath.backend` did); `set_default_source`."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as onp
+import pytest
+
+from retrax import fastmath
+from retrax.fastmath.backend import set_default_source
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_PROGRAM = textwrap.dedent('''
+    import sys
+    import jax.numpy as jnp
+    import numpy as onp
+    import retrax.compat
+    retrax.compat.install()
+    assert 'gin' not in sys.modules  # nothing imported until the program does
+    from trax import fastmath
+    import gin
+    assert fastmath.backend()['np'] is jnp and fastmath.backend_name() == 'jax'
+    gin.parse_config_files_and_bindings(None, "backend.name = 'numpy'")
+    assert fastmath.backend()['np'] is onp
+    assert fastmath.backend_name() == 'numpy'
+    assert fastmath.numpy.isinf is onp.isinf
+    assert fastmath.backend('jax')['np'] is jnp  # an explicit name wins
+    with fastmath.use_backend('jax'):  # an override wins over gin
+      assert fastmath.backend_name() == 'jax'
+    fastmath.set_backend('jax')
+    assert fastmath.backend_name() == 'jax'
+    fastmath.set_backend(None)
+    assert fastmath.backend_name() == 'numpy'
+    gin.clear_config()
+    assert fastmath.backend_name() == 'jax'
+    print('ok')
+''')
+
+
+def test_gin_backend_name_under_compat():
+  pytest.importorskip('gin')
+  out = subprocess.run([sys.executable, '-c', _PROGRAM], cwd=_ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().endswith('ok')
+
+
+def test_default_source_is_used_only_when_no_backend_is_set():
+  names = ['numpy']
+  set_default_source(lambda: names[0])
+  try:
+    assert fastmath.backend_name() == 'numpy'
+    assert fastmath.backend()['np'] is onp
+    assert fastmath.numpy.sum is onp.sum
+    with fastmath.use_backend('jax'):
+      assert fastmath.backend()['np'] is jnp
+    names[0] = None  # the source has no opinion: JAX
+    assert fastmath.backend_name() == 'jax'
+    names[0] = 'no-such-backend'
+    with pytest.raises(ValueError, match='no-such-backend'):
+      fastmath.backend_name()
+  finally:
+    set_default_source(None)
+  assert fastmath.backend_name() == 'jax'
+  assert fastmath.backend('numpy')['np'] is onp  # explicit name, nothing set
+
+
+def test_default_source_must_be_callable():
+  with pytest.raises(TypeError, match='callable'):
+    set_default_source('numpy')
