@@ -10,6 +10,7 @@ from the file. `convert_shape_dtypes` turns them into `retrax.shapes.ShapeDtype`
 import numpy as np
 
 from retrax.checkpoints.errors import CheckpointFormatError
+from retrax.shapes import ShapeDtype
 
 
 def _check_shape(shape):
@@ -110,7 +111,7 @@ def convert_shape_dtypes(tree, factory=None):
     The tree with converted leaves; other leaves are kept as they are.
   """
   if factory is None:
-    from retrax.shapes import ShapeDtype as factory
+    factory = ShapeDtype
   if is_shape_dtype(tree):
     return factory(tuple(tree.shape), tree.dtype)
   if isinstance(tree, (list, tuple)):

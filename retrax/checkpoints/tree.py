@@ -24,7 +24,9 @@ from retrax.fastmath.tree import flatten_weights_and_state as flatten_weights_an
 from retrax.fastmath.tree import GET_STATE_FROM_CACHE as GET_STATE_FROM_CACHE
 from retrax.fastmath.tree import GET_WEIGHTS_FROM_CACHE as GET_WEIGHTS_FROM_CACHE
 from retrax.fastmath.tree import is_cache_marker as is_cache_marker
-from retrax.fastmath.tree import tree_flatten as tree_leaves
+
+# Trax-order leaves (the name checkpoint code uses).
+tree_leaves = fastmath_tree.tree_flatten
 
 
 def format_path(path):

@@ -47,7 +47,8 @@ def _warn_tfnp(b):
   if b == Backend.TFNP and not _warned_tfnp:
     _warned_tfnp = True
     warnings.warn("retrax has no TensorFlow backend: 'tensorflow-numpy' "
-                  'computes with JAX, which gives the same numbers.')
+                  'computes with JAX, which gives the same numbers.',
+                  stacklevel=2)
 
 
 _x64_before_tfnp = None  # jax_enable_x64 before set_backend('tensorflow-numpy')

@@ -15,7 +15,6 @@ functions. `ShiftRight`, `PaddingMask`, `EncoderDecoderMask` (defined in
 Trax's module path.
 """
 
-import jax
 import numpy as np
 
 from retrax import fastmath

@@ -444,7 +444,9 @@ _WEIGHTS_FILES = {}
 
 
 def install_weights_files(init_from_file, save_to_file, unflatten):
-  """Sets the functions behind `Layer.init_from_file`/`save_to_file` and `unflatten_weights_and_state`.
+  """Sets the functions behind `Layer.init_from_file`/`save_to_file`.
+
+  And behind `unflatten_weights_and_state`.
 
   Args:
     init_from_file: `(layer, file_name, weights_only, input_signature) ->

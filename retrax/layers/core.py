@@ -10,6 +10,9 @@ from retrax.layers import initializers as init
 from retrax.layers import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
+# Trax defines these in `trax.layers.core`.
+from retrax.layers.locally_connected import LocallyConnected1d as LocallyConnected1d
+from retrax.layers.locally_connected import SummaryScalar as SummaryScalar
 
 
 @assert_shape('...a->...b')
@@ -347,7 +350,3 @@ def EncoderDecoderMask():
     return mask + jnp.zeros((1, 1, decoder_input.shape[1], 1), jnp.float32)
   return Fn('EncoderDecoderMask', f)
 
-
-# Trax defines these in `trax.layers.core`.
-from retrax.layers.locally_connected import LocallyConnected1d  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position
-from retrax.layers.locally_connected import SummaryScalar  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position

@@ -5,7 +5,7 @@ requests give float32 arrays, as TF-numpy does without float64).
 """
 
 import jax
-from jax.numpy import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
+from jax.numpy import *
 
 
 def is_allow_float64():

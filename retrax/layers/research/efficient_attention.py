@@ -6,15 +6,15 @@ EncDecAttention), `retrax.layers.lsh_attention` (LSHSelfAttention),
 this module gathers them under Trax's name.
 """
 
-from retrax.layers.efficient_attention import EncDecAttention
-from retrax.layers.efficient_attention import SelfAttention
-from retrax.layers.efficient_attention_base import EfficientAttentionBase
-from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
-from retrax.layers.efficient_attention_ops import attend
-from retrax.layers.efficient_attention_ops import hash_vecs
-from retrax.layers.efficient_attention_ops import length_normalized
-from retrax.layers.efficient_attention_ops import look_adjacent
-from retrax.layers.efficient_attention_ops import mask_self_attention
-from retrax.layers.efficient_attention_ops import permute_via_gather
-from retrax.layers.efficient_attention_ops import permute_via_sort
-from retrax.layers.lsh_attention import LSHSelfAttention
+from retrax.layers.efficient_attention import EncDecAttention as EncDecAttention
+from retrax.layers.efficient_attention import SelfAttention as SelfAttention
+from retrax.layers.efficient_attention_base import EfficientAttentionBase as EfficientAttentionBase
+from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout as apply_broadcasted_dropout
+from retrax.layers.efficient_attention_ops import attend as attend
+from retrax.layers.efficient_attention_ops import hash_vecs as hash_vecs
+from retrax.layers.efficient_attention_ops import length_normalized as length_normalized
+from retrax.layers.efficient_attention_ops import look_adjacent as look_adjacent
+from retrax.layers.efficient_attention_ops import mask_self_attention as mask_self_attention
+from retrax.layers.efficient_attention_ops import permute_via_gather as permute_via_gather
+from retrax.layers.efficient_attention_ops import permute_via_sort as permute_via_sort
+from retrax.layers.lsh_attention import LSHSelfAttention as LSHSelfAttention

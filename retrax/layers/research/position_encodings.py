@@ -35,9 +35,9 @@ from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
 from retrax.layers import predict_state
-from retrax.layers.position import AxialPositionalEncoding
-from retrax.layers.position import FixedBasePositionalEncoding
-from retrax.layers.position import SinCosPositionalEncoding
+from retrax.layers.position import AxialPositionalEncoding as AxialPositionalEncoding
+from retrax.layers.position import FixedBasePositionalEncoding as FixedBasePositionalEncoding
+from retrax.layers.position import SinCosPositionalEncoding as SinCosPositionalEncoding
 
 _MODES = ('train', 'eval', 'predict', 'viz')
 _NOISE_SEED = 234234535  # Trax's fixed seed for the random walk.

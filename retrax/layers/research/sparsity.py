@@ -35,13 +35,13 @@ from retrax.layers import initializers as init
 from retrax.layers import reversible
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.locally_connected import LocallyConnected1d
-from retrax.layers.research.favor import CausalFavor
-from retrax.layers.research.favor import CausalFavorAttention
-from retrax.layers.research.favor import Favor
-from retrax.layers.research.favor import FavorAttention
-from retrax.layers.research.sparse_ff import BlockSparseFF
-from retrax.layers.research.sparse_ff import SwitchSparseFF
-from retrax.layers.sparsity import SparseFF
+from retrax.layers.research.favor import CausalFavor as CausalFavor
+from retrax.layers.research.favor import CausalFavorAttention as CausalFavorAttention
+from retrax.layers.research.favor import Favor as Favor
+from retrax.layers.research.favor import FavorAttention as FavorAttention
+from retrax.layers.research.sparse_ff import BlockSparseFF as BlockSparseFF
+from retrax.layers.research.sparse_ff import SwitchSparseFF as SwitchSparseFF
+from retrax.layers.sparsity import SparseFF as SparseFF
 
 
 def _check_divides(owner, what, value, by_what, by):
@@ -110,7 +110,9 @@ def LocallyConnectedDense(n_modules, n_units, kernel_size=1,
                           kernel_initializer=init.GlorotUniformInitializer(),
                           bias_initializer=init.RandomNormalInitializer(1e-6),
                           use_bias=True):
-  """Splits the last axis into `n_modules`; each gives `n_units` outputs from `kernel_size` modules around it (wrapping).
+  """Splits the last axis into `n_modules`, each giving `n_units` outputs.
+
+  Each output reads the `kernel_size` modules around its own (wrapping).
 
   With `n_modules=1` this is `Dense(n_units)`.
   """
@@ -182,7 +184,9 @@ class _RememberPad(base.Layer):
 @assert_shape('...a->...b')
 def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,
                      length_kernel_size=1):
-  """Like LocallyConnectedDense with weights shared over modules (a Conv), causal over `length_kernel_size` positions.
+  """Like LocallyConnectedDense with weights shared over modules (a Conv).
+
+  Causal over `length_kernel_size` positions.
 
   Input `(batch, length, d)`; the Conv kernel is `(length_kernel_size,
   kernel_size, d / n_modules, n_units)`, zero-padded across modules; the

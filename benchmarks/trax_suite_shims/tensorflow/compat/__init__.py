@@ -1,1 +1,1 @@
-from tensorflow.compat import v1, v2  # noqa: F401
+from tensorflow.compat import v1, v2
