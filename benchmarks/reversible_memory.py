@@ -4,7 +4,8 @@ Claim: `ReversibleSerial` keeps O(1) layer activations for the backward pass,
 so its memory stays flat with depth while the plain residual stack's grows
 linearly. Both stacks are built from the same blocks,
 
-    [HalfResidual(FF), Swap, HalfResidual(FF), Swap],  FF = LayerNorm, Dense(d_ff), Relu, Dense(d_model)
+    [HalfResidual(FF), Swap, HalfResidual(FF), Swap],
+    FF = LayerNorm, Dense(d_ff), Relu, Dense(d_model)
 
 once as `ReversibleSerial(ReversibleHalfResidual(FF), ReversibleSwap(), ...)`
 and once as a plain `Serial` whose halves compute `acc + FF(ctx)` with

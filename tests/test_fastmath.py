@@ -1,4 +1,7 @@
-"""fastmath: backend switching (NumPy runs layers eagerly), ops vs NumPy references, PRNG, tree utils."""
+"""fastmath: backend switching, ops vs NumPy references, PRNG, tree utils.
+
+The NumPy backend runs layers eagerly.
+"""
 
 import collections
 import math

@@ -1,4 +1,7 @@
-"""Constructor arguments are checked: wrong types and ranges raise an ArgumentError naming the argument."""
+"""Constructor arguments are checked.
+
+Wrong types and ranges raise an ArgumentError naming the argument.
+"""
 
 import functools
 import math

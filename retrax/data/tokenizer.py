@@ -67,7 +67,10 @@ def corpus_token_counts(text_filepattern: str, corpus_max_lines: int,
 
 def vocab_token_counts(text_filepattern: str,
                        max_lines: int) -> Dict[str, int]:
-  """`{token: count}` from `token,count` lines (split at the last comma); others are skipped with a warning."""
+  """`{token: count}` from `token,count` lines (split at the last comma).
+
+  Other lines are skipped with a warning.
+  """
   counts = {}
   for i, line in enumerate(_read_filepattern(text_filepattern,
                                              max_lines=max_lines)):

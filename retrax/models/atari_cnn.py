@@ -74,7 +74,10 @@ def AtariCnnBody(n_frames=4, hidden_sizes=(32, 64, 64), output_size=512,
 
 def FrameStackMLP(n_frames=4, hidden_sizes=(64,), output_size=64,
                   mode='train'):
-  """MLP on each frame stacked with its `n_frames - 1` predecessors: `(B, T, d)` to `(B, T, output_size)`."""
+  """MLP on each frame stacked with its `n_frames - 1` predecessors.
+
+  Maps `(B, T, d)` to `(B, T, output_size)`.
+  """
   del mode
   return tl.Serial(
       _FrameStack(n_frames=n_frames),

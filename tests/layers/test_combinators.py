@@ -1,4 +1,7 @@
-"""Combinators on hand-made inputs with exact expected outputs (Trax's combinators_test cases and more)."""
+"""Combinators on hand-made inputs with exact expected outputs.
+
+Trax's combinators_test cases and more.
+"""
 
 import jax
 import jax.numpy as jnp

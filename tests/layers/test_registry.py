@@ -1,4 +1,6 @@
-"""A sweep over every foundation layer: init from a signature, output signature, jit == eager, gradients.
+"""A sweep over every foundation layer.
+
+Init from a signature, output signature, jit == eager, gradients.
 
 Each case is (id, constructor, input specs). For every case the sweep checks
 that `init` works from a signature alone, that the outputs' shapes and dtypes

@@ -1,4 +1,7 @@
-"""Core behaviours as in Trax 1.4.1: AssertShape specs, Cond's input count, TFNP float64, flat weights."""
+"""Core behaviours as in Trax 1.4.1.
+
+AssertShape specs, Cond's input count, TFNP float64, flat weights.
+"""
 
 import numpy as np
 import pytest

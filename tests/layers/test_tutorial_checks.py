@@ -72,7 +72,8 @@ def test_correct_programs_stay_silent():
            (tl.CrossEntropyLoss, log_probs.astype(jax.numpy.bfloat16))]
   for make, out in cases:
     layer = _layer(make, (out, t, w))
-    assert not _recorded(lambda: layer((out, t, w))), make.__name__  # pylint: disable=cell-var-from-loop
+    assert not _recorded(lambda layer=layer, out=out: layer((out, t, w))), (
+        make.__name__)
   assert not tutorial_checks.has_warned()
 
 

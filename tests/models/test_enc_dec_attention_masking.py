@@ -1,4 +1,7 @@
-"""EncDecAttention's masking: Trax 1.4.1's by default, plain softmax on request (numpy references)."""
+"""EncDecAttention's masking: Trax 1.4.1's by default, plain softmax on request.
+
+Checked against numpy references.
+"""
 
 import jax
 import numpy as np

@@ -22,8 +22,8 @@ def main():
   leaf = jax.tree_util.tree_leaves(loop.train_state.weights)[0]
   assert len(leaf.sharding.device_set) == 8 and leaf.sharding.is_fully_replicated
   loop.run(6)
-  np.savez(sys.argv[1], history=json.dumps(loop.history.to_dict()),
-           *toys.leaves(loop.model.weights))
+  np.savez(sys.argv[1], *toys.leaves(loop.model.weights),
+           history=json.dumps(loop.history.to_dict()))
 
   three = resume_worker.make_loop(None, n_devices=3)
   try:

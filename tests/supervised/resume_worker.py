@@ -83,8 +83,8 @@ def main():
   loop = run(output_dir, n_steps, [_PrintStep])
   if os.environ.get('RESUME_WORKER_COUNT_OPS'):
     print(f'ops {count[0]}', flush=True)
-  np.savez(result, history=json.dumps(loop.history.to_dict()),
-           *toys.leaves(loop.model.weights))
+  np.savez(result, *toys.leaves(loop.model.weights),
+           history=json.dumps(loop.history.to_dict()))
 
 
 if __name__ == '__main__':

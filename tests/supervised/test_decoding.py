@@ -336,7 +336,7 @@ def test_beam_search_matches_numpy_beam_search():
   assert len(got) == k
   for row in range(2):
     fed = [0] + list(prompts[row])
-    want = _beam_reference(lambda seq: _toy_log_probs(table, fed + seq),
+    want = _beam_reference(lambda seq, fed=fed: _toy_log_probs(table, fed + seq),
                            k, max_length, eos_id, alpha)
     for (seqs, scores), (want_score, want_seq) in zip(got, want):
       np.testing.assert_array_equal(_padded(seqs[row], max_length),

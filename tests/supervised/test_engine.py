@@ -117,7 +117,7 @@ def test_chunked_loss_equals_unchunked_value_and_gradients():
         loss_chunk_size=size)
     forward = step_fn._forward
     loss, grads = jax.jit(jax.value_and_grad(
-        lambda w, f=forward: f(w, state, batch, jax.random.PRNGKey(1))[0]))(
+        lambda w, f=forward, s=state: f(w, s, batch, jax.random.PRNGKey(1))[0]))(
             weights)
     results.append((float(loss), toys.leaves(grads)))
   (loss0, grads0), (loss1, grads1) = results

@@ -65,7 +65,8 @@ def test_switch_router_gets_gradient_block_straight_through():
     grads = []
     for seed in range(4):  # BlockSparseFF uses the soft mask half the time.
       rng = jax.random.PRNGKey(seed)
-      loss = lambda w, rng=rng: jnp.sum(layer.pure_fn(x, w, state, rng)[0]**2)
+      loss = lambda w, rng=rng, layer=layer, state=state: jnp.sum(
+          layer.pure_fn(x, w, state, rng)[0]**2)
       grads.append(jax.grad(loss)(weights)[0])
     assert max(float(jnp.abs(g).max()) for g in grads) > 0
 

@@ -1,4 +1,7 @@
-"""ConfigurableTransformer{,LM,Encoder}: Trax goldens, Trax's weight layout, predict mode, options."""
+"""ConfigurableTransformer{,LM,Encoder}.
+
+Trax goldens, Trax's weight layout, predict mode, options.
+"""
 
 import os
 
