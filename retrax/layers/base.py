@@ -440,7 +440,7 @@ class Layer:
 
 # Weights files are read and written by `retrax.checkpoints`, which builds on
 # the layers (not the other way round); importing `retrax` installs it here.
-_WEIGHTS_FILES = {}
+_WEIGHTS_FILES: dict = {}
 
 
 def install_weights_files(init_from_file, save_to_file, unflatten):

@@ -36,13 +36,8 @@ def _kind(dtype):
 
 def find_embedding_vocab(model):
   """Vocabulary size of the first Embedding (depth-first) in `model`, or None."""
-  if isinstance(model, core.Embedding):
-    return model.vocab_size
-  for sublayer in model.sublayers:
-    found = find_embedding_vocab(sublayer)
-    if found is not None:
-      return found
-  return None
+  return next((layer.vocab_size for layer in model.walk()
+               if isinstance(layer, core.Embedding)), None)
 
 
 class BatchChecker:

@@ -96,9 +96,7 @@ def _is_empty(x):
 
 
 def _is_uninitialized(model):
-  if not _is_empty(model.weights):
-    return False
-  return all(_is_uninitialized(l) for l in model.sublayers)
+  return all(_is_empty(layer.weights) for layer in model.walk())
 
 
 def init_state(model, eval_model, tasks, parallel, rng, loss_chunk_size=0,
