@@ -22,7 +22,20 @@ import os
 import tempfile
 import time
 
+import jax
 import numpy as np
+
+import retrax
+from retrax import config as config_lib
+from retrax import data
+from retrax import jobs
+from retrax import layers as tl
+from retrax import models
+from retrax import optimizers
+from retrax import shapes
+from retrax.data import tasks
+from retrax.supervised import decoding
+from retrax.supervised import training
 
 
 def _timed(fn, repeats):
@@ -35,10 +48,6 @@ def _timed(fn, repeats):
 
 
 def _loop(model, length, batch_size, vocab_size):
-  from retrax import data  # pylint: disable=g-import-not-at-top
-  from retrax import layers as tl  # pylint: disable=g-import-not-at-top
-  from retrax import optimizers  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import training  # pylint: disable=g-import-not-at-top
   inputs = data.duplication_inputs(vocab_size, length, batch_size)
   task = training.TrainTask(inputs.train_stream(1),
                             tl.WeightedCategoryCrossEntropy(),
@@ -47,8 +56,6 @@ def _loop(model, length, batch_size, vocab_size):
 
 
 def _default_model(mode):
-  from retrax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from retrax import jobs  # pylint: disable=g-import-not-at-top
   return jobs.build_model(config_lib.RunConfig(), mode)
 
 
@@ -63,8 +70,6 @@ def bench_train(quick):
 
 def bench_train_1k():
   """Seconds per step of a 6-layer ReformerLM-LSH at length 1024."""
-  from retrax import layers as tl  # pylint: disable=g-import-not-at-top
-  from retrax import models  # pylint: disable=g-import-not-at-top
   attention = functools.partial(tl.LSHSelfAttention, chunk_len=128,
                                 n_hashes=2, n_chunks_before=1)
   model = models.ReformerLM(vocab_size=256, d_model=256, d_ff=1024,
@@ -78,8 +83,6 @@ def bench_train_1k():
 
 def bench_decode(quick):
   """Milliseconds per greedy token of the default job's model."""
-  from retrax import shapes  # pylint: disable=g-import-not-at-top
-  from retrax.supervised import decoding  # pylint: disable=g-import-not-at-top
   model = _default_model('predict')
   model.init(shapes.ShapeDtype((1, 1), np.int32))
   fresh = model.state
@@ -96,7 +99,6 @@ def bench_decode(quick):
 
 def bench_data(quick):
   """MB/s of byte-level text windows from a generated text file."""
-  from retrax.data import tasks  # pylint: disable=g-import-not-at-top
   size = (4 if quick else 32) << 20
   rng = np.random.default_rng(0)
   words = np.array(['the', 'quick', 'brown', 'fox', 'jumps', 'over', 'a',
@@ -119,8 +121,6 @@ def bench_data(quick):
 
 def main(quick=False):
   """Prints each measurement as it finishes; returns the lines."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import retrax  # pylint: disable=g-import-not-at-top
   print(f'retrax {retrax.__version__}, jax {jax.__version__}, '
         f'{jax.default_backend()} x {jax.device_count()}'
         f'{" (quick)" if quick else ""}', flush=True)

@@ -13,6 +13,8 @@ import runpy
 import sys
 import types
 
+import jax
+
 # Trax module paths whose retrax module has another name.
 _RENAMED = {
     'trax.math': 'retrax.fastmath',
@@ -81,7 +83,6 @@ def _index_op(method):
 
 def _device_put_replicated(x, devices):
   """`x` stacked once per device, one copy on each (the removed JAX name)."""
-  import jax
   devices = list(devices)
   mesh = jax.sharding.Mesh(devices, ('d',))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('d'))
@@ -110,7 +111,6 @@ def _patch_jax():
   `jax.ops.index_update`/`add`/`mul`/`min`/`max`,
   `jax.device_put_replicated` and `jax.ShapedArray`.
   """
-  import jax
   if not hasattr(jax.lax, 'tie_in'):
     jax.lax.tie_in = lambda x, y: y
   _module_alias('jax.config', config=jax.config)
@@ -136,7 +136,7 @@ def install():
   default backend, as in Trax (`retrax.compat_gin`).
   """
   _patch_jax()
-  from retrax import compat_gin  # pylint: disable=g-import-not-at-top
+  from retrax import compat_gin
   compat_gin.install()
   if not any(isinstance(f, _TraxFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _TraxFinder())

@@ -25,6 +25,12 @@ from typing import Any, Optional
 
 import numpy as np
 
+from retrax import layers as tl
+from retrax import shapes
+from retrax.checkpoints import layer_io
+from retrax.checkpoints import tree
+from retrax.checkpoints.atomic import atomic_write
+
 MODEL_FILE = 'model.json'
 _FORMAT = 'retrax-model'
 _VERSION = 1
@@ -36,7 +42,6 @@ class _NotJSON(Exception):
 
 
 def _layer_name(fn):
-  from retrax import layers as tl
   name = getattr(fn, '__name__', None)
   if name and getattr(tl, name, None) is fn:
     return name
@@ -71,7 +76,6 @@ def _decode(x):
     return tuple(_decode(y) for y in x['tuple'])
   if 'dict' in x:
     return {k: _decode(v) for k, v in x['dict'].items()}
-  from retrax import layers as tl
   fn = getattr(tl, x['layer'], None)
   if fn is None:
     raise ValueError(f'{MODEL_FILE} names layer {x["layer"]!r}, which '
@@ -120,7 +124,6 @@ def write_model_file(output_dir, model):
 
   Returns the path written, or None for a model of unknown constructor.
   """
-  from retrax.checkpoints.atomic import atomic_write
   spec = constructor_of(model)
   if spec is None or output_dir is None:
     return None
@@ -134,6 +137,7 @@ def write_model_file(output_dir, model):
 
 def build_from_file(path, mode='train'):
   """The model a ``model.json`` describes, built in `mode`."""
+  # retrax.models imports this module (to record constructors): a cycle.
   from retrax import models
   with open(path) as f:
     doc = json.load(f)
@@ -166,6 +170,7 @@ class Run:
 
 
 def _latest_checkpoint(directory):
+  # retrax.supervised's Loop imports this module: a cycle.
   from retrax.supervised import checkpointing
   path = checkpointing.find_latest_valid(directory)
   if path is None:
@@ -179,7 +184,6 @@ def _latest_checkpoint(directory):
 
 def _signature(stored, n_in, mode, batch_size):
   """The stored input signature with batch `batch_size` (length 1 to predict)."""
-  from retrax import shapes
   one = not isinstance(stored, (list, tuple))
   items = [stored] if one else list(stored)[:n_in]
   out = []
@@ -194,6 +198,7 @@ def _signature(stored, n_in, mode, batch_size):
 
 def _build(directory, mode):
   """(model, config, tokenizer) of a run directory, not yet with weights."""
+  # retrax.jobs imports this module (load_run): a cycle.
   from retrax import jobs
   model_file = os.path.join(directory, MODEL_FILE)
   config = tokenizer = None
@@ -222,8 +227,6 @@ def load_run(directory, mode='predict', batch_size=1) -> Run:
   Raises:
     FileNotFoundError: not a run directory, or no valid checkpoint in it.
   """
-  from retrax.checkpoints import layer_io
-  from retrax.checkpoints import tree
   directory = os.fspath(directory)
   if not os.path.isdir(directory):
     raise FileNotFoundError(f'run directory {directory!r} does not exist.')

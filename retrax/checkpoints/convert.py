@@ -30,12 +30,12 @@ from retrax import local_paths
 from retrax.checkpoints import native
 from retrax.checkpoints import trax_format
 from retrax.checkpoints.tree import tree_leaves
+from retrax.shapes import ShapeDtype
 
 FORMATS = ('native', 'trax')
 
 
 def _shape_dtype():
-  from retrax.shapes import ShapeDtype  # pylint: disable=g-import-not-at-top
   return ShapeDtype
 
 

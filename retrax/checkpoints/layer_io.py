@@ -15,10 +15,10 @@ from retrax.checkpoints.errors import CheckpointNotFoundError
 from retrax.checkpoints.tree import flatten_weights_and_state
 from retrax.checkpoints.tree import tree_leaves
 from retrax.checkpoints.tree import unflatten_weights_and_state
+from retrax.shapes import ShapeDtype
 
 
 def _shape_dtype_factory():
-  from retrax.shapes import ShapeDtype  # pylint: disable=g-import-not-at-top
   return ShapeDtype
 
 

@@ -44,6 +44,8 @@ import re
 import tempfile
 import typing
 
+import jax
+import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy as st_numpy
@@ -82,20 +84,15 @@ class NativeCheckpoint(typing.NamedTuple):
 # --- encoding -----------------------------------------------------------------
 
 
-def _ml_dtypes():
-  import ml_dtypes
-  return ml_dtypes
-
-
 def _dtype_name(dtype):
-  ml = _ml_dtypes()
+  ml = ml_dtypes
   if getattr(ml, dtype.type.__name__, None) is dtype.type:
     return dtype.type.__name__
   return dtype.str
 
 
 def _dtype_from_name(name, where):
-  ml = _ml_dtypes()
+  ml = ml_dtypes
   try:
     if isinstance(name, str) and re.fullmatch(r'[a-z0-9_]+', name) and hasattr(
         ml, name):
@@ -110,7 +107,6 @@ def _dtype_from_name(name, where):
 def _is_prng_key(x):
   if not type(x).__module__.startswith('jax'):
     return False
-  import jax
   return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
@@ -196,7 +192,6 @@ class _Encoder:
               'items': [self._node(c, path + (k,)) for k, c in x.items()]}
     if hasattr(x, '__array__') and hasattr(x, 'dtype'):
       if _is_prng_key(x):
-        import jax
         return {'t': 'prng_key', 'impl': str(jax.random.key_impl(x)),
                 'data': self._array_node(jax.random.key_data(x), path)}
       return self._array_node(x, path)
@@ -462,7 +457,6 @@ class _Decoder:
     if t == 'scalar':
       return self._array(node, where)[()]
     if t == 'prng_key':
-      import jax
       data = self._array(node.get('data', {}), where)
       return jax.random.wrap_key_data(data, impl=str(node.get('impl')))
     if t == 'shape_dtype':

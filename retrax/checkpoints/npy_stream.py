@@ -16,6 +16,7 @@ import os
 import struct
 import zlib
 
+import ml_dtypes
 import numpy as np
 
 from retrax.checkpoints import limits
@@ -27,7 +28,6 @@ from retrax.checkpoints.safe_unpickle import check_dtype
 
 
 def _bfloat16():
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
   return np.dtype(ml_dtypes.bfloat16)
 
 

@@ -18,6 +18,8 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
+import jax
+
 _log = logging.getLogger('retrax.data')
 
 data_counters: Dict[str, int] = {}
@@ -56,7 +58,6 @@ def CountAndSkip(name: str) -> Callable[[Iterable[Any]], Iterator[Any]]:
 def _host_id(host_id):
   if host_id is not None:
     return host_id
-  import jax
   return jax.process_index()
 
 
@@ -130,7 +131,6 @@ def UniformlySeek(name: Optional[str] = None,
     _log.error('No dataset size given to UniformlySeek, assuming: %d',
                dataset_size)
   if n_hosts is None:
-    import jax
     n_hosts = jax.process_count()
   host = _host_id(host_id)
   to_skip = host * int(dataset_size / n_hosts)

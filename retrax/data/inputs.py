@@ -271,6 +271,7 @@ _TASK_NAMES = frozenset({
 
 def __getattr__(name):
   if name in _TASK_NAMES:
+    # retrax.data.tasks imports this module (Inputs): a cycle.
     from retrax.data import tasks
     return getattr(tasks, name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

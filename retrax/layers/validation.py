@@ -29,10 +29,6 @@ def _is_int(value):
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value):
-  return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def check_int(owner, name, value, minimum=None, allow_none=False):
   """`value` as an int (Python or numpy integer) >= `minimum`."""
   if value is None and allow_none:

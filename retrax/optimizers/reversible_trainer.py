@@ -15,7 +15,8 @@ runs each layer as its own jitted call:
 Weights and optimizer slots are kept in host memory between the calls that
 use them: a layer's new weights start copying to the host when its update is
 done and are collected one layer later, so the accelerator holds the weights
-of about two layers at a time (plus the activations of the stack). Each layer has its own optimizer (made by
+of about two layers at a time (plus the activations of the stack). Each layer
+has its own optimizer (made by
 `optimizer_fn`); for optimizers that treat each weight array on its own (SGD,
 Momentum, Adam, Adafactor, ... without `clip_grad_norm`) the updates equal
 those of `optimizers.Trainer` on the whole model.
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax import fastmath
+from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import reversible
 from retrax.optimizers import base as opt_base
@@ -384,7 +386,6 @@ def _chunked_loss(std_layers, chunk_size):
   if last != ['LogSoftmax', '_CrossEntropy', '_WeightedMean']:
     raise ValueError('Loss chunking needs the last layers to be LogSoftmax, '
                      f'_CrossEntropy, _WeightedMean; got {last}.')
-  from retrax.layers import base
 
   def merge(preds, targets):
     return (jnp.reshape(preds, (-1, preds.shape[-1])),

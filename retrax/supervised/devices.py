@@ -13,7 +13,8 @@ Multi-host training: start one process per host, call
 `Trainer`, give every host the same `random_seed`, and let each host's data
 stream yield its own share of the global batch (global batch / number of
 hosts examples; `host_shard` cuts it from a global stream). The first batch
-is checked: identical batches on two hosts are an error. The mesh then spans the devices of all hosts; each host's
+is checked: identical batches on two hosts are an error. The mesh then spans
+the devices of all hosts; each host's
 local batch becomes its shard of the global array
 (`jax.make_array_from_process_local_data`), and only host 0 (the chief) writes
 checkpoints and logs.

@@ -2,7 +2,8 @@
 
 The bar reads "compiling" until the first step (and the evals after it) have
 been compiled and run; its rate (steps/s and tokens/s) and ETA count only the
-steps after that, so compile time does not inflate the estimate. It is drawn only when stderr is a terminal
+steps after that, so compile time does not inflate the estimate. It is drawn
+only when stderr is a terminal
 (or when asked with ``enabled=True``), never into a redirected log.
 
 Independently of the bar, `Progress` counts the distinct batch shapes it sees:
@@ -15,6 +16,7 @@ import time
 import warnings
 
 import numpy as np
+import tqdm
 
 RECOMPILE_WARN_SHAPES = 8
 
@@ -66,7 +68,6 @@ class Progress:
     self._warned = False
     self._bar = None
     if enabled:
-      import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(
           total=initial + n_steps, initial=initial, unit='step',
           dynamic_ncols=True, leave=False, desc='compiling',
