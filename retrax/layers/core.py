@@ -347,6 +347,9 @@ def EncoderDecoderMask():
                        ' with shape (batch_size, decoder_sequence_length, '
                        f'd_model); got shape {decoder_input.shape}.')
     mask = mask.reshape((mask.shape[0], 1, 1, mask.shape[-1]))
-    return mask + jnp.zeros((1, 1, decoder_input.shape[1], 1), jnp.float32)
+    # Explicit broadcast and cast (what `mask + zeros(float32)` promoted to).
+    shape = (mask.shape[0], 1, decoder_input.shape[1], mask.shape[-1])
+    dtype = jnp.float64 if mask.dtype == jnp.float64 else jnp.float32
+    return jnp.broadcast_to(mask, shape).astype(dtype)
   return Fn('EncoderDecoderMask', f)
 
