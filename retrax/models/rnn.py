@@ -74,6 +74,19 @@ def GRULM(vocab_size=256, d_model=512, n_layers=1, mode='train'):
   )
 
 
+def _PrepareAttentionInputs():
+  """(encoder, decoder activations, source ids) -> (q, k, v, mask)."""
+  def f(encoder_activations, decoder_activations, input_tokens):
+    keys = values = encoder_activations
+    queries = decoder_activations
+    mask = input_tokens != 0  # 1 at real source tokens, 0 at padding.
+    mask = jnp.reshape(mask, (mask.shape[0], 1, 1, mask.shape[1]))
+    mask = jnp.broadcast_to(mask, (mask.shape[0], 1,
+                                   decoder_activations.shape[1], mask.shape[3]))
+    return queries, keys, values, mask.astype(jnp.float32)
+  return tl.Fn('PrepareAttentionInputs', f, n_out=4)
+
+
 def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,
                     d_model=512, n_encoder_layers=2, n_decoder_layers=2,
                     n_attention_heads=1, attention_dropout=0.0, mode='train'):
@@ -108,22 +121,10 @@ def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,
       tl.Embedding(target_vocab_size, d_model),
       tl.LSTM(d_model, mode=mode),
   )
-
-  def PrepareAttentionInputs():
-    """(encoder, decoder activations, source ids) -> (q, k, v, mask)."""
-    def f(encoder_activations, decoder_activations, input_tokens):
-      keys = values = encoder_activations
-      queries = decoder_activations
-      mask = input_tokens != 0  # 1 at real source tokens, 0 at padding.
-      mask = jnp.reshape(mask, (mask.shape[0], 1, 1, mask.shape[1]))
-      mask = mask + jnp.zeros((1, 1, decoder_activations.shape[1], 1))
-      return queries, keys, values, mask.astype(jnp.float32)
-    return tl.Fn('PrepareAttentionInputs', f, n_out=4)
-
   return tl.Serial(                # in-toks, target-toks
       tl.Select([0, 1, 0, 1]),     # in-toks, target-toks, in-toks, target-toks
       tl.Parallel(input_encoder, pre_attention_decoder),
-      PrepareAttentionInputs(),    # q, k, v, mask, target-toks
+      _PrepareAttentionInputs(),   # q, k, v, mask, target-toks
       tl.Residual(
           tl.AttentionQKV(d_model, n_heads=n_attention_heads,
                           dropout=attention_dropout, mode=mode,

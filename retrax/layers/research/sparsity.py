@@ -408,6 +408,12 @@ _OUTPUT_LAYER_TYPES = ('none', 'mult', 'conv', 'multconv')
 _V_CONCAT_TYPES = ('original', 'fixed', 'none')
 
 
+def _check_choice(name, value, choices):
+  if value not in choices:
+    raise ValueError(f'MultiplicativeConvCausalAttention: {name} must be one '
+                     f'of {choices}; got {value!r}.')
+
+
 @assert_shape('bld->bld')
 def MultiplicativeConvCausalAttention(
     d_feature, n_heads=1, sparsity=None, length_kernel_size=3, dropout=0.0,
@@ -423,34 +429,26 @@ def MultiplicativeConvCausalAttention(
   `output_layer_type` adds a FactoredDense ('mult'), a LocallyConvDense
   ('conv'), or both ('multconv') after the heads are merged.
   """
-  if output_layer_type not in _OUTPUT_LAYER_TYPES:
-    raise ValueError(f'MultiplicativeConvCausalAttention: output_layer_type '
-                     f'must be one of {_OUTPUT_LAYER_TYPES}; got '
-                     f'{output_layer_type!r}.')
-  if v_concat_type not in _V_CONCAT_TYPES:
-    raise ValueError(f'MultiplicativeConvCausalAttention: v_concat_type must '
-                     f'be one of {_V_CONCAT_TYPES}; got {v_concat_type!r}.')
+  _check_choice('output_layer_type', output_layer_type, _OUTPUT_LAYER_TYPES)
+  _check_choice('v_concat_type', v_concat_type, _V_CONCAT_TYPES)
   dropout = 0.0 if force_no_dropout else dropout
   sparsity = n_heads if sparsity is None else sparsity
   _check_divides('MultiplicativeConvCausalAttention', 'd_feature', d_feature,
                  'sparsity', sparsity)
   d_module = d_feature // sparsity
-  output_layers = []
-  if 'mult' in output_layer_type:
-    output_layers.append(FactoredDense(sparsity, d_feature, d_feature))
-  if 'conv' in output_layer_type:
-    output_layers.append(LocallyConvDense(
-        sparsity, d_module, mode=mode, kernel_size=3,
-        length_kernel_size=length_kernel_size))
-  concat_layers = _v_concat_layers(v_concat_type, sparsity, d_module,
-                                   d_feature)
 
   def conv(kernel_size):
     return LocallyConvDense(sparsity, d_module, mode=mode,
                             kernel_size=kernel_size,
                             length_kernel_size=length_kernel_size)
 
-  v_layer = [concat_layers, conv(1), attention.SplitIntoHeads(n_heads)]
+  output_layers = []
+  if 'mult' in output_layer_type:
+    output_layers.append(FactoredDense(sparsity, d_feature, d_feature))
+  if 'conv' in output_layer_type:
+    output_layers.append(conv(3))
+  v_layer = [_v_concat_layers(v_concat_type, sparsity, d_module, d_feature),
+             conv(1), attention.SplitIntoHeads(n_heads)]
   causal_attention = attention.DotProductCausalAttention(
       dropout=dropout, max_inference_length=max_inference_length, mode=mode,
       n_heads=n_heads)

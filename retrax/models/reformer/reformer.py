@@ -20,7 +20,10 @@ def DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
                  ff_chunk_size, ff_sparsity, attention_chunk_size,
                  n_attention_layers=1, n_feedforward_layers=1,
                  center_layernorm=True, use_bfloat16=False, mode='train'):
-  """Reversible decoder block: [attention half-residual, swap] + [feed-forward half-residual, swap]."""
+  """Reversible decoder block.
+
+  [attention half-residual, swap] + [feed-forward half-residual, swap].
+  """
 
   def attention_half():
     attn = ct.ApplyAttentionLayer(attention_type, d_model, n_heads,
@@ -60,6 +63,21 @@ def _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob):
                      'them at their defaults.')
 
 
+def _check_lm_args(sizes, n_layers, dropout):
+  """ReformerLM's sizes (ints >= 1), layer count and dropout rate."""
+  validation.check_sizes('ReformerLM', **sizes)
+  validation.check_counts('ReformerLM', n_layers=n_layers)
+  validation.check_rates('ReformerLM', dropout=dropout)
+
+
+def _positional_embedder(vocab_size, d_model, dropout, mode, max_len,
+                         pos_args):
+  """Embedding, Dropout and `PositionalEncoder(mode, dropout, max_len, *pos_args)`."""
+  return [tl.Embedding(vocab_size, d_model),
+          tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
+          ct.PositionalEncoder(mode, dropout, max_len, *pos_args)]
+
+
 def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
                max_len=2048, attention_type=None, pos_type=None,
@@ -89,23 +107,18 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
     attention_chunk_size: if > 0, attention runs over batch chunks.
     mode: 'train', 'eval' or 'predict'.
   """
-  validation.check_sizes('ReformerLM', vocab_size=vocab_size, d_model=d_model,
-                         d_ff=d_ff, d_attention_key=d_attention_key,
-                         d_attention_value=d_attention_value, n_heads=n_heads,
-                         max_len=max_len)
-  validation.check_counts('ReformerLM', n_layers=n_layers)
-  validation.check_rates('ReformerLM', dropout=dropout)
+  _check_lm_args(dict(vocab_size=vocab_size, d_model=d_model, d_ff=d_ff,
+                      d_attention_key=d_attention_key,
+                      d_attention_value=d_attention_value, n_heads=n_heads,
+                      max_len=max_len), n_layers, dropout)
   attention_type = tl.SelfAttention if attention_type is None else attention_type
   ff_activation = tl.FastGelu if ff_activation is None else ff_activation
   _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob)
   del loss_sparsity_type
-  positional_embedder = [
-      tl.Embedding(vocab_size, d_model),
-      tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
-      ct.PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
-                           pos_d_axial_embs, pos_start_from_zero_prob,
-                           pos_max_offset_to_add),
-  ]
+  positional_embedder = _positional_embedder(
+      vocab_size, d_model, dropout, mode, max_len,
+      (pos_type, pos_axial_shape, pos_d_axial_embs, pos_start_from_zero_prob,
+       pos_max_offset_to_add))
   decoder_blocks = [
       DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
                    attention_type=attn, dropout=dropout,

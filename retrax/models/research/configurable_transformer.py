@@ -52,6 +52,21 @@ def _parse_sparsity(ff_sparsity, d_ff):
   return n_elements_in_block, d_lowrank, temperature, quant_prob
 
 
+def _dense_or_expert_ff(d_model, d_ff, dropout, ff_activation, ff_dropout,
+                        ff_sparsity, use_bfloat16, mode, ff_sparsity_type):
+  """The dense feed-forward (`ff_sparsity` 0), else a Block/Switch mixture of experts."""
+  if not ff_sparsity:
+    return _FeedForward(d_model, d_ff, dropout, ff_activation, ff_dropout,
+                        use_bfloat16, mode)
+  if not isinstance(ff_sparsity, int):
+    raise ValueError(f'ff_sparsity_type={ff_sparsity_type!r} needs an int '
+                     f'ff_sparsity (the number of experts); got '
+                     f'{ff_sparsity!r}.')
+  if ff_sparsity_type == 'Block':
+    return tl.BlockSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
+  return tl.SwitchSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
+
+
 def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
                            ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                            ff_sparsity, center_layernorm, mode,
@@ -94,31 +109,27 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
     # SparseFF brings its own Dropout and chunking.
     res = [tl.LayerNorm(center=center_layernorm), ff]
   else:
-    if not ff_sparsity:
-      ff = _FeedForward(d_model, d_ff, dropout, ff_activation, ff_dropout,
-                        use_bfloat16, mode)
-    elif not isinstance(ff_sparsity, int):
-      raise ValueError(f'ff_sparsity_type={ff_sparsity_type!r} needs an int '
-                       f'ff_sparsity (the number of experts); got '
-                       f'{ff_sparsity!r}.')
-    elif ff_sparsity_type == 'Block':
-      ff = tl.BlockSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
-    else:
-      ff = tl.SwitchSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
+    ff = _dense_or_expert_ff(d_model, d_ff, dropout, ff_activation, ff_dropout,
+                             ff_sparsity, use_bfloat16, mode, ff_sparsity_type)
     res = [tl.LayerNorm(center=center_layernorm), ff,
            tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode)]
     if ff_chunk_size > 0:
       res = tl.BatchLeadingAxes(tl.Chunk(tl.Serial(res), ff_chunk_size))
   if ff_use_sru:
-    if isinstance(ff_use_sru, (list, tuple)):
-      sru_n_layers, sru_n_units = ff_use_sru
-    else:
-      sru_n_layers, sru_n_units = ff_use_sru, 32
-    sru = [tl.SRU(sru_n_units, mode=mode) for _ in range(sru_n_layers)]
-    block = ([tl.LayerNorm(center=center_layernorm), tl.Dense(sru_n_units)] +
-             sru + [tl.Dense(d_model)])
-    res = tl.Residual(block, shortcut=res)
+    res = tl.Residual(_sru_block(ff_use_sru, d_model, center_layernorm, mode),
+                      shortcut=res)
   return [res]
+
+
+def _sru_block(ff_use_sru, d_model, center_layernorm, mode):
+  """`LayerNorm, Dense(n), SRU(n) x k, Dense(d_model)`; `ff_use_sru` is k or (k, n)."""
+  if isinstance(ff_use_sru, (list, tuple)):
+    sru_n_layers, sru_n_units = ff_use_sru
+  else:
+    sru_n_layers, sru_n_units = ff_use_sru, 32
+  sru = [tl.SRU(sru_n_units, mode=mode) for _ in range(sru_n_layers)]
+  return ([tl.LayerNorm(center=center_layernorm), tl.Dense(sru_n_units)] +
+          sru + [tl.Dense(d_model)])
 
 
 def ApplyAttentionLayer(attention_type, d_model, n_heads, d_qk, d_v, causal,
@@ -248,23 +259,34 @@ def _residual_ff(d_model, d_ff, dropout, dropout_shared_axes, mode,
       ff_sparsity_type))
 
 
+def _attention_ff_block(causal, d_model, d_ff, n_heads, dropout,
+                        dropout_shared_axes, mode, ff_args, attention_chunk_size,
+                        attention_type, n_attention_layers,
+                        n_feedforward_layers):
+  """Attention residuals (causal, or masked by the padding mask), then feed-forward residuals."""
+  attentions = [_residual_attention(
+      ApplyAttentionLayer(attention_type, d_model, n_heads, d_model // n_heads,
+                          d_model // n_heads, causal=causal, masked=not causal,
+                          attention_dropout=dropout, output_dropout=dropout,
+                          attention_chunk_size=attention_chunk_size,
+                          mode=mode),
+      dropout, dropout_shared_axes, mode) for _ in range(n_attention_layers)]
+  feed_forwards = [_residual_ff(d_model, d_ff, dropout, dropout_shared_axes,
+                                mode, *ff_args)
+                   for _ in range(n_feedforward_layers)]
+  return attentions + feed_forwards
+
+
 def EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
                  ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                  ff_sparsity, ff_sparsity_type, attention_chunk_size,
                  attention_type, n_attention_layers=1, n_feedforward_layers=1):
   """`(vectors, mask) -> (vectors, mask)`: masked attention and feed-forward residuals."""
-  attentions = [_residual_attention(
-      ApplyAttentionLayer(attention_type, d_model, n_heads, d_model // n_heads,
-                          d_model // n_heads, causal=False, masked=True,
-                          attention_dropout=dropout, output_dropout=dropout,
-                          attention_chunk_size=attention_chunk_size,
-                          mode=mode),
-      dropout, dropout_shared_axes, mode) for _ in range(n_attention_layers)]
-  feed_forwards = [_residual_ff(
-      d_model, d_ff, dropout, dropout_shared_axes, mode, ff_activation,
-      ff_dropout, ff_chunk_size, ff_use_sru, ff_sparsity, ff_sparsity_type)
-                   for _ in range(n_feedforward_layers)]
-  return attentions + feed_forwards
+  return _attention_ff_block(
+      False, d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
+      (ff_activation, ff_dropout, ff_chunk_size, ff_use_sru, ff_sparsity,
+       ff_sparsity_type), attention_chunk_size, attention_type,
+      n_attention_layers, n_feedforward_layers)
 
 
 def DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
@@ -272,18 +294,11 @@ def DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
                  ff_sparsity, ff_sparsity_type, attention_chunk_size,
                  attention_type, n_attention_layers=1, n_feedforward_layers=1):
   """`vectors -> vectors`: causal attention and feed-forward residuals."""
-  attentions = [_residual_attention(
-      ApplyAttentionLayer(attention_type, d_model, n_heads, d_model // n_heads,
-                          d_model // n_heads, causal=True, masked=False,
-                          attention_dropout=dropout, output_dropout=dropout,
-                          attention_chunk_size=attention_chunk_size,
-                          mode=mode),
-      dropout, dropout_shared_axes, mode) for _ in range(n_attention_layers)]
-  feed_forwards = [_residual_ff(
-      d_model, d_ff, dropout, dropout_shared_axes, mode, ff_activation,
-      ff_dropout, ff_chunk_size, ff_use_sru, ff_sparsity, ff_sparsity_type)
-                   for _ in range(n_feedforward_layers)]
-  return attentions + feed_forwards
+  return _attention_ff_block(
+      True, d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
+      (ff_activation, ff_dropout, ff_chunk_size, ff_use_sru, ff_sparsity,
+       ff_sparsity_type), attention_chunk_size, attention_type,
+      n_attention_layers, n_feedforward_layers)
 
 
 def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
@@ -411,11 +426,18 @@ def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
       positional_encoder,
       decoder_blocks,
       tl.LayerNorm(),
-      research_sparsity.SparseDenseWithOptions(
-          vocab_size, d_input=d_model, sparsity_type=loss_sparsity_type,
-          sparsity=loss_sparsity, d_lowrank=loss_d_lowrank,
-          prob_sparse=loss_sparsity_prob, mode=mode),
+      _output_layer(vocab_size, d_model, mode, loss_sparsity_type,
+                    loss_sparsity, loss_d_lowrank, loss_sparsity_prob),
   )
+
+
+def _output_layer(vocab_size, d_model, mode, sparsity_type, sparsity,
+                  d_lowrank, prob_sparse):
+  """The logits layer: `SparseDenseWithOptions` (a Dense for the defaults)."""
+  return research_sparsity.SparseDenseWithOptions(
+      vocab_size, d_input=d_model, sparsity_type=sparsity_type,
+      sparsity=sparsity, d_lowrank=d_lowrank, prob_sparse=prob_sparse,
+      mode=mode)
 
 
 def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
@@ -473,8 +495,6 @@ def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
       encoder_decoder_blocks,
       tl.LayerNorm(),
       tl.Select([0], n_in=3),               # vec_d tok_d
-      research_sparsity.SparseDenseWithOptions(
-          output_vocab_size, d_input=d_model, sparsity_type=loss_sparsity_type,
-          sparsity=loss_sparsity, d_lowrank=loss_d_lowrank,
-          prob_sparse=loss_sparsity_prob, mode=mode),
+      _output_layer(output_vocab_size, d_model, mode, loss_sparsity_type,
+                    loss_sparsity, loss_d_lowrank, loss_sparsity_prob),
   )
