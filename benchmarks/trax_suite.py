@@ -53,6 +53,14 @@ import retrax.compat
 retrax.compat.install()
 '''
 
+# Trax's tests expect `absltest.main()` to have parsed absl's flags (their
+# `test_utils.ensure_flag('test_tmpdir')` reads one); under pytest nothing does,
+# so both sides get the flags marked parsed, with their defaults.
+ABSL_FLAGS = '''\
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+'''
+
 
 def test_files(src, group):
   """The in-scope `*_test.py` paths (relative to Trax's package) of a group."""
@@ -78,9 +86,8 @@ def copy_tree(src, dst, retrax_side):
     target = pathlib.Path(dst) / path.relative_to(root)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(path, target)
-  if retrax_side:
-    (pathlib.Path(dst) / 'conftest.py').write_text(
-        CONFTEST.format(shims=str(SHIMS)))
+  conftest = CONFTEST.format(shims=str(SHIMS)) if retrax_side else ''
+  (pathlib.Path(dst) / 'conftest.py').write_text(conftest + ABSL_FLAGS)
 
 
 def run_file(python, tree, rel, timeout):
