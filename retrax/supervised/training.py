@@ -332,8 +332,7 @@ class Loop:
         self.save_checkpoint(f'highest_{self._checkpoint_high_metric}')
 
   def _save_newest(self):
-    """Calls the `save_checkpoint('model')` hook; the step counts as saved
-    even when an override saves nothing, so the final step calls it once."""
+    """The `save_checkpoint('model')` hook; the step counts as saved (once)."""
     self.save_checkpoint(checkpointing.TRAX_BASENAME)
     self._last_rolling_step = self.step
 
