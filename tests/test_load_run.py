@@ -32,6 +32,7 @@ def _train(model, out):
   return loop
 
 
+@pytest.mark.slow
 def test_loop_run_of_a_retrax_model_loads_back(tmp_path):
   out = str(tmp_path / 'run')
   model = models.TransformerLM(vocab_size=16, d_model=8, d_ff=16, n_layers=1,

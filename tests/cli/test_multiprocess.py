@@ -76,6 +76,7 @@ def _final(run_dir):
   return os.path.basename(path), weights, losses
 
 
+@pytest.mark.slow
 def test_two_process_cli_run_equals_one_process(tmp_path):
   two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
   trainers = _pair(lambda addr, i: [

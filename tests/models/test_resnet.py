@@ -132,6 +132,7 @@ def test_mlp_learns_stripe_directions_through_loop():
   assert train[-1] < 0.3 * train[0] and accuracy[-1] >= 0.75
 
 
+@pytest.mark.slow
 def test_wide_resnet_learns_stripe_directions_through_loop():
   train, accuracy = _train(resnet.WideResnet(n_blocks=1, n_output_classes=4),
                            30, 0.01)

@@ -137,6 +137,7 @@ def _leaves(layers):
           for a in jax.tree_util.tree_leaves(layer.weights)]
 
 
+@pytest.mark.slow
 def test_reversible_trainer_equals_trainer_with_dropout_and_adam():
   first, rev1, mid, rev2, loss = _dropout_blocks()
   model = tl.Serial([first] + rev1 + [mid] + rev2 + [loss])

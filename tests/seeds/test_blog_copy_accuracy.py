@@ -7,6 +7,7 @@ before it predicts. On the five positions that can be predicted (the second
 """
 
 import numpy as np
+import pytest
 from retrax import layers as tl
 from retrax import lr
 from retrax import models
@@ -53,6 +54,7 @@ def copy_accuracy(weights):
   return right / total
 
 
+@pytest.mark.slow
 def test_blog_trainer_learns_the_copy():
   inputs = Inputs(lambda _: copy_task(0))
   trainer = trainer_lib.Trainer(
@@ -65,6 +67,7 @@ def test_blog_trainer_learns_the_copy():
   assert copy_accuracy(trainer.model_weights) >= 0.99
 
 
+@pytest.mark.slow
 def test_blog_config_through_loop_learns_the_copy():
   task = training.TrainTask(copy_task(0), tl.CrossEntropyLoss(),
                             optimizers.Adam(), lr_schedule=lr.multifactor(),
