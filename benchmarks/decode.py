@@ -99,7 +99,7 @@ def _model(kind, d_model, n_layers, vocab, max_len, attention, n_tokens):
                            attention_type=attention_type, mode='predict')
 
 
-class _Clock:
+class Clock:
   """Wall and process CPU seconds since creation."""
 
   def __init__(self):
@@ -119,13 +119,13 @@ def _compiled_tokens_per_s(model, initial_state, batch, n_tokens, repeats):
   kwargs = dict(batch_size=batch, max_length=n_tokens, eos_id=None,
                 temperature=1.0, rng=0)
   model.state = initial_state
-  clock = _Clock()
+  clock = Clock()
   decoding.autoregressive_sample(model, **kwargs)
   compile_s = clock.elapsed()[0]
   runs = []
   for _ in range(repeats):
     model.state = initial_state
-    clock = _Clock()
+    clock = Clock()
     out = decoding.autoregressive_sample(model, **kwargs)
     wall, cpu = clock.elapsed()
     assert out.shape == (batch, n_tokens), out.shape
@@ -166,7 +166,7 @@ def _blog_loop_tokens_per_s(model, initial_state, batch, n_tokens,
     best = (np.inf, np.inf)
     for _ in range(repeats):
       model.state = state
-      clock = _Clock()
+      clock = Clock()
       step(cur)
       best = min(best, clock.elapsed())
     walls.append(best[0])

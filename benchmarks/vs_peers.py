@@ -1,0 +1,523 @@
+"""retrax vs real Trax 1.4.1 and HF transformers' Reformer, side by side in one run.
+
+    python benchmarks/vs_peers.py [--lengths 1024,4096,16384,65536] [--steps 3]
+        [--trax-python ~/.cache/trax-oracle-venv/bin/python]
+        [--torch-python "$TORCH_PY"] [--decode-tokens 256,2048]
+        [--decode-batches 1,8] [--tiny] [--json out.json]
+
+The model (issue 22): ReformerLM, vocab 256, d_model 256, d_ff 1024, 4 heads
+of 64, 6 layers, batch 1, `LSHSelfAttention(n_hashes=2, chunk_len=64)`,
+dropout 0, Adam(1e-4), trained by `training.Loop` on random tokens. retrax
+and Trax run the SAME Trax program (`trax_train_program`): under retrax through
+`retrax.compat` (`import trax` is retrax), under Trax in its own interpreter.
+HF runs `ReformerModelWithLMHead` with the same sizes (LSH layers, axial
+position embeddings off, dropout 0, torch.optim.Adam). Every (peer, length)
+runs in its own subprocess, peers interleaved at each length; each reports
+the median step time (steps after the first), the first step (compilation
+included), its peak RSS (`ru_maxrss`) and, for retrax, the matmul peak of
+this machine measured there (jitted `jnp.dot` at the model's shapes, best of
+5, fp32 and bf16 with fp32 accumulation). Per-step FLOPs are a closed-form
+count (`train_flops`): matmuls only, 3x the forward plus one more forward in
+the reversible blocks (recomputed in the backward pass); hashing included.
+
+Decode rows: LSH predict mode (`predict_mem_len` = the tokens generated),
+`autoregressive_sample` under retrax and Trax, cached `generate` (sampling)
+under HF; tokens/s summed over the batch, the second call timed (the first
+compiles). Ratios are peer time / retrax time (>1: retrax is faster), and
+retrax rate / peer rate for decoding.
+
+`--tiny` (toy sizes, for the CPU test) shrinks the model; any size flag
+overrides it.
+"""
+
+import argparse
+import functools
+import importlib
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+# decode.py's helpers import only numpy, so every peer's interpreter has them.
+Clock = importlib.import_module('decode').Clock
+
+RESULT_TAG = 'VS_PEERS_RESULT '
+FULL = dict(vocab=256, d_model=256, d_ff=1024, n_heads=4, d_head=64,
+            n_layers=6, n_hashes=2, chunk_len=64)
+TINY = dict(vocab=32, d_model=32, d_ff=64, n_heads=2, d_head=16, n_layers=2,
+            n_hashes=2, chunk_len=8)
+
+
+def default_n_buckets(length, chunk_len):
+  """Trax's LSH bucket count for a length (factorised above 128)."""
+  n_buckets = 2 * max(1, length // chunk_len)
+  if n_buckets <= 128:
+    return n_buckets
+  first = 2**math.ceil(math.log2(math.sqrt(n_buckets)))
+  return [first, 2 * (n_buckets // (2 * first))]
+
+
+def forward_flops(cfg, length):
+  """Matmul FLOPs of one forward pass at batch 1: `(reversible blocks, rest)`."""
+  d, heads, dh = cfg['d_model'], cfg['n_heads'], cfg['d_head']
+  n_buckets = default_n_buckets(length, cfg['chunk_len'])
+  rot = n_buckets if isinstance(n_buckets, int) else sum(n_buckets)
+  window = 2 * cfg['chunk_len']  # Its chunk and one chunk before.
+  per_token = (3 * 2 * d * heads * dh  # q, v and output projections
+               + heads * cfg['n_hashes'] * (2 * dh * rot // 2  # hashing
+                                            + 2 * 2 * window * dh)  # qk, pv
+               + 2 * 2 * d * cfg['d_ff'])  # feed-forward
+  blocks = cfg['n_layers'] * per_token * length
+  head = 2 * (2 * d) * cfg['vocab'] * length  # Dense(vocab) on both halves
+  return blocks, head
+
+
+def train_flops(cfg, length):
+  """Closed-form FLOPs of a training step: 4x forward in blocks, 3x elsewhere."""
+  blocks, head = forward_flops(cfg, length)
+  return 4 * blocks + 3 * head
+
+
+# --- The Trax program (runs under retrax via retrax.compat, and under Trax) ---
+
+def _trax_lm(cfg, length, mode, mem_len=None):
+  import trax.layers as tl
+  from trax import models
+  extra = {} if mem_len is None else dict(predict_mem_len=mem_len,
+                                          predict_drop_len=mem_len)
+  attention = functools.partial(tl.LSHSelfAttention, n_hashes=cfg['n_hashes'],
+                                chunk_len=cfg['chunk_len'], **extra)
+  return models.ReformerLM(
+      vocab_size=cfg['vocab'], d_model=cfg['d_model'], d_ff=cfg['d_ff'],
+      d_attention_key=cfg['d_head'], d_attention_value=cfg['d_head'],
+      n_layers=cfg['n_layers'], n_heads=cfg['n_heads'], dropout=0.0,
+      max_len=length, attention_type=attention, mode=mode)
+
+
+def _sync_jax():
+  import jax
+  for a in jax.live_arrays():
+    a.block_until_ready()
+
+
+def trax_train_program(cfg, length, steps):
+  """ReformerLM-LSH trained by `training.Loop`: step times and the last loss."""
+  import trax.layers as tl
+  from trax import optimizers
+  from trax.supervised import training
+  rng = np.random.RandomState(0)
+
+  def batches():
+    while True:
+      x = rng.randint(1, cfg['vocab'], size=(1, length)).astype(np.int32)
+      yield x, x, np.ones((1, length), np.float32)
+  task = training.TrainTask(batches(), tl.WeightedCategoryCrossEntropy(),
+                            optimizers.Adam(1e-4),
+                            n_steps_per_checkpoint=10**9)
+  clock = Clock()
+  loop = training.Loop(_trax_lm(cfg, length, 'train'), [task])
+  setup_s = clock.elapsed()[0]
+  times = []
+  for _ in range(steps + 1):
+    clock = Clock()
+    loop.run(1)
+    _sync_jax()
+    times.append(clock.elapsed()[0])
+  return dict(setup_s=setup_s, first_s=times[0], step_s=times[1:])
+
+
+def trax_decode_program(cfg, tokens, batch):
+  """Tokens/s of `autoregressive_sample` in LSH predict mode (2nd call timed)."""
+  from trax import shapes
+  from trax.supervised import decoding
+  model = _trax_lm(cfg, tokens + 1, 'predict', mem_len=tokens)
+  model.init(shapes.ShapeDtype((batch, 1), np.int32))
+  state = model.state
+  walls = []
+  for _ in range(2):
+    model.state = state
+    clock = Clock()
+    out = decoding.autoregressive_sample(model, batch_size=batch, eos_id=-1,
+                                         max_length=tokens, temperature=1.0)
+    walls.append(clock.elapsed()[0])
+    if np.shape(out) != (batch, tokens):
+      raise RuntimeError(f'decoded shape {np.shape(out)}, expected '
+                         f'{(batch, tokens)}')
+  return dict(first_s=walls[0], tok_s=batch * tokens / walls[1])
+
+
+def matmul_peak(cfg, length, repeats=5, max_rows=16384):
+  """Best GFLOP/s of jitted `jnp.dot` at the model's shapes, fp32 and bf16.
+
+  Shapes: `[rows, d_model] x [d_model, d_ff]`, `[rows, d_ff] x [d_ff,
+  d_model]`, `[rows, d_model] x [d_model, heads * d_head]` (rows =
+  min(length, max_rows)) and the chunked attention `[n_chunks, C, d_head] x
+  [n_chunks, d_head, 2C]`. bf16 accumulates in fp32.
+  """
+  import jax
+  import jax.numpy as jnp
+  rows = min(length, max_rows)
+  d, ff, hd, c = cfg['d_model'], cfg['d_ff'], cfg['n_heads'] * cfg['d_head'], \
+      cfg['chunk_len']
+  n_chunks = max(1, rows * cfg['n_hashes'] // c)
+  shapes = [((rows, d), (d, ff)), ((rows, ff), (ff, d)), ((rows, d), (d, hd)),
+            ((n_chunks, c, cfg['d_head']), (n_chunks, cfg['d_head'], 2 * c))]
+  dot = jax.jit(lambda a, b: jnp.matmul(a, b,
+                                        preferred_element_type=jnp.float32))
+  peaks = {}
+  for dtype in ('float32', 'bfloat16'):
+    best = 0.0
+    for sa, sb in shapes:
+      a = jnp.ones(sa, dtype)
+      b = jnp.ones(sb, dtype)
+      flops = 2 * math.prod(sa) * sb[-1]
+      dot(a, b).block_until_ready()
+      for _ in range(repeats):
+        clock = Clock()
+        dot(a, b).block_until_ready()
+        best = max(best, flops / clock.elapsed()[0] / 1e9)
+    peaks[dtype] = best
+  return peaks
+
+
+# --- HF transformers (PyTorch) -------------------------------------------------
+
+def _hf_model(cfg, max_len):
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  config = transformers.ReformerConfig(
+      vocab_size=cfg['vocab'], hidden_size=cfg['d_model'],
+      feed_forward_size=cfg['d_ff'], num_attention_heads=cfg['n_heads'],
+      attention_head_size=cfg['d_head'], attn_layers=['lsh'] * cfg['n_layers'],
+      lsh_attn_chunk_length=cfg['chunk_len'], num_hashes=cfg['n_hashes'],
+      num_buckets=default_n_buckets(max_len, cfg['chunk_len']),
+      lsh_num_chunks_before=1, lsh_num_chunks_after=0, is_decoder=True,
+      axial_pos_embds=False, max_position_embeddings=max_len,
+      hidden_dropout_prob=0.0, lsh_attention_probs_dropout_prob=0.0,
+      hidden_act='gelu_new', tie_word_embeddings=False, pad_token_id=0,
+      eos_token_id=None)
+  device = 'cuda' if torch.cuda.is_available() else 'cpu'
+  return transformers.ReformerModelWithLMHead(config).to(device), device
+
+
+def _torch_sync(device):
+  import torch
+  if device == 'cuda':
+    torch.cuda.synchronize()
+
+
+def hf_train(cfg, length, steps):
+  """HF ReformerModelWithLMHead trained with Adam: step times."""
+  import torch
+  clock = Clock()
+  model, device = _hf_model(cfg, length)
+  model.train()
+  optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+  setup_s = clock.elapsed()[0]
+  rng = np.random.RandomState(0)
+  times = []
+  for _ in range(steps + 1):
+    x = torch.from_numpy(rng.randint(1, cfg['vocab'], size=(1, length))).to(
+        device)
+    clock = Clock()
+    loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    _torch_sync(device)
+    times.append(clock.elapsed()[0])
+  return dict(setup_s=setup_s, first_s=times[0], step_s=times[1:])
+
+
+def hf_decode(cfg, tokens, batch):
+  """Tokens/s of HF's cached sampling `generate` (2nd call timed)."""
+  import torch
+  model, device = _hf_model(cfg, tokens + 1)
+  model.eval()
+  start = torch.zeros((batch, 1), dtype=torch.long, device=device)
+  walls = []
+  with torch.no_grad():
+    for _ in range(2):
+      clock = Clock()
+      out = model.generate(input_ids=start, do_sample=True, use_cache=True,
+                           max_new_tokens=tokens, min_new_tokens=tokens,
+                           pad_token_id=0)
+      _torch_sync(device)
+      walls.append(clock.elapsed()[0])
+  if tuple(out.shape) != (batch, tokens + 1):
+    raise RuntimeError(f'generated shape {tuple(out.shape)}')
+  return dict(first_s=walls[0], tok_s=batch * tokens / walls[1])
+
+
+# --- Workers (one per subprocess) ----------------------------------------------
+
+def _peak_rss_bytes():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _versions(peer):
+  if peer == 'hf':
+    import torch
+    import transformers
+    return dict(torch=torch.__version__, transformers=transformers.__version__,
+                device='cuda' if torch.cuda.is_available() else 'cpu',
+                threads=torch.get_num_threads())
+  import jax
+  return dict(jax=jax.__version__, device=jax.devices()[0].platform)
+
+
+def worker(args):
+  """Runs one peer's measurement and prints it as one tagged JSON line."""
+  cfg = json.loads(args.cfg)
+  if args.peer == 'retrax':
+    sys.path.insert(0, os.path.dirname(_HERE))
+    import retrax.compat
+    retrax.compat.install()
+  hf = args.peer == 'hf'
+  if args.worker == 'train':
+    result = (hf_train if hf else trax_train_program)(cfg, args.length,
+                                                      args.steps)
+    if args.peer == 'retrax':
+      result['peak_gflops'] = matmul_peak(cfg, args.length)
+  else:
+    result = {str(b): (hf_decode if hf else trax_decode_program)(
+        cfg, args.tokens, b) for b in _ints(args.decode_batches)}
+  result.update(rss_bytes=_peak_rss_bytes(), versions=_versions(args.peer))
+  print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def run_worker(python, peer, argv, timeout):
+  """One worker subprocess; its result dict, or `{'error': why}`."""
+  cmd = [python, os.path.abspath(__file__), '--peer', peer] + argv
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {'error': f'timed out after {timeout} s'}
+  for line in reversed(proc.stdout.splitlines()):
+    if line.startswith(RESULT_TAG):
+      return json.loads(line[len(RESULT_TAG):])
+  tail = (proc.stderr.strip().splitlines() or ['no output'])[-1]
+  return {'error': f'exit {proc.returncode}: {tail[:300]}'}
+
+
+# --- Driver and table ----------------------------------------------------------
+
+def _ints(text):
+  return [int(v) for v in text.split(',') if v]
+
+
+def peers_of(args):
+  """`{peer: interpreter}` in run order: retrax first."""
+  peers = {'retrax': sys.executable}
+  if args.trax_python:
+    peers['trax'] = os.path.expanduser(args.trax_python)
+  if args.torch_python:
+    peers['hf'] = os.path.expanduser(args.torch_python)
+  return peers
+
+
+def measure(args, cfg, log=print):
+  """All rows, peers interleaved at each length; the raw results."""
+  peers = peers_of(args)
+  common = ['--cfg', json.dumps(cfg)]
+  results = dict(cfg=cfg, peers=list(peers), train={}, decode={},
+                 load_before=os.getloadavg())
+  for length in _ints(args.lengths):
+    row = results['train'][str(length)] = {}
+    for peer, python in peers.items():
+      row[peer] = run_worker(python, peer, common + [
+          '--worker', 'train', '--length', str(length), '--steps',
+          str(args.steps)], args.timeout)
+      log(f'train L={length} {peer}: {_brief(row[peer])}', flush=True)
+  for tokens in _ints(args.decode_tokens):
+    row = results['decode'][str(tokens)] = {}
+    for peer, python in peers.items():
+      row[peer] = run_worker(python, peer, common + [
+          '--worker', 'decode', '--tokens', str(tokens), '--decode-batches',
+          args.decode_batches], args.timeout)
+      log(f'decode {tokens} tokens {peer}: {_brief(row[peer])}', flush=True)
+  results['load_after'] = os.getloadavg()
+  return results
+
+
+def _brief(result):
+  if 'error' in result:
+    return result['error']
+  if 'step_s' in result:
+    return (f"median {statistics.median(result['step_s']):.3f} s, first "
+            f"{result['first_s']:.1f} s, RSS {result['rss_bytes'] / 1e9:.2f} GB")
+  return ', '.join(f"batch {b}: {r['tok_s']:.1f} tok/s"
+                   for b, r in result.items() if isinstance(r, dict) and
+                   'tok_s' in r)
+
+
+def _fmt(value, digits=3):
+  if value is None:
+    return '—'
+  if isinstance(value, str):
+    return value
+  return f'{value:.{digits}g}' if abs(value) < 1000 else f'{value:.0f}'
+
+
+def _table_row(label, values, peers, ratio):
+  """`| label | v_retrax | v_peer.. | ratio_peer.. |`: `ratio(retrax, peer)`.
+
+  `ratio=None` leaves the ratio cells empty (rates already comparable).
+  """
+  cells = [_fmt(values.get(p)) for p in peers]
+  base = values.get('retrax')
+  for peer in peers[1:]:
+    other = values.get(peer)
+    cells.append('—' if ratio is None or not base or not other else
+                 f'{ratio(base, other):.2f}x')
+  return f'| {label} | ' + ' | '.join(cells) + ' |'
+
+
+def _median_step(result):
+  return statistics.median(result['step_s']) if 'step_s' in result else None
+
+
+def train_rows(results):
+  """Markdown rows of the training measurements, per length."""
+  peers, cfg, rows = results['peers'], results['cfg'], []
+  slower = lambda base, other: other / base  # peer / retrax
+  lengths = sorted(int(n) for n in results['train'])
+  for length in lengths:
+    row = results['train'][str(length)]
+    step = {p: _median_step(r) for p, r in row.items()}
+    flops = train_flops(cfg, length)
+    peak = row.get('retrax', {}).get('peak_gflops', {})
+    rows.append(_table_row(f'train step L={length}, median s', step, peers,
+                           slower))
+    rows.append(_table_row(f'first step incl. compile L={length}, s', {
+        p: r.get('first_s') for p, r in row.items()}, peers, slower))
+    rows.append(_table_row(f'peak RSS L={length}, GB', {
+        p: r['rss_bytes'] / 1e9 if 'rss_bytes' in r else None
+        for p, r in row.items()}, peers, slower))
+    rate = {p: flops / s / 1e9 if s else None for p, s in step.items()}
+    rows.append(_table_row(
+        f'GFLOP/s L={length} ({flops / 1e9:.4g} GFLOP/step, closed form)',
+        rate, peers, None))
+    for dtype, short in (('float32', 'fp32'), ('bfloat16', 'bf16')):
+      if peak.get(dtype):
+        rows.append(_table_row(
+            f'fraction of {short} matmul peak ({peak[dtype]:.4g} GFLOP/s) '
+            f'L={length}', {p: r / peak[dtype] if r else None
+                            for p, r in rate.items()}, peers, None))
+    quarter = str(length // 4)
+    if quarter in results['train']:
+      rows.append(_table_row(f'step time growth L={length // 4}->{length}', {
+          p: (s / _median_step(results['train'][quarter][p]) if s and
+              _median_step(results['train'][quarter].get(p, {})) else None)
+          for p, s in step.items()}, peers, None))
+  return rows
+
+
+def decode_rows(results):
+  """Markdown rows of the decoding measurements (tokens/s; retrax / peer)."""
+  peers, rows = results['peers'], []
+  faster = lambda base, other: base / other  # retrax / peer
+  for tokens in sorted(int(n) for n in results['decode']):
+    row = results['decode'][str(tokens)]
+    batches = sorted({int(b) for r in row.values() for b in r
+                      if b.isdigit()})
+    for batch in batches:
+      rows.append(_table_row(f'decode {tokens} tokens, batch {batch}, tok/s', {
+          p: r.get(str(batch), {}).get('tok_s') for p, r in row.items()},
+                             peers, faster))
+    if len(batches) > 1:
+      top = batches[-1]
+      rows.append(_table_row(
+          f'decode {tokens} tokens: batch {top} / batch {batches[0]} tok/s', {
+              p: r[str(top)]['tok_s'] / r[str(batches[0])]['tok_s']
+              if str(top) in r and str(batches[0]) in r else None
+              for p, r in row.items()}, peers, None))
+  return rows
+
+
+def format_table(results):
+  """The whole Markdown table (header, train rows, decode rows)."""
+  peers = results['peers']
+  names = {'retrax': 'retrax', 'trax': 'Trax 1.4.1', 'hf': 'HF (PyTorch)'}
+  header = (['', *[names[p] for p in peers]] +
+            [f'{names[p]} vs retrax' for p in peers[1:]])
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '---|' * len(header)]
+  return '\n'.join(lines + train_rows(results) + decode_rows(results))
+
+
+def errors(results):
+  """`'<what>: <error>'` for every failed worker."""
+  out = []
+  for kind in ('train', 'decode'):
+    for key, row in results[kind].items():
+      out += [f'{kind} {key} {peer}: {r["error"]}' for peer, r in row.items()
+              if 'error' in r]
+  return out
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--lengths', default='1024,4096,16384,65536')
+  parser.add_argument('--steps', type=int, default=3,
+                      help='timed training steps after the first')
+  parser.add_argument('--trax-python', help='interpreter with Trax 1.4.1')
+  parser.add_argument('--torch-python',
+                      help='interpreter with torch and transformers')
+  parser.add_argument('--decode-tokens', default='256,2048')
+  parser.add_argument('--decode-batches', default='1,8')
+  parser.add_argument('--timeout', type=int, default=600,
+                      help='seconds per worker subprocess')
+  parser.add_argument('--tiny', action='store_true',
+                      help='toy model sizes (tests)')
+  for key in FULL:
+    parser.add_argument('--' + key.replace('_', '-'), type=int, dest=key)
+  parser.add_argument('--json', help='also write the raw results here')
+  # Internal: one measurement in this process.
+  parser.add_argument('--worker', choices=['train', 'decode'],
+                      help=argparse.SUPPRESS)
+  parser.add_argument('--peer', choices=['retrax', 'trax', 'hf'],
+                      help=argparse.SUPPRESS)
+  parser.add_argument('--cfg', help=argparse.SUPPRESS)
+  parser.add_argument('--length', type=int, help=argparse.SUPPRESS)
+  parser.add_argument('--tokens', type=int, help=argparse.SUPPRESS)
+  return parser.parse_args(argv)
+
+
+def config_of(args):
+  cfg = dict(TINY if args.tiny else FULL)
+  cfg.update({k: getattr(args, k) for k in FULL if getattr(args, k)})
+  return cfg
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.worker:
+    return worker(args)
+  cfg = config_of(args)
+  print(f'config {cfg}; load average {os.getloadavg()}; '
+        f'{os.cpu_count()} CPUs', flush=True)
+  results = measure(args, cfg)
+  print(f'load average after: {results["load_after"]}')
+  for peer in results['peers']:
+    versions = [r.get('versions') for row in results['train'].values()
+                for p, r in row.items() if p == peer and 'versions' in r]
+    print(f'{peer}: {versions[0] if versions else "no result"}')
+  print(format_table(results))
+  for line in errors(results):
+    print('FAILED', line)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == '__main__':
+  main()
