@@ -64,7 +64,25 @@ def default_n_buckets(length, chunk_len):
   return [first, 2 * (n_buckets // (2 * first))]
 
 
-def _check_n_buckets(name, n_buckets):
+def lsh_buckets(vecs, rng, n_buckets, n_hashes, chunk_len, mask=None,
+                length=None):
+  """Bucket ids int32 `[n_hashes * L]` of `vecs [L, D]`, rounds offset apart.
+
+  `n_buckets` None: `default_n_buckets(length, chunk_len)` (`length` defaults
+  to `L`). With a mask (bool `[L]`), padding goes to an extra last bucket.
+  """
+  if n_buckets is None:
+    n_buckets = default_n_buckets(
+        vecs.shape[0] if length is None else length, chunk_len)
+  buckets, n_total = hash_vecs(vecs, n_buckets, n_hashes, rng)
+  if mask is not None:
+    n_total += 1
+    buckets = jnp.where(mask[None, :], buckets, n_total - 1)
+  offsets = jnp.arange(n_hashes, dtype=jnp.int32) * n_total
+  return jnp.reshape(buckets + offsets[:, None], (-1,))
+
+
+def check_n_buckets(name, n_buckets):
   factors = [n_buckets] if isinstance(n_buckets, int) else n_buckets
   if n_buckets is None:
     return
@@ -72,6 +90,47 @@ def _check_n_buckets(name, n_buckets):
       any(not isinstance(f, int) or f <= 0 or f % 2 for f in factors)):
     raise ValueError(f'{name}: n_buckets must be None, a positive even int or '
                      f'a list of them; got {n_buckets!r}.')
+
+
+def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
+               n_chunks_before, n_chunks_after, causal, dropout=0.0, rng=None):
+  """Shared-QK attention of one head within LSH buckets: returns `o [L, V]`.
+
+  `q [L, D]` are the queries (keys are their normalised copies), `v [L, V]`
+  the values, `buckets` int32 `[n_hashes * L]` their bucket ids (rounds offset
+  apart, see `LSHSelfAttention.hash_vectors`), `mask` bool `[L]` (True for real
+  tokens) or None. Positions are sorted by (round, bucket, position), attend
+  in chunks of `chunk_len` to `n_chunks_before`/`n_chunks_after` neighbouring
+  chunks, are unsorted, and the rounds are merged weighted by their softmax
+  normalisers. The buckets get no gradient.
+  """
+  seqlen = q.shape[0]
+  buckets = lax.stop_gradient(buckets)
+  # A stable sort of the offset bucket ids keeps positions in order within a
+  # bucket ("s" prefix = sorted order).
+  sticker = jnp.argsort(buckets, stable=True).astype(jnp.int32)  # [H*L]
+  undo_sort = inverse_permutation(sticker)
+  st = sticker % seqlen
+  sq = permute_via_gather(jnp.tile(q, (n_hashes, 1)), sticker, undo_sort)
+  sv = permute_via_gather(jnp.tile(v, (n_hashes, 1)), sticker, undo_sort)
+  kv_info = None
+  if mask is not None:
+    smask = jnp.take(mask, st, axis=0)
+    kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
+  mask_fn = functools.partial(mask_self_attention, causal=causal,
+                              exclude_self=True, masked=mask is not None)
+  so, slogits = attend(sq, k=None, v=sv, q_chunk_len=chunk_len,
+                       n_chunks_before=n_chunks_before,
+                       n_chunks_after=n_chunks_after, mask_fn=mask_fn,
+                       q_info=st, kv_info=kv_info, dropout=dropout, rng=rng)
+  o = permute_via_gather(so, undo_sort, sticker)  # [H*L, V]
+  logits = permute_via_gather(slogits, undo_sort, sticker)  # [H*L]
+  if n_hashes > 1:
+    o = jnp.reshape(o, (n_hashes, seqlen, o.shape[-1]))
+    logits = jnp.reshape(logits, (n_hashes, seqlen, 1))
+    probs = jnp.exp(logits - jax.nn.logsumexp(logits, axis=0, keepdims=True))
+    o = jnp.sum(o * probs, axis=0)
+  return o
 
 
 class LSHSelfAttention(EfficientAttentionBase):
@@ -109,7 +168,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     check_depths_and_rates(name, d_qk, d_v, attention_dropout, output_dropout)
     check_count(name, 'max_length_for_buckets', max_length_for_buckets, 1,
                 allow_none=True)
-    _check_n_buckets(name, n_buckets)
+    check_n_buckets(name, n_buckets)
     incremental = mode == 'predict'
     if incremental:
       if not causal:
@@ -216,16 +275,9 @@ class LSHSelfAttention(EfficientAttentionBase):
     the count follows the length (in predict mode: `predict_mem_len`, so that
     all calls hash alike).
     """
-    n_buckets_in = self._n_buckets
-    if n_buckets_in is None:
-      length = self._predict_mem_len if self._incremental else vecs.shape[0]
-      n_buckets_in = default_n_buckets(length, self._chunk_len)
-    buckets, n_buckets = hash_vecs(vecs, n_buckets_in, self._n_hashes, rng)
-    if mask is not None:
-      n_buckets += 1
-      buckets = jnp.where(mask[None, :], buckets, n_buckets - 1)
-    offsets = jnp.arange(self._n_hashes, dtype=jnp.int32) * n_buckets
-    return jnp.reshape(buckets + offsets[:, None], (-1,))
+    length = self._predict_mem_len if self._incremental else vecs.shape[0]
+    return lsh_buckets(vecs, rng, self._n_buckets, self._n_hashes,
+                       self._chunk_len, mask=mask, length=length)
 
   def forward_unbatched(self, x, mask=None, *, weights, state, rng,
                         update_state):
@@ -253,35 +305,11 @@ class LSHSelfAttention(EfficientAttentionBase):
         raise ValueError(f'{self.name}: the state holds {buckets.shape[0]} '
                          f'buckets per head but n_hashes * length = {n_rows}; '
                          f'the state comes from inputs of another length.')
-    buckets = lax.stop_gradient(buckets)
-
-    # Sort by (round, bucket, position): rounds are offset apart in `buckets`
-    # and a stable sort keeps positions in order ("s" prefix = sorted order).
-    sticker = jnp.argsort(buckets, stable=True).astype(jnp.int32)  # [H*L]
-    undo_sort = inverse_permutation(sticker)
-    st = sticker % seqlen
-    sq = permute_via_gather(jnp.tile(q, (self._n_hashes, 1)), sticker,
-                            undo_sort)  # [H*L, D]
-    sv = permute_via_gather(jnp.tile(v, (self._n_hashes, 1)), sticker,
-                            undo_sort)  # [H*L, V]
-    kv_info = None
-    if self._masked:
-      smask = jnp.take(mask, st, axis=0)
-      kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
-    mask_fn = functools.partial(mask_self_attention, causal=self._causal,
-                                exclude_self=True, masked=self._masked)
-    so, slogits = attend(sq, k=None, v=sv, q_chunk_len=self._chunk_len,
-                         n_chunks_before=self._n_chunks_before,
-                         n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
-                         q_info=st, kv_info=kv_info,
-                         dropout=self._attention_dropout, rng=attend_rng)
-    o = permute_via_gather(so, undo_sort, sticker)  # [H*L, V]
-    logits = permute_via_gather(slogits, undo_sort, sticker)  # [H*L]
-    if self._n_hashes > 1:
-      o = jnp.reshape(o, (self._n_hashes, seqlen, o.shape[-1]))
-      logits = jnp.reshape(logits, (self._n_hashes, seqlen, 1))
-      probs = jnp.exp(logits - jax.nn.logsumexp(logits, axis=0, keepdims=True))
-      o = jnp.sum(o * probs, axis=0)
+    o = lsh_attend(q, v, buckets, mask, n_hashes=self._n_hashes,
+                   chunk_len=self._chunk_len,
+                   n_chunks_before=self._n_chunks_before,
+                   n_chunks_after=self._n_chunks_after, causal=self._causal,
+                   dropout=self._attention_dropout, rng=attend_rng)
     out = jnp.matmul(o, self._unpack_weights(weights)[2])
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
