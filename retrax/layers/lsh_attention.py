@@ -133,6 +133,36 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   return o
 
 
+def roll_buckets(buckets, n_hashes, drop_len, shift):
+  """Predict-mode buckets `[n_hashes * mem_len]` shifted left by `shift` >= 0 positions.
+
+  Called with the memory's drop when it forgot its oldest positions; freed
+  slots are zero. A negative shift counts as 0 (no conditional: under vmap a
+  per-unit `lax.cond` would compute both branches anyway).
+  """
+  b = jnp.reshape(buckets, (n_hashes, -1))
+  padded = jnp.concatenate([b, jnp.zeros((n_hashes, drop_len), b.dtype)],
+                           axis=1)
+  b = lax.dynamic_slice_in_dim(padded, jnp.maximum(shift, 0), b.shape[-1],
+                               axis=1)
+  return jnp.reshape(b, (-1,))
+
+
+def recent_matching_keys(is_valid_target, seqlen, q_start, q_len, n_keys):
+  """The `n_keys` memory positions a predict-mode query attends to (Trax's rule).
+
+  Positions sharing a bucket with the query (`is_valid_target` bool
+  `[seqlen]`) come first, most recent first; positions after the query rank
+  last.
+  """
+  positions = jnp.arange(seqlen, dtype=jnp.int32)
+  priorities = jnp.where(positions > q_start + q_len,
+                         -(seqlen + positions), positions)
+  priorities = priorities + seqlen * is_valid_target.astype(jnp.int32)
+  _, kv_indices = lax.sort_key_val(priorities, positions)
+  return kv_indices[-n_keys:]
+
+
 class LSHSelfAttention(EfficientAttentionBase):
   """Multi-head LSH self-attention (shared queries and keys), memory-efficient.
 
@@ -316,15 +346,8 @@ class LSHSelfAttention(EfficientAttentionBase):
 
   def _roll_buckets(self, buckets, buckets_idx, q_start):
     """Shifts stored buckets like the memory when it dropped old positions."""
-    b = jnp.reshape(buckets, (self._n_hashes, -1))
-    padded = jnp.concatenate(
-        [b, jnp.zeros((self._n_hashes, self._predict_drop_len), b.dtype)],
-        axis=1)
-    shift = jnp.maximum(buckets_idx - q_start, 0)
-    # A slice at shift 0 is the identity, so no conditional is needed (under
-    # vmap a per-unit lax.cond would compute both branches anyway).
-    b = lax.dynamic_slice_in_dim(padded, shift, b.shape[-1], axis=1)
-    return jnp.reshape(b, (-1,))
+    return roll_buckets(buckets, self._n_hashes, self._predict_drop_len,
+                        buckets_idx - q_start)
 
   def _incremental_forward_unbatched(self, x, *, q_start, q_len, weights,
                                      state, rng, update_state):
@@ -405,15 +428,6 @@ class LSHSelfAttention(EfficientAttentionBase):
     return out, all_buckets, jnp.asarray(q_start + q_len, jnp.int32)
 
   def _recent_matching_keys(self, is_valid_target, seqlen, q_start, q_len):
-    """The `n_hashes * chunk_len * (1 + n_chunks_before)` memory positions to attend to.
-
-    Positions sharing a bucket come first, most recent first; positions after
-    the query rank last.
-    """
-    positions = jnp.arange(seqlen, dtype=jnp.int32)
-    priorities = jnp.where(positions > q_start + q_len,
-                           -(seqlen + positions), positions)
-    priorities = priorities + seqlen * is_valid_target.astype(jnp.int32)
-    _, kv_indices = lax.sort_key_val(priorities, positions)
+    """The memory positions one query attends to (see `recent_matching_keys`)."""
     n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
-    return kv_indices[-n_keys:]
+    return recent_matching_keys(is_valid_target, seqlen, q_start, q_len, n_keys)
