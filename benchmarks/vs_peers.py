@@ -40,6 +40,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -274,6 +275,17 @@ def _versions(peer):
   return dict(jax=jax.__version__, device=jax.devices()[0].platform)
 
 
+def _device_peak_bytes(peer):
+  """Peak accelerator memory in use, where the runtime reports it."""
+  if peer == 'hf':
+    import torch
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() \
+        else None
+  import jax
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get('peak_bytes_in_use')
+
+
 def worker(args):
   """Runs one peer's measurement and prints it as one tagged JSON line."""
   cfg = json.loads(args.cfg)
@@ -290,12 +302,29 @@ def worker(args):
   else:
     result = {str(b): (hf_decode if hf else trax_decode_program)(
         cfg, args.tokens, b) for b in _ints(args.decode_batches)}
-  result.update(rss_bytes=_peak_rss_bytes(), versions=_versions(args.peer))
+  result.update(rss_bytes=_peak_rss_bytes(), versions=_versions(args.peer),
+                device_peak_bytes=_device_peak_bytes(args.peer))
   print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+class Budget:
+  """Wall-clock seconds left for workers (`None`: unlimited)."""
+
+  def __init__(self, seconds):
+    self._end = None if seconds is None else time.monotonic() + seconds
+
+  def timeout(self, per_worker):
+    """This worker's timeout, or None when the budget is spent."""
+    if self._end is None:
+      return per_worker
+    left = int(self._end - time.monotonic())
+    return min(per_worker, left) if left >= 10 else None
 
 
 def run_worker(python, peer, argv, timeout):
   """One worker subprocess; its result dict, or `{'error': why}`."""
+  if timeout is None:
+    return {'error': 'skipped: --budget spent'}
   cmd = [python, os.path.abspath(__file__), '--peer', peer] + argv
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -328,6 +357,7 @@ def measure(args, cfg, log=print):
   """All rows, peers interleaved at each length; the raw results."""
   peers = peers_of(args)
   common = ['--cfg', json.dumps(cfg)]
+  budget = Budget(args.budget)
   results = dict(cfg=cfg, peers=list(peers), train={}, decode={},
                  load_before=os.getloadavg())
   for length in _ints(args.lengths):
@@ -335,25 +365,59 @@ def measure(args, cfg, log=print):
     for peer, python in peers.items():
       row[peer] = run_worker(python, peer, common + [
           '--worker', 'train', '--length', str(length), '--steps',
-          str(args.steps)], args.timeout)
+          str(args.steps)], budget.timeout(args.timeout))
       log(f'train L={length} {peer}: {_brief(row[peer])}', flush=True)
   for tokens in _ints(args.decode_tokens):
     row = results['decode'][str(tokens)] = {}
     for peer, python in peers.items():
       row[peer] = run_worker(python, peer, common + [
           '--worker', 'decode', '--tokens', str(tokens), '--decode-batches',
-          args.decode_batches], args.timeout)
+          args.decode_batches], budget.timeout(args.timeout))
       log(f'decode {tokens} tokens {peer}: {_brief(row[peer])}', flush=True)
   results['load_after'] = os.getloadavg()
   return results
+
+
+def search_max_length(args, cfg, log=print):
+  """Longest power-of-two-times-start length whose training step runs.
+
+  Tries `--search` START,STOP[,MAX]'s STOP first; if it runs, doubles while
+  the budget lasts up to MAX (default STOP), else halves down to START. Each
+  try is a
+  retrax worker subprocess (one timed step after the first), so running
+  out of memory ends only that try. Returns `{'fits': L or None, 'tries':
+  ...}`.
+  """
+  bounds = _ints(args.search)
+  if len(bounds) not in (2, 3) or not 0 < bounds[0] <= bounds[1] <= bounds[-1]:
+    raise ValueError(f'--search: expected START,STOP[,MAX] with START <= STOP '
+                     f'<= MAX; got {args.search!r}.')
+  start, stop, most = bounds[0], bounds[1], bounds[-1]
+  budget = Budget(args.budget)
+  tries, fits, length = {}, None, stop
+  while start <= length <= most:
+    result = run_worker(sys.executable, 'retrax', [
+        '--cfg', json.dumps(cfg), '--worker', 'train', '--length',
+        str(length), '--steps', '1'], budget.timeout(args.timeout))
+    tries[str(length)] = result
+    log(f'search L={length}: {_brief(result)}', flush=True)
+    if 'error' in result:
+      if fits is not None or result['error'].startswith('skipped'):
+        break
+      length //= 2
+    else:
+      fits, length = length, 2 * length
+  return dict(fits=fits, tries=tries)
 
 
 def _brief(result):
   if 'error' in result:
     return result['error']
   if 'step_s' in result:
+    device = result.get('device_peak_bytes')
     return (f"median {statistics.median(result['step_s']):.3f} s, first "
-            f"{result['first_s']:.1f} s, RSS {result['rss_bytes'] / 1e9:.2f} GB")
+            f"{result['first_s']:.1f} s, RSS {result['rss_bytes'] / 1e9:.2f} GB"
+            + (f', device peak {device / 1e9:.2f} GB' if device else ''))
   return ', '.join(f"batch {b}: {r['tok_s']:.1f} tok/s"
                    for b, r in result.items() if isinstance(r, dict) and
                    'tok_s' in r)
@@ -480,6 +544,10 @@ def parse_args(argv=None):
                       help='toy model sizes (tests)')
   for key in FULL:
     parser.add_argument('--' + key.replace('_', '-'), type=int, dest=key)
+  parser.add_argument('--budget', type=float,
+                      help='wall seconds for all workers (the rest skipped)')
+  parser.add_argument('--search', metavar='START,STOP[,MAX]',
+                      help='instead of the table: the longest trainable L')
   parser.add_argument('--json', help='also write the raw results here')
   # Internal: one measurement in this process.
   parser.add_argument('--worker', choices=['train', 'decode'],
@@ -505,6 +573,8 @@ def main(argv=None):
   cfg = config_of(args)
   print(f'config {cfg}; load average {os.getloadavg()}; '
         f'{os.cpu_count()} CPUs', flush=True)
+  if args.search:
+    return report_search(args, cfg)
   results = measure(args, cfg)
   print(f'load average after: {results["load_after"]}')
   for peer in results['peers']:
@@ -517,6 +587,19 @@ def main(argv=None):
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(results, f, indent=1)
+
+
+def report_search(args, cfg):
+  """Runs `search_max_length` and prints its one-line verdict."""
+  found = search_max_length(args, cfg)
+  fits = found['fits']
+  if fits is None:
+    print(f'MAX LENGTH: no length from {args.search} trained')
+  else:
+    print(f"MAX LENGTH: L={fits} trains ({_brief(found['tries'][str(fits)])})")
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(found, f, indent=1)
 
 
 if __name__ == '__main__':
