@@ -180,6 +180,10 @@ from retrax.layers.rnn import MakeZeroState as MakeZeroState
 from retrax.layers.rnn import ScanSRUCell as ScanSRUCell
 from retrax.layers.rnn import SRU as SRU
 from retrax.layers.sparsity import SparseFF as SparseFF
+from retrax.layers.research.lsh_ff import LSHFF as LSHFF
+from retrax.layers.research.pure_lsh_attention import PureLSHSelfAttention as PureLSHSelfAttention
+from retrax.layers.research.pure_lsh_wrapper import MixedLSHSelfAttention as MixedLSHSelfAttention
+from retrax.layers.research.pure_lsh_wrapper import PureLSHSelfAttentionWrapper as PureLSHSelfAttentionWrapper
 from retrax.layers.research.position_encodings import InfinitePositionalEncoding as InfinitePositionalEncoding
 from retrax.layers.research.position_encodings import TimeBinPositionalEncoding as TimeBinPositionalEncoding
 from retrax.layers.research.sparsity import ConvCausalAttention as ConvCausalAttention

@@ -18,3 +18,7 @@ from retrax.layers.efficient_attention_ops import mask_self_attention as mask_se
 from retrax.layers.efficient_attention_ops import permute_via_gather as permute_via_gather
 from retrax.layers.efficient_attention_ops import permute_via_sort as permute_via_sort
 from retrax.layers.lsh_attention import LSHSelfAttention as LSHSelfAttention
+from retrax.layers.research.lsh_ff import LSHFF as LSHFF
+from retrax.layers.research.pure_lsh_attention import PureLSHSelfAttention as PureLSHSelfAttention
+from retrax.layers.research.pure_lsh_wrapper import MixedLSHSelfAttention as MixedLSHSelfAttention
+from retrax.layers.research.pure_lsh_wrapper import PureLSHSelfAttentionWrapper as PureLSHSelfAttentionWrapper
