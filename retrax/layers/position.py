@@ -350,7 +350,7 @@ class FixedBasePositionalEncoding(_PositionCounter):
       cur = positions
       for i in range(self._n_digits):
         digits.append(jnp.mod(cur, base_).astype(jnp.float32)[:, :, None] *
-                      base_weights[bn][i])
+                      jnp.expand_dims(base_weights[bn][i], 0))
         cur = cur // base_
       embeddings = jnp.concatenate(digits, axis=-1)
       if self._mode == 'train':
