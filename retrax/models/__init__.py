@@ -15,6 +15,7 @@ from retrax.models.neural_gpu import NeuralGPU as NeuralGPU
 from retrax.models.research.configurable_transformer import ConfigurableTransformer as ConfigurableTransformer
 from retrax.models.research.configurable_transformer import ConfigurableTransformerEncoder as ConfigurableTransformerEncoder
 from retrax.models.research.configurable_transformer import ConfigurableTransformerLM as ConfigurableTransformerLM
+from retrax.models.research.terraformer import ConfigurableTerraformer as ConfigurableTerraformer
 from retrax.models.reformer.reformer import Reformer as Reformer
 from retrax.models.reformer.reformer import ReformerLM as ReformerLM
 from retrax.models.reformer.reformer import ReformerShortenLM as ReformerShortenLM
@@ -35,6 +36,7 @@ from retrax.run import recorded as _recorded
 MODELS = {name: _recorded(fn, name) for name, fn in {
     'AtariCnn': AtariCnn,
     'AtariCnnBody': AtariCnnBody,
+    'ConfigurableTerraformer': ConfigurableTerraformer,
     'ConfigurableTransformer': ConfigurableTransformer,
     'ConfigurableTransformerEncoder': ConfigurableTransformerEncoder,
     'ConfigurableTransformerLM': ConfigurableTransformerLM,

@@ -1,0 +1,295 @@
+"""The Terraformer (Trax's `models.research.terraformer`): a reversible encoder-decoder.
+
+The encoder is a reversible stack over the source; its output is joined to
+the embedded targets (`ConcatWithPadding`: each example's decoder positions
+follow its real source positions) and one reversible decoder stack of causal
+attention runs over both, so the decoder attends to the source through its
+self-attention. `ConfigurableTerraformer` builds the same layer tree as Trax
+1.4.1, so a Trax checkpoint maps leaf for leaf.
+
+In `mode='predict'` the first call takes the whole source and the first
+target token(s); later calls take one target token each. The source's
+padding mask reaches the decoder's SRU layers through a portal layer
+(`_PortalInput` keeps the last mask it saw; its `get_layer()` pushes it).
+"""
+
+import contextlib
+import functools
+
+from retrax import layers as tl
+from retrax.fastmath import numpy as jnp
+from retrax.layers import rnn
+from retrax.layers import validation
+from retrax.models.reformer import reformer
+from retrax.models.research import configurable_transformer as ct
+from retrax.models.research import transformer2 as t2
+
+
+def _stage_sizes(d_model, d_ff, d_key, d_value, half_before_layer,
+                 double_after_layer):
+  """`(first, middle, last)` stage sizes `(d_model, d_ff, d_key, d_value)`."""
+  middle = (d_model, d_ff, d_key, d_value)
+  first = middle
+  if half_before_layer:
+    first = tuple(_half('half_before_layer', n) for n in middle)
+  last = tuple(2 * n for n in middle) if double_after_layer else middle
+  return first, middle, last
+
+
+def _half(what, n):
+  if n % 2:
+    raise ValueError(f'ConfigurableTerraformer: {what} halves d_model, d_ff '
+                     f'and the attention depths, which must be even; got {n}.')
+  return n // 2
+
+
+def _check_args(input_vocab_size, output_vocab_size, d_model, d_ff, n_heads,
+                n_encoder_layers, n_decoder_layers, dropout, mode):
+  name = 'ConfigurableTerraformer'
+  validation.check_sizes(name, d_model=d_model, d_ff=d_ff, n_heads=n_heads)
+  validation.check_counts(name, n_encoder_layers=n_encoder_layers,
+                          n_decoder_layers=n_decoder_layers)
+  validation.check_rates(name, dropout=dropout)
+  validation.check_choice(name, 'mode', mode, ('train', 'eval', 'predict'))
+  if input_vocab_size is None and output_vocab_size is None:
+    raise ValueError(f'{name}: give input_vocab_size or output_vocab_size.')
+  if (d_model // 2) % n_heads or d_model % 2:
+    raise ValueError(f'{name}: n_heads ({n_heads}) must divide d_model/2 '
+                     f'({d_model / 2}).')
+
+
+@contextlib.contextmanager
+def _sru_mask_portal(portal_mask):
+  """While building the decoder in predict mode, SRUs read the source mask."""
+  if portal_mask is None:
+    yield
+    return
+  original = rnn.ScanSRUCell
+  rnn.ScanSRUCell = functools.partial(original,
+                                      monkey_patched_mask=portal_mask)
+  try:
+    yield
+  finally:
+    rnn.ScanSRUCell = original
+
+
+def _encoder(blocks, d_model, n_layers_forget, forget_dense,
+             reversible_encoder, use_bfloat16, mode):
+  """`vec_e mask_e ... -> vec_e mask_e ...` (two halves if reversible)."""
+  layers = [tl.ReversibleSelect([0, 0]),
+            _ReversibleSerialForget(blocks, d_model, n_layers_forget,
+                                    forget_dense)]
+  if not reversible_encoder:
+    layers += [_XYAvg(), tl.Dense(d_model, use_bfloat16=use_bfloat16),
+               tl.LayerNorm()]
+  if mode == 'predict':
+    return tl.Cache(tl.Serial(layers))
+  return tl.Serial(layers)
+
+
+def _decoder_blocks(attention_types, n_decoder_layers, sizes,
+                    half_before_layer, double_after_layer, block_args):
+  """The decoder blocks, with `ReversibleConcatenatePair` where widths double."""
+  first, middle, last = sizes
+  if not isinstance(attention_types, (tuple, list)):
+    attention_types = [attention_types]
+  if n_decoder_layers % len(attention_types):
+    raise ValueError(
+        f'ConfigurableTerraformer: n_decoder_layers ({n_decoder_layers}) must '
+        f'be a multiple of the number of decoder attention types '
+        f'({len(attention_types)}).')
+  blocks = []
+  for i in range(n_decoder_layers):
+    d_m, d_f, d_k, d_v = first
+    if half_before_layer and i >= half_before_layer:
+      d_m, d_f, d_k, d_v = middle
+    if double_after_layer and i > double_after_layer:
+      d_m, d_f, d_k, d_v = last
+    blocks.append(reformer.DecoderBlock(
+        d_m, d_f, d_k, d_v, attention_type=attention_types[
+            i % len(attention_types)], **block_args))
+    if ((half_before_layer and i == half_before_layer - 1) or
+        (double_after_layer and i == double_after_layer)):
+      blocks.append(tl.ReversibleConcatenatePair())
+  return blocks
+
+
+def _inputs(input_vocab_size, in_encoder):
+  """`tok_e tok_d` (or `vec_e mask_e tok_d`) -> `vec_e mask_e tok_e tok_d`."""
+  if input_vocab_size is not None:
+    return tl.AssertFunction('bl,br->bld,bl,bl,br', tl.Serial(
+        tl.Select([0, 0, 0, 1]),
+        tl.Parallel(in_encoder, [tl.PaddingMask(), _RemoveAxes12()])))
+  # Pre-embedded sources: the mask stands in for the source tokens where
+  # only padding / not padding matters downstream.
+  return tl.AssertFunction('blf,bl,br->bld,bl,bl,br', tl.Serial(
+      tl.Select([0, 1, 1, 2]),
+      tl.Parallel(in_encoder, [], _AsTokenIDs())))
+
+
+def _enc_dec_concat(reversible_encoder, mode):
+  if reversible_encoder:
+    return [tl.ReversibleSelect([0, 1, 4, 2, 3]),  # v_e v_e v_d mask tok_e tok_d
+            t2.ConcatWithPadding2(mode=mode)]      # v_ed v_ed tok_e tok_d
+  return [tl.ReversibleSelect([0, 3, 1, 2]),       # v_e v_d mask tok_e tok_d
+          t2.ConcatWithPadding(mode=mode),         # v_ed tok_e tok_d
+          tl.ReversibleSelect([0, 0])]             # v_ed v_ed tok_e tok_d
+
+
+def ConfigurableTerraformer(
+    input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
+    d_attention_key=None, d_attention_value=None, n_encoder_layers=6,
+    n_decoder_layers=6, n_heads=8, dropout=0.1, max_len=2048,
+    encoder_attention_type=tl.SelfAttention,
+    encoder_decoder_attention_type=tl.SelfAttention, pos_type='fixed-base',
+    pos_axial_shape=(), pos_d_axial_embs=None, pos_start_from_zero_prob=1.0,
+    pos_max_offset_to_add=0, ff_activation=tl.Relu, ff_use_sru=0,
+    ff_chunk_size=0, ff_dropout=None, ff_sparsity=0, loss_sparsity_type='mult',
+    loss_sparsity=0, loss_d_lowrank=0, loss_sparsity_prob=None,
+    attention_chunk_size=0, n_layers_forget=0, forget_dense=True,
+    n_decoder_attention_layers=2, use_bfloat16=False, reversible_encoder=False,
+    use_two_swaps_per_encoder_block=True, center_layernorm=True,
+    half_before_layer=None, double_after_layer=None, mode='train'):
+  """Terraformer encoder-decoder: `(source, target) -> (logits, target)`.
+
+  `source` int `[B, L1]` (0 = padding; with `input_vocab_size=None`: source
+  vectors `[B, L1, F]` and their mask `[B, L1]`), `target` int `[B, L2]`.
+  Arguments and defaults as in Trax 1.4.1; `d_model` is each reversible
+  half's width; `encoder_decoder_attention_type` may be a list (cycled).
+  """
+  _check_args(input_vocab_size, output_vocab_size, d_model, d_ff, n_heads,
+              n_encoder_layers, n_decoder_layers, dropout, mode)
+  portal_mask = _PortalInput() if mode == 'predict' else None
+  sizes = _stage_sizes(d_model, d_ff, d_attention_key or d_model // n_heads,
+                       d_attention_value or d_model // n_heads,
+                       half_before_layer, double_after_layer)
+  (d_model1, d_ff1), d_model2 = sizes[0][:2], sizes[2][0]
+  in_encoder, out_encoder, output_vocab_size = (
+      ct.EmbeddingAndPositionalEncodings(
+          input_vocab_size, d_model1, mode, dropout, [-2], max_len,
+          output_vocab_size=output_vocab_size, pos_type=pos_type,
+          pos_axial_shape=pos_axial_shape, pos_d_axial_embs=pos_d_axial_embs,
+          pos_start_from_zero_prob=pos_start_from_zero_prob,
+          pos_max_offset_to_add=pos_max_offset_to_add,
+          use_bfloat16=use_bfloat16))
+  block_args = dict(
+      dropout=dropout, ff_activation=ff_activation, ff_dropout=ff_dropout,
+      ff_use_sru=ff_use_sru, ff_chunk_size=ff_chunk_size,
+      ff_sparsity=ff_sparsity, attention_chunk_size=attention_chunk_size,
+      center_layernorm=center_layernorm, use_bfloat16=use_bfloat16, mode=mode)
+  encoder = _encoder(
+      [reformer.EncoderBlock(d_model1, d_ff1, n_heads, encoder_attention_type,
+                             use_two_swaps_per_block=swaps, **block_args)
+       for swaps in [use_two_swaps_per_encoder_block] * n_encoder_layers],
+      d_model1, n_layers_forget, forget_dense, reversible_encoder,
+      use_bfloat16, mode)
+  with _sru_mask_portal(portal_mask):
+    decoder = _ReversibleSerialForget(_decoder_blocks(
+        encoder_decoder_attention_type, n_decoder_layers, sizes,
+        half_before_layer, double_after_layer,
+        dict(n_heads=n_heads, n_attention_layers=n_decoder_attention_layers,
+             **block_args)), d_model2, n_layers_forget, forget_dense)
+  loss = tl.SparseDenseWithOptions(
+      output_vocab_size, d_input=d_model2, sparsity_type=loss_sparsity_type,
+      sparsity=loss_sparsity, d_lowrank=loss_d_lowrank,
+      prob_sparse=loss_sparsity_prob, use_bfloat16=use_bfloat16, mode=mode)
+  return _assemble(_inputs(input_vocab_size, in_encoder), portal_mask,
+                   out_encoder, encoder, reversible_encoder, decoder, loss,
+                   mode)
+
+
+def _assemble(inputs, portal_mask, out_encoder, encoder, reversible_encoder,
+              decoder, loss, mode):
+  """The model's top-level Serial (Trax's layer order)."""
+  return tl.Serial(
+      inputs,                                 # vec_e mask_e tok_e tok_d
+      tl.Parallel([], portal_mask),
+      tl.Select([0, 1, 2, 3, 3]),             # Decoder tokens kept for the loss.
+      tl.Parallel([], [], [], [tl.ShiftRight(mode=mode), out_encoder]),
+      encoder,                                # vec_e mask_e tok_e vec_d tok_d
+      _enc_dec_concat(reversible_encoder, mode),
+      decoder,                                # vec_ed1 vec_ed2 tok_e tok_d
+      _XYAvg(),                               # vec_ed tok_e tok_d
+      tl.LayerNorm(),
+      tl.Select([0, 1, 2, 2]),                # vec_ed tok_e tok_d tok_d
+      t2.StripFromConcatenateWithPadding(mode=mode),  # vec_d tok_d
+      loss,                                   # logits tok_d
+  )
+
+
+def _RemoveAxes12():
+  """`[B, 1, 1, L] -> [B, L]`."""
+  return tl.Fn('RemoveAxes12', lambda x: jnp.squeeze(x, (1, 2)))
+
+
+def _AsTokenIDs():
+  """A mask as int32 token ids (0 where padding)."""
+  return tl.Fn('AsTokenIDs', lambda x: x.astype(jnp.int32))
+
+
+def _XYAvg():
+  """The element-wise mean of two arrays."""
+  return tl.Fn('XYAvg', lambda x, y: (x + y) / 2.0)
+
+
+def _ReversibleSerialForget(layers, d_model, n_layers, forget_dense=True):
+  """`ReversibleSerial(layers)`, with a forget layer after every `n_layers`.
+
+  The forget layer averages the two halves and (with `forget_dense`) maps
+  them through `Dense(d_model)` before duplicating; it is not reversible, so
+  the reversible parts around it store their outputs.
+  """
+  if not n_layers or len(layers) <= n_layers + 1:
+    return tl.ReversibleSerial(layers)
+  if forget_dense:
+    forget = tl.Serial(_XYAvg(), tl.Dense(d_model), tl.Dup())
+  else:
+    forget = tl.Select([0, 1])
+  return tl.Serial(
+      tl.ReversibleSerial(layers[:n_layers]),
+      forget,
+      _ReversibleSerialForget(layers[n_layers:], d_model, n_layers,
+                              forget_dense))
+
+
+class _PortalInput(tl.Layer):
+  """Passes its input through and keeps it (the source mask) for `_PortalOutput`."""
+
+  def __init__(self):
+    super().__init__(name='_PortalInput', n_in=1, n_out=1)
+    self._portal_output = _PortalOutput(self)
+
+  def forward(self, x):
+    if isinstance(x, (list, tuple)):
+      x = x[0]
+    # Kept as float32 (the dtype of the initial state): readers test `!= 0`.
+    self.state = (x.astype(jnp.float32),)
+    return x
+
+  def init_weights_and_state(self, input_signature):
+    if isinstance(input_signature, (list, tuple)):
+      input_signature = input_signature[0]
+    self.state = (jnp.zeros(input_signature.shape, dtype=jnp.float32),)
+
+  def get_value(self):
+    """The last input seen (zeros before the first call)."""
+    return self.state[0]
+
+  def get_layer(self):
+    """A layer with no inputs that pushes `get_value()`."""
+    return self._portal_output
+
+
+class _PortalOutput(tl.Layer):
+  """Pushes its `_PortalInput`'s last input."""
+
+  def __init__(self, portal_input):
+    super().__init__(name='_PortalOutput', n_in=0, n_out=1)
+    self._portal_input = portal_input
+
+  def forward(self, x):
+    del x
+    return self._portal_input.get_value()
+
+  def get_value(self):
+    return self._portal_input.get_value()

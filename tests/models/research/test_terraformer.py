@@ -1,0 +1,189 @@
+"""ConfigurableTerraformer: Trax-written checkpoints and logits, layer tree, reversibility.
+
+`fixtures/golden/terraformer/` was written by real Trax 1.4.1
+(`make_terraformer_goldens.py` there): eval-mode checkpoints (`save_to_file`)
+and Trax's logits on fixed sources (ending in padding) and targets, and for
+`revenc` Trax's predict-mode logits, one target token per call.
+"""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from retrax import layers as tl
+from retrax import models
+from retrax import shapes
+from retrax.models.research import terraformer
+from retrax.models.research import transformer2 as t2
+
+GOLDEN = os.path.join(os.path.dirname(__file__), '..', '..', 'fixtures',
+                      'golden', 'terraformer')
+
+
+def _lsh(**kw):
+  return functools.partial(tl.LSHSelfAttention, chunk_len=8, n_hashes=2,
+                           n_buckets=4, n_chunks_before=1, **kw)
+
+
+def _pure_wrapper(**kw):
+  return functools.partial(
+      tl.PureLSHSelfAttentionWrapper, chunk_len=8, n_hashes=2, n_buckets=4,
+      n_chunks_before=1, num_weights=2, bias=False,
+      pure_lsh_implementation=tl.PureLSHSelfAttention, **kw)
+
+
+# Same arguments as make_terraformer_goldens.py.
+TF_ARGS = dict(input_vocab_size=16, d_model=8, d_ff=16, n_heads=2,
+               max_len=64, dropout=0.0)
+TF_CASES = {
+    'default': dict(n_encoder_layers=1, n_decoder_layers=2),
+    'lsh': dict(n_encoder_layers=1, n_decoder_layers=3, pos_type=None,
+                encoder_attention_type=_lsh(),
+                encoder_decoder_attention_type=[_pure_wrapper(), _lsh(),
+                                                tl.SelfAttention],
+                ff_chunk_size=4, n_layers_forget=1),
+    'revenc': dict(n_encoder_layers=2, n_decoder_layers=1,
+                   reversible_encoder=True, n_decoder_attention_layers=1,
+                   encoder_attention_type=tl.Attention,
+                   encoder_decoder_attention_type=tl.CausalAttention,
+                   ff_use_sru=(1, 8), pos_type=None),
+}
+
+
+def _make(name, mode, **overrides):
+  return terraformer.ConfigurableTerraformer(
+      mode=mode, **{**TF_ARGS, **TF_CASES[name], **overrides})
+
+
+def _io(name):
+  return np.load(os.path.join(GOLDEN, f'tf_{name}.npz'))
+
+
+def _loaded(name, mode, **overrides):
+  """The model with Trax's weights and, outside predict mode, Trax's state.
+
+  The state holds the LSH layers' hash rngs, so it must come from Trax too.
+  """
+  io = _io(name)
+  model = _make(name, mode, **overrides)
+  sig = shapes.signature((io['source'], io['target']))
+  model.init(sig)
+  model.init_from_file(os.path.join(GOLDEN, f'tf_{name}.pkl.gz'),
+                       weights_only=mode == 'predict', input_signature=sig)
+  return model, io
+
+
+def _close(actual, desired, tol=1e-5):
+  desired = np.asarray(desired)
+  np.testing.assert_allclose(np.asarray(actual), desired, rtol=0,
+                             atol=tol * max(1.0, np.abs(desired).max()))
+
+
+@pytest.fixture(autouse=True)
+def trax_random_bits():
+  with jax.threefry_partitionable(False):
+    yield
+
+
+# Tolerance relative to the logits' scale. 'default' (fixed-base positions,
+# three unchunked SelfAttention layers) differs from Trax by up to 1.6e-4 on
+# logits of scale 7.5; its reversible stream reaches 42 (the difference is
+# 4e-6 of that, float32 rounding through the residual sums).
+EVAL_TOL = {'default': 3e-5}
+
+
+@pytest.mark.parametrize('name', [
+    'default', 'revenc', pytest.param('lsh', marks=pytest.mark.slow)])
+def test_eval_logits_match_trax(name):
+  model, io = _loaded(name, 'eval')
+  logits, targets = model((io['source'], io['target']))
+  _close(logits, io['logits'], tol=EVAL_TOL.get(name, 1e-5))
+  np.testing.assert_array_equal(np.asarray(targets), io['target'])
+
+
+def test_checkpoint_maps_leaf_for_leaf():
+  io = _io('lsh')
+  model = _make('lsh', 'eval')
+  weights, state = model.init(shapes.signature((io['source'], io['target'])))
+  loaded_w, loaded_s = model.init_from_file(
+      os.path.join(GOLDEN, 'tf_lsh.pkl.gz'), weights_only=False)
+  for ours, theirs in ((weights, loaded_w), (state, loaded_s)):
+    assert (jax.tree_util.tree_structure(ours) ==
+            jax.tree_util.tree_structure(theirs))
+    for a, b in zip(jax.tree_util.tree_leaves(ours),
+                    jax.tree_util.tree_leaves(theirs)):
+      assert np.shape(a) == np.shape(b)
+
+
+@pytest.mark.slow
+def test_train_mode_without_dropout_equals_eval():
+  # (Not 'default': its fixed-base positions start at random in training.)
+  model, io = _loaded('revenc', 'train')
+  logits, _ = model((io['source'], io['target']))
+  _close(logits, io['logits'])
+
+
+@pytest.mark.slow
+def test_gradients_through_reversible_stacks_match_finite_differences():
+  # Reversible blocks recompute their inputs instead of storing them; the
+  # gradient must still be the function's (central differences per leaf).
+  model = _make('revenc', 'train')
+  io = _io('revenc')
+  x = (io['source'][:, :8], io['target'][:, :8])
+  weights, state = model.init(shapes.signature(x))
+  rng = jax.random.PRNGKey(0)
+
+  def loss(w):
+    return jnp.sum(jnp.sin(model.pure_fn(x, w, state, rng)[0][0]))
+  f = jax.jit(loss)
+  leaves, tree = jax.tree_util.tree_flatten(weights)
+  grads = jax.tree_util.tree_leaves(jax.jit(jax.grad(loss))(weights))
+  rs, eps = np.random.RandomState(0), 1e-3
+  for i in range(0, len(leaves), 3):
+    d = jnp.asarray(rs.normal(size=leaves[i].shape), jnp.float32)
+    moved = [list(leaves), list(leaves)]
+    moved[0][i], moved[1][i] = leaves[i] + eps * d, leaves[i] - eps * d
+    fd = (f(jax.tree_util.tree_unflatten(tree, moved[0])) -
+          f(jax.tree_util.tree_unflatten(tree, moved[1]))) / (2 * eps)
+    np.testing.assert_allclose(float(jnp.sum(grads[i] * d)), float(fd),
+                               rtol=5e-2, atol=5e-2)
+
+
+def test_concat_and_strip_with_padding_invert_each_other():
+  vec_e = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape((2, 4, 3)) + 1
+  vec_d = -jnp.arange(2 * 2 * 3, dtype=jnp.float32).reshape((2, 2, 3)) - 1
+  tok_e = jnp.array([[5, 6, 0, 0], [7, 8, 9, 1]], jnp.int32)
+  tok_d = jnp.ones((2, 2), jnp.int32)
+  layer = t2.ConcatWithPadding()
+  layer.init(shapes.signature((vec_e, vec_d, tok_e != 0, tok_e, tok_d)))
+  vec_ed, _, _ = layer((vec_e, vec_d, tok_e != 0, tok_e, tok_d))
+  np.testing.assert_array_equal(vec_ed[0, :2], vec_e[0, :2])
+  np.testing.assert_array_equal(vec_ed[0, 2:4], vec_d[0])
+  np.testing.assert_array_equal(vec_ed[0, 4:], np.zeros((2, 3)))
+  np.testing.assert_array_equal(vec_ed[1, 4:], vec_d[1])
+  back = layer.reverse((vec_ed, tok_e, tok_d))
+  np.testing.assert_array_equal(back[1], vec_d)
+  np.testing.assert_array_equal(back[0][0, :2], vec_e[0, :2])
+  np.testing.assert_array_equal(back[0][0, 2:], np.zeros((2, 3)))
+  with pytest.raises(ValueError, match='StripFromConcatenateWithPadding'):
+    t2.strip_from_concatenate_with_padding(vec_ed[:, :5], tok_e, tok_d)
+
+
+def test_bad_arguments_name_the_model_and_argument():
+  with pytest.raises(ValueError, match='n_heads .3. must divide d_model/2'):
+    terraformer.ConfigurableTerraformer(16, d_model=8, n_heads=3)
+  with pytest.raises(ValueError, match='n_decoder_layers'):
+    terraformer.ConfigurableTerraformer(
+        16, d_model=8, n_heads=2, n_decoder_layers=3,
+        encoder_decoder_attention_type=[tl.CausalAttention] * 2)
+  with pytest.raises(ValueError, match='input_vocab_size or output_vocab_size'):
+    terraformer.ConfigurableTerraformer(None, d_model=8, n_heads=2)
+
+
+def test_exported_at_trax_paths():
+  assert models.ConfigurableTerraformer is not None
+  assert 'ConfigurableTerraformer' in models.MODELS
