@@ -11,6 +11,7 @@ value vectors, `C` chunk length, `N` number of chunks (`L // C`), `W` window
 length (`C * (1 + n_chunks_before + n_chunks_after)`), `H` hashing rounds.
 """
 
+import functools
 import math
 
 import jax
@@ -67,7 +68,10 @@ def hash_vecs(vecs, n_buckets_in, n_hashes, rng):
   rot_size, n_buckets, factors = _rotation_size_and_buckets(n_buckets_in)
   rotations = jax.random.normal(
       rng, (vecs.shape[-1], n_hashes, rot_size // 2)).astype(jnp.float32)
-  rotated = jnp.einsum('tf,fhb->htb', vecs, rotations)  # [H, L, rot/2]
+  # float32 draws (as Trax), promoted explicitly with the vectors.
+  dtype = vecs.dtype if jnp.finfo(vecs.dtype).bits >= 32 else jnp.float32
+  rotated = jnp.einsum('tf,fhb->htb', vecs.astype(dtype),
+                       rotations.astype(dtype))  # [H, L, rot/2]
   if len(factors) == 1:
     rotated = jnp.concatenate([rotated, -rotated], axis=-1)
     return jnp.argmax(rotated, axis=-1).astype(jnp.int32), n_buckets
@@ -234,10 +238,28 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
       raise ValueError('attend: dropout > 0 needs an rng.')
     keep_prob = 1.0 - dropout
     keep = jax.random.bernoulli(rng, keep_prob, dots.shape[-2:])
+    keep = jnp.reshape(keep, (1,) * (dots.ndim - 2) + keep.shape)
     dots = dots * (keep.astype(dots.dtype) / keep_prob)
   out = jnp.matmul(dots, v)  # [N, C, V]
   return (jnp.reshape(out, (-1, out.shape[-1])),
           jnp.reshape(dots_logsumexp, (-1,)))
+
+
+def merge_rounds(o, logits):
+  """Hashing rounds' outputs `o [R, L, V]` merged by their normalisers `[R, L, 1]`.
+
+  Round `r` weighs `exp(logits[r] - logsumexp(logits, axis=0))`. Written as
+  sums of the rounds' slices (same values as `jax.nn.logsumexp` and
+  `jnp.sum` over axis 0): XLA:CPU fused that reduce over rounds into the
+  next matmul as a prologue it recomputed per output tile, 10x slower.
+  """
+  rounds = [logits[r] for r in range(logits.shape[0])]
+  top = functools.reduce(jnp.maximum, rounds)
+  top = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, jnp.zeros_like(top)))
+  total = functools.reduce(jnp.add, [jnp.exp(l - top) for l in rounds])
+  log_total = jnp.log(total) + top
+  return functools.reduce(jnp.add, [o[r] * jnp.exp(l - log_total)
+                                    for r, l in enumerate(rounds)])
 
 
 def apply_broadcasted_dropout(vecs, dropout_rate, rng):
@@ -248,6 +270,7 @@ def apply_broadcasted_dropout(vecs, dropout_rate, rng):
     raise ValueError('apply_broadcasted_dropout: dropout > 0 needs an rng.')
   keep_prob = 1.0 - dropout_rate
   keep = jax.random.bernoulli(rng, keep_prob, (vecs.shape[-1],))
+  keep = jnp.reshape(keep, (1,) * (vecs.ndim - 1) + keep.shape)
   return vecs * (keep.astype(vecs.dtype) / keep_prob)
 
 

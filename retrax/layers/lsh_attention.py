@@ -48,6 +48,7 @@ from retrax.layers.efficient_attention_ops import hash_vecs
 from retrax.layers.efficient_attention_ops import inverse_permutation
 from retrax.layers.efficient_attention_ops import length_normalized
 from retrax.layers.efficient_attention_ops import mask_self_attention
+from retrax.layers.efficient_attention_ops import merge_rounds
 from retrax.layers.efficient_attention_ops import permute_via_gather
 
 
@@ -127,9 +128,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   logits = permute_via_gather(slogits, undo_sort, sticker)  # [H*L]
   if n_hashes > 1:
     o = jnp.reshape(o, (n_hashes, seqlen, o.shape[-1]))
-    logits = jnp.reshape(logits, (n_hashes, seqlen, 1))
-    probs = jnp.exp(logits - jax.nn.logsumexp(logits, axis=0, keepdims=True))
-    o = jnp.sum(o * probs, axis=0)
+    o = merge_rounds(o, jnp.reshape(logits, (n_hashes, seqlen, 1)))
   return o
 
 
@@ -295,7 +294,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     q = jnp.matmul(x, w_q)
     v = jnp.matmul(x, w_v)
     if self._bias:
-      q, v = q + b_q, v + b_v
+      q, v = q + b_q[None, :], v + b_v[None, :]
     return q, v
 
   def hash_vectors(self, vecs, rng, mask=None):
@@ -406,7 +405,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     # Duplicate the row so the matmul matches a longer call (as Trax does).
     q = jnp.matmul(jnp.concatenate([jnp.take(x, q_range, axis=0)] * 2, 0), w_q)
     if self._bias:
-      q = q + b_q
+      q = q + b_q[None, :]
     q_buckets = jnp.reshape(self.hash_vectors(q, hash_rng),
                             (self._n_hashes, 2))[:, :q_len]
     all_buckets = lax.dynamic_update_slice_in_dim(buckets, q_buckets, q_start,
@@ -417,7 +416,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     k = jnp.matmul(x_kv, w_q)
     v = jnp.matmul(x_kv, w_v)
     if self._bias:
-      k, v = k + b_q, v + b_v
+      k, v = k + b_q[None, :], v + b_v[None, :]
     mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
                                 exclude_self=True)
     o, _ = attend(q, length_normalized(k), v, mask_fn=mask_fn, q_info=q_range,
