@@ -9,15 +9,20 @@ self-attention. `ConfigurableTerraformer` builds the same layer tree as Trax
 
 In `mode='predict'` the first call takes the whole source and the first
 target token(s); later calls take one target token each. The source's
-padding mask reaches the decoder's SRU layers through a portal layer
-(`_PortalInput` keeps the last mask it saw; its `get_layer()` pushes it).
+padding mask reaches the decoder's SRU layers and causal attention through a
+portal layer (`_PortalInput` keeps the last mask it saw), so that predict
+mode equals eval mode on every prefix.
 """
 
 import contextlib
 import functools
 
+from jax import lax
+
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
+from retrax.layers import attention
+from retrax.layers import kv_cache
 from retrax.layers import rnn
 from retrax.layers import validation
 from retrax.models.reformer import reformer
@@ -59,18 +64,78 @@ def _check_args(input_vocab_size, output_vocab_size, d_model, d_ff, n_heads,
 
 
 @contextlib.contextmanager
-def _sru_mask_portal(portal_mask):
-  """While building the decoder in predict mode, SRUs read the source mask."""
+def _mask_portal(portal_mask):
+  """While the decoder is built in predict mode, its layers read the source mask.
+
+  As in Trax, the SRU cells (`rnn.ScanSRUCell`) and causal attention
+  (`attention.DotProductCausalAttention`, see `PortalMaskedCausalAttention`)
+  made meanwhile get the portal; the module attributes are restored after.
+  """
   if portal_mask is None:
     yield
     return
-  original = rnn.ScanSRUCell
-  rnn.ScanSRUCell = functools.partial(original,
+  original_sru = rnn.ScanSRUCell
+  original_attention = attention.DotProductCausalAttention
+  rnn.ScanSRUCell = functools.partial(original_sru,
                                       monkey_patched_mask=portal_mask)
+  attention.DotProductCausalAttention = type(
+      'PortalMaskedCausalAttention', (PortalMaskedCausalAttention,),
+      {'portal_mask': portal_mask})
   try:
     yield
   finally:
-    rnn.ScanSRUCell = original
+    rnn.ScanSRUCell = original_sru
+    attention.DotProductCausalAttention = original_attention
+
+
+class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
+  """Predict-mode causal attention that skips the source's padding (Trax's patch).
+
+  The first predict call of a Terraformer attends over the source's real
+  positions, the first target position(s) and the source's padding (moved
+  after them by `ConcatWithPadding`); later positions are appended after all
+  of these. This layer keeps which cache slots are real (state `(allowed
+  [max_inference_length] bool, keys, values, index)`, Trax's layout) from
+  the source mask its class's `portal_mask` holds, so that predict mode
+  attends to what eval mode does. One example at a time, as in Trax.
+  """
+
+  portal_mask = None
+
+  def init_weights_and_state(self, input_signature):
+    super().init_weights_and_state(input_signature)
+    if self.mode == 'predict':
+      allowed = jnp.zeros((self.max_len,), dtype=jnp.bool_)
+      self.state = (allowed,) + tuple(self.state)
+
+  def forward(self, inputs):
+    if self.mode != 'predict':
+      return super().forward(inputs)
+    q, k, v = inputs
+    allowed, keys, values, index = self.state
+    source_mask = self.portal_mask.get_value()
+    if source_mask.shape[0] != 1:
+      raise ValueError(
+          f'{self.name}: Terraformer predict mode decodes one example at a '
+          f'time (as in Trax); got a source mask of shape {source_mask.shape}.')
+    source_mask = jnp.reshape(source_mask, (-1,)) != 0
+    allowed = lax.dynamic_update_slice(allowed, source_mask,
+                                       (jnp.zeros((), jnp.int32),))
+    first_target = jnp.sum(source_mask, dtype=jnp.int32)
+    allowed = allowed.at[first_target].set(True).at[index].set(True)
+    (keys, values, new_index), (ks, vs, start) = kv_cache.update_state(
+        k, v, (keys, values, index), self.max_len)
+    self.state = (allowed, keys, values, new_index)
+
+    def masked_attention(q, k, v, mask):
+      visible = allowed[:kv_cache.length(k)][None, None, :]
+      return attention.dot_product_attention(q, k, v, mask & visible)
+    return kv_cache.attend(q, ks, vs, start, masked_attention)
+
+  def predict_state_layout(self, state):
+    """Undeclared (decoding traces it): the slot mask is not per example."""
+    del state
+    return None
 
 
 def _encoder(blocks, d_model, n_layers_forget, forget_dense,
@@ -183,7 +248,7 @@ def ConfigurableTerraformer(
        for swaps in [use_two_swaps_per_encoder_block] * n_encoder_layers],
       d_model1, n_layers_forget, forget_dense, reversible_encoder,
       use_bfloat16, mode)
-  with _sru_mask_portal(portal_mask):
+  with _mask_portal(portal_mask):
     decoder = _ReversibleSerialForget(_decoder_blocks(
         encoder_decoder_attention_type, n_decoder_layers, sizes,
         half_before_layer, double_after_layer,
