@@ -23,6 +23,7 @@ from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
 from retrax.layers import kv_cache
+from retrax.layers import predict_state
 from retrax.layers import rnn
 from retrax.layers import validation
 from retrax.models.reformer import reformer
@@ -133,9 +134,14 @@ class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
     return kv_cache.attend(q, ks, vs, start, masked_attention)
 
   def predict_state_layout(self, state):
-    """Undeclared (decoding traces it): the slot mask is not per example."""
-    del state
-    return None
+    """As `DotProductCausalAttention`'s, with the slot mask shared (one example)."""
+    if self.mode != 'predict':
+      return None
+    allowed, keys, values, index = state
+    layout = super().predict_state_layout((keys, values, index))
+    if layout is None:
+      return None
+    return layout._replace(rows=(0,) + tuple(layout.rows))
 
 
 def _encoder(blocks, d_model, n_layers_forget, forget_dense,
@@ -335,6 +341,11 @@ class _PortalInput(tl.Layer):
     if isinstance(input_signature, (list, tuple)):
       input_signature = input_signature[0]
     self.state = (jnp.zeros(input_signature.shape, dtype=jnp.float32),)
+
+  def predict_state_layout(self, state):
+    """The kept mask has one row per example."""
+    del state
+    return predict_state.PredictStateLayout((1,))
 
   def get_value(self):
     """The last input seen (zeros before the first call)."""
