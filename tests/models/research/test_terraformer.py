@@ -17,6 +17,7 @@ import pytest
 from retrax import layers as tl
 from retrax import models
 from retrax import shapes
+from retrax.supervised import decoding
 from retrax.models.research import terraformer
 from retrax.models.research import transformer2 as t2
 
@@ -146,6 +147,25 @@ def test_predict_equals_trax_and_eval_on_every_prefix(n_calls):
     logits, _ = model((source, shifted[:, t:t + 1]))
     _close(logits[:, 0], io['logits_predict'][:, t], tol=2e-5)
     _close(logits[:, 0], io['logits'][:, t], tol=2e-5)  # Trax's eval.
+
+
+@pytest.mark.slow
+def test_greedy_decoding_agrees_with_eval_mode():
+  io = _io('revenc')
+  source = io['source']
+  model = _make('revenc', 'predict')
+  model.init_from_file(
+      os.path.join(GOLDEN, 'tf_revenc.pkl.gz'), weights_only=True,
+      input_signature=(shapes.ShapeDtype(source.shape, np.int32),
+                       shapes.ShapeDtype((1, 1), np.int32)))
+  tokens = np.asarray(decoding.autoregressive_sample(
+      model, inputs=source, eos_id=-1, max_length=4, temperature=0.0))
+  eval_model, _ = _loaded('revenc', 'eval')
+  target = np.zeros((1, 16), np.int32)
+  target[:, :4] = tokens
+  logits, _ = eval_model((source, target))
+  np.testing.assert_array_equal(np.argmax(np.asarray(logits[:, :4]), -1),
+                                tokens)
 
 
 @pytest.mark.slow
