@@ -189,7 +189,7 @@ def evaluate(weights, attention, cfg):
   @jax.jit
   def n_correct(weights, state, x, y, w, rng):
     logits, _ = model.pure_fn(x, weights, state, rng)
-    return ((logits.argmax(-1) == y) * w).sum()
+    return ((logits.argmax(-1) == y).astype(w.dtype) * w).sum()
 
   correct = sum(float(n_correct(model.weights, model.state, x, y, w,
                                 jax.random.PRNGKey(i)))

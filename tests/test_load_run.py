@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def test_loop_run_of_a_retrax_model_loads_back(tmp_path):
   model = models.TransformerLM(vocab_size=16, d_model=8, d_ff=16, n_layers=1,
                                n_heads=2, max_len=16, dropout=0.0)
   loop = _train(model, out)
-  doc = json.load(open(os.path.join(out, run_lib.MODEL_FILE)))
+  doc = json.loads(pathlib.Path(out, run_lib.MODEL_FILE).read_text())
   assert doc['constructor'] == 'TransformerLM'
   assert doc['kwargs']['d_model'] == 8 and 'mode' not in doc['kwargs']
 

@@ -50,6 +50,8 @@ from retrax.fastmath.ops import top_k as top_k
 from retrax.fastmath.ops import value_and_grad as value_and_grad
 from retrax.fastmath.ops import vjp as vjp
 from retrax.fastmath.ops import vmap as vmap
+from retrax.fastmath.ops import with_rank as with_rank
+from retrax.fastmath.ops import promoted as promoted
 from retrax.fastmath.ops import while_loop as while_loop
 from retrax.fastmath.tree import nested_map as nested_map
 from retrax.fastmath.tree import nested_map_multiarg as nested_map_multiarg

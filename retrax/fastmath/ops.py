@@ -38,6 +38,8 @@ __all__ = [
     'scan',
     'map',
     'cond',
+    'with_rank',
+    'promoted',
     'while_loop',
     'dynamic_slice',
     'dynamic_slice_in_dim',
@@ -205,6 +207,36 @@ def custom_grad(f_vjp, f_original):
 
   f.defvjp(fwd, bwd)
   return f
+
+
+def with_rank(x, ndim):
+  """`x` with leading axes of size 1 up to rank `ndim`: NumPy's rank promotion, explicit.
+
+  `y + with_rank(b, y.ndim)` broadcasts a bias over the leading axes the way
+  `y + b` does, and also under `jax_numpy_rank_promotion='raise'`.
+  """
+  shape = onp.shape(x)
+  if len(shape) >= ndim:
+    return x
+  return jnp.reshape(x, (1,) * (ndim - len(shape)) + tuple(shape))
+
+
+def promoted(*xs, ranks=True):
+  """`xs` as arrays of one dtype (and one rank), by JAX's standard rules, explicit.
+
+  For operands whose mix of dtypes and ranks is meant (a metric's float
+  outputs with a user's integer targets or lower-rank weights), so that the
+  code also runs under strict dtype promotion and `rank_promotion='raise'`.
+  `ranks=False` leaves the shapes alone (operands of a matrix product).
+  """
+  arrays = [jnp.asarray(x) for x in xs]
+  with jax.numpy_dtype_promotion('standard'):
+    dtype = jnp.result_type(*arrays)
+  arrays = [x.astype(dtype) for x in arrays]
+  if not ranks:
+    return tuple(arrays)
+  ndim = max(x.ndim for x in arrays)
+  return tuple(with_rank(x, ndim) for x in arrays)
 
 
 def index_update(x, idx, y):

@@ -15,6 +15,7 @@ functions. `ShiftRight`, `PaddingMask`, `EncoderDecoderMask` (defined in
 Trax's module path.
 """
 
+import math
 import numpy as np
 
 from retrax import fastmath
@@ -184,7 +185,7 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
   values = values if isinstance(values, tuple) else (values,)
   dots = [jnp.matmul(queries, jnp.swapaxes(k, -1, -2)) for k in keys]
   dots = (dots[0] if len(dots) == 1 else jnp.concatenate(dots, axis=-1)
-          ) / jnp.sqrt(d_feature)
+          ) / math.sqrt(d_feature)
   if mask is not None:
     dots = jnp.where(mask, dots, jnp.full_like(dots, _MASK_VALUE))
   weights = jnp.exp(dots - fastmath.logsumexp(dots, axis=-1, keepdims=True))

@@ -206,7 +206,7 @@ class Conv(ConvLayoutMixin, base.Layer):
         x, w, self._strides, self._padding, lhs_dilation=None,
         rhs_dilation=self._dilation, dimension_numbers=self._dimension_numbers)
     if b is not None:
-      res = res + b
+      res = res + fastmath.with_rank(b, res.ndim)
     if len(x_shape) != len(shape):
       n_lead = len(x_shape) - len(shape) + 1
       res = jnp.reshape(res, x_shape[:n_lead] + tuple(res.shape[1:]))

@@ -49,8 +49,12 @@ class Dense(base.Layer):
         raise ValueError(f'{self.name} weights should be one matrix w; got '
                          f'{base.signature(w)}' + _NOT_INITIALIZED_HINT)
     _check_features(self, x, w.shape[0], 'W', w.shape)
+    x, w = fastmath.promoted(x, w, ranks=False)  # float32 weights, float64/bf16 inputs.
     y = jnp.dot(x, w)
-    return y + b if b is not None else y
+    if b is None:
+      return y
+    y, b = fastmath.promoted(y, b)
+    return y + b
 
   def init_weights_and_state(self, input_signature):
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
@@ -270,7 +274,10 @@ def PrintShape(n_in=1, msg=''):
 
 def one_hot(x, n_categories, dtype=jnp.float32):
   """One-hot array with a new last axis of size `n_categories`."""
-  return jnp.array(x[..., jnp.newaxis] == jnp.arange(n_categories), dtype)
+  x = jnp.asarray(x)
+  categories = jnp.arange(n_categories, dtype=x.dtype)
+  categories = categories.reshape((1,) * x.ndim + (n_categories,))
+  return jnp.array(x[..., jnp.newaxis] == categories, dtype)
 
 
 def logsoftmax_sample(log_probs, temperature=1.0):

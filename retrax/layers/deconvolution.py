@@ -85,7 +85,8 @@ class ConvTranspose(convolution.ConvLayoutMixin, base.Layer):
     if len(x_shape) != len(shape):
       x = jnp.reshape(x, shape)
     res = lax.conv_transpose(x, w, self._strides, self._padding,
-                             self._rhs_dilation, self._dimension_numbers) + b
+                             self._rhs_dilation, self._dimension_numbers)
+    res = res + fastmath.with_rank(b, res.ndim)
     if len(x_shape) != len(shape):
       res = jnp.reshape(res, x_shape[:-3] + tuple(res.shape[-3:]))
     return res

@@ -249,10 +249,10 @@ class SelfAttention(EfficientAttentionBase):
     k = None if self._share_qk else jnp.matmul(x, w_k)
     v = jnp.matmul(x, w_v)
     if self._bias:
-      q = q + b_q
-      v = v + b_v
+      q = q + b_q[None]
+      v = v + b_v[None]
       if not self._share_qk:
-        k = k + b_k
+        k = k + b_k[None]
     return q, k, v
 
   def forward_unbatched(self, x, mask=None, *, weights, state, rng,

@@ -150,7 +150,7 @@ def OrthogonalInitializer(stddev=1.0):
     flat = (n_cols, n_rows) if n_rows < n_cols else (n_rows, n_cols)
     a = random.normal(rng, flat, dtype=np.float32)
     q, r = jnp.linalg.qr(a)
-    q = q * jnp.sign(jnp.diag(r))
+    q = q * jnp.sign(jnp.diag(r))[None, :]
     if n_rows < n_cols:
       q = jnp.transpose(q)
     return stddev * jnp.reshape(q, shape)

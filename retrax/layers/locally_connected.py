@@ -69,13 +69,15 @@ class LocallyConnected1d(base.Layer):
       raise ValueError(f'{self.name} was initialized for length {w.shape[0]} '
                        f'(axis -2); got input shape {tuple(x.shape)}.')
     # per_slot[..., l, k, :]: input position l through kernel slot k.
+    x, w = fastmath.promoted(x, w, ranks=False)  # Integer inputs, as Trax.
     per_slot = jnp.einsum('...lp,lkpd->...lkd', x, w)
     src, valid = self._sources(length)
     y = 0.
     for k in range(self._kernel_size):
       part = jnp.take(per_slot[..., k, :], src[k], axis=-2)
-      y = y + part * valid[k][:, None].astype(part.dtype)
-    return y if b is None else y + b
+      y = y + part * fastmath.with_rank(valid[k][:, None].astype(part.dtype),
+                                        part.ndim)
+    return y if b is None else y + fastmath.with_rank(b, y.ndim)
 
   def init_weights_and_state(self, input_signature):
     length, depth = input_signature.shape[-2], input_signature.shape[-1]

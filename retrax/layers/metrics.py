@@ -83,6 +83,18 @@ def _weight_sum(weights):
   return jnp.sum(weights)
 
 
+def _weighted_sum(values, weights):
+  """sum(values * weights), with the promotion and broadcasting explicit."""
+  values, weights = fastmath.promoted(values, weights)
+  return jnp.sum(values * weights)
+
+
+def _weighted_mean(values, weights):
+  """sum(values * weights) / sum(weights) (the sum of the weights as given)."""
+  total = _weighted_sum(values, weights)
+  return total / _weight_sum(jnp.asarray(weights).astype(total.dtype))
+
+
 def _div_or_zero(num, den):
   """num / den, and 0 where den is 0 (Trax computes 0/0 = NaN, then sets 0)."""
   return jnp.where(den == 0, 0., num / jnp.where(den == 0, 1, den))
@@ -118,8 +130,7 @@ def WeightedCategoryAccuracy():
                       'targets', targets)
     _check_target_range('WeightedCategoryAccuracy', targets,
                         model_output.shape[-1], weights)
-    correct = jnp.equal(predictions, targets)
-    return jnp.sum(correct * weights) / _weight_sum(weights)
+    return _weighted_mean(jnp.equal(predictions, targets), weights)
   return base.Fn('WeightedCategoryAccuracy', f)
 
 
@@ -169,7 +180,7 @@ def WeightedCategoryCrossEntropy(label_smoothing=None, cutoff=0.0):
                         model_output.shape[-1], weights)
     cross_entropies = _category_cross_entropy(
         model_output, targets, label_smoothing, cutoff)
-    return jnp.sum(cross_entropies * weights) / _weight_sum(weights)
+    return _weighted_mean(cross_entropies, weights)
   return base.Fn('WeightedCategoryCrossEntropy', f)
 
 
@@ -179,7 +190,8 @@ def BinaryCrossEntropy():
   Inputs: logits [...] float, targets [...] in {0, 1}.
   """
   def f(model_output, targets):
-    probabilities = fastmath.expit(model_output)
+    probabilities, targets = fastmath.promoted(fastmath.expit(model_output),
+                                               targets)
     binary_entropies = -(targets * jnp.log(probabilities) +
                          (1 - targets) * jnp.log(1 - probabilities))
     return jnp.average(binary_entropies)
@@ -228,8 +240,9 @@ def _CrossEntropy(check_name=None):
                         model_output.shape[-1])
     if check_name is not None:
       tutorial_checks.check_log_probs(check_name, model_output)
-    target_distribution = core.one_hot(target_category, model_output.shape[-1])
-    return -1.0 * jnp.sum(model_output * target_distribution, axis=-1)
+    log_probs, target_distribution = fastmath.promoted(
+        model_output, core.one_hot(target_category, model_output.shape[-1]))
+    return -1.0 * jnp.sum(log_probs * target_distribution, axis=-1)
   return base.Fn('_CrossEntropy', f)
 
 
@@ -239,6 +252,8 @@ def _BinaryCrossEntropy():
     _check_same_shape('BinaryCrossEntropyLoss', 'model outputs', model_output,
                       'targets', target_category)
     batch_size = model_output.shape[0]
+    model_output, target_category = fastmath.promoted(model_output,
+                                                      target_category)
     j = jnp.dot(jnp.transpose(target_category), jnp.log(model_output))
     j += jnp.dot(jnp.transpose(1 - target_category), jnp.log(1 - model_output))
     return -1.0 / batch_size * jnp.squeeze(j)
@@ -247,14 +262,13 @@ def _BinaryCrossEntropy():
 
 def _WeightedMean():
   """sum(values * weights) / sum(weights)."""
-  def f(values, weights):
-    return jnp.sum(values * weights) / _weight_sum(weights)
-  return base.Fn('_WeightedMean', f)
+  return base.Fn('_WeightedMean', _weighted_mean)
 
 
 def _WeightedSequenceMean():
   """Fraction of sequences with no wrong position of non-zero (0/1) weight."""
   def f(values, weights):
+    values, weights = fastmath.promoted(values, weights)
     not_correct = (1.0 - values) * weights
     axis_to_sum = tuple(range(1, len(not_correct.shape)))
     not_correct_seq = jnp.sum(not_correct, axis=axis_to_sum)
@@ -335,8 +349,8 @@ def L2Loss():
                       targets)
     _check_same_shape('L2Loss', 'model outputs', model_output, 'weights',
                       weights)
-    weighted_sse = weights * (model_output - targets)**2
-    return jnp.sum(weighted_sse) / jnp.sum(weights)
+    model_output, targets = fastmath.promoted(model_output, targets)
+    return _weighted_mean((model_output - targets)**2, weights)
   return base.Fn('L2Loss', f)
 
 
@@ -350,17 +364,16 @@ def SmoothL1Loss():
                       'targets', targets)
     _check_same_shape('SmoothL1Loss', 'model outputs', model_output,
                       'weights', weights)
+    model_output, targets = fastmath.promoted(model_output, targets)
     l1_dist = jnp.abs(model_output - targets)
     smooth_dist = jnp.where(l1_dist < 1, 0.5 * l1_dist**2, l1_dist - 0.5)
-    return jnp.sum(weights * smooth_dist) / jnp.sum(weights)
+    return _weighted_mean(smooth_dist, weights)
   return base.Fn('SmoothL1Loss', f)
 
 
 def WeightedSum():
   """sum(values * weights)."""
-  def f(values, weights):
-    return jnp.sum(values * weights)
-  return base.Fn('WeightedSum', f)
+  return base.Fn('WeightedSum', _weighted_sum)
 
 
 # --- F-scores ----------------------------------------------------------------
@@ -414,5 +427,5 @@ def WeightedFScore(beta=1., initial_category_index=0):
   def f(model_output, targets):
     f_scores, n_targets = _per_category_f_scores(model_output, targets, beta,
                                                  initial_category_index)
-    return jnp.average(f_scores, weights=n_targets)
+    return jnp.average(f_scores, weights=n_targets.astype(f_scores.dtype))
   return base.Fn('WeightedFScore', f)

@@ -1,6 +1,8 @@
 """Normalization layers: LayerNorm, BatchNorm, FilterResponseNorm."""
 
 from retrax.fastmath import numpy as jnp
+from retrax import fastmath
+from retrax.fastmath import with_rank
 from retrax.layers import base
 
 
@@ -26,8 +28,8 @@ class LayerNorm(base.Layer):
     mean = jnp.mean(x, axis=-1, keepdims=True)
     centered = x - mean if self._center else x
     variance = jnp.mean(centered * centered, axis=-1, keepdims=True)
-    scaled = centered / jnp.sqrt(variance + self._epsilon) * scale
-    return scaled + bias if self._center else scaled
+    scaled = centered / jnp.sqrt(variance + self._epsilon) * with_rank(scale, x.ndim)
+    return scaled + with_rank(bias, x.ndim) if self._center else scaled
 
   def init_weights_and_state(self, input_signature):
     # As in Trax, the bias exists (zeros, unused) even when center=False.
@@ -68,9 +70,10 @@ class BatchNorm(base.Layer):
       # Trax's fast variance E[x²] - E[x]² (not clamped at 0).
       var = jnp.mean(x ** 2, axis, keepdims=True) - mean ** 2
       m = self._momentum
-      running_mean = (m * running_mean + (1 - m) * mean).astype(
-          running_mean.dtype)
-      running_var = (m * running_var + (1 - m) * var).astype(running_var.dtype)
+      def ema(running, batch):  # In the wider dtype, stored as the state's.
+        wide_running, batch = fastmath.promoted(running, batch)
+        return (m * wide_running + (1 - m) * batch).astype(running.dtype)
+      running_mean, running_var = ema(running_mean, mean), ema(running_var, var)
       self.state = (running_mean, running_var, n_batches)
     else:
       mean, var = running_mean, running_var
@@ -78,10 +81,12 @@ class BatchNorm(base.Layer):
          jnp.sqrt(var + self._epsilon).astype(x.dtype))
     beta, gamma = self.weights
     bcast = tuple(None if i in axis else slice(None) for i in range(x.ndim))
-    if self._scale:
-      z = gamma[bcast] * z
+    if self._scale:  # Trax's dtypes: float32 weights promote bf16 inputs.
+      gamma, z = fastmath.promoted(gamma[bcast], z)
+      z = gamma * z
     if self._center:
-      z = z + beta[bcast]
+      beta, z = fastmath.promoted(beta[bcast], z)
+      z = z + beta
     if z.dtype != x.dtype:
       raise TypeError(f'The dtype of the output ({z.dtype}) of batch norm is '
                       f'not the same as the input ({x.dtype}). Batch norm '
@@ -126,7 +131,8 @@ class FilterResponseNorm(base.Layer):
       epsilon = epsilon + jnp.abs(epsilon_l[0])
     axis = tuple(range(1, inputs.ndim - 1))
     nu2 = jnp.mean(inputs ** 2, axis=axis, keepdims=True)
-    return gamma * (inputs / jnp.sqrt(nu2 + epsilon)) + beta
+    normed = inputs / jnp.sqrt(nu2 + epsilon)
+    return with_rank(gamma, normed.ndim) * normed + with_rank(beta, normed.ndim)
 
   def init_weights_and_state(self, input_signature):
     c = input_signature.shape[-1]

@@ -267,9 +267,9 @@ class SinCosPositionalEncoding(_PositionCounter):
 
   def _sincos(self, start, length, d_feature):
     """The `(1, length, d_feature)` encoding of positions `start ...`."""
-    position = jnp.arange(0, length)[:, None] + start
-    div_term = jnp.exp(
-        jnp.arange(0, d_feature, 2) * -(jnp.log(10000.0) / d_feature))
+    position = (jnp.arange(0, length)[:, None] + start).astype(jnp.float32)
+    div_term = jnp.exp(jnp.arange(0, d_feature, 2, dtype=jnp.float32) *
+                       -(jnp.log(10000.0) / d_feature))[None, :]
     pe = jnp.concatenate([jnp.sin(position * div_term),
                           jnp.cos(position * div_term)], axis=1)
     return pe[None, :, :]

@@ -56,7 +56,8 @@ class LSTMCell(base.Layer):
     _check_cell_inputs(self, x, lstm_state, 2 * self._n_units,
                        w.shape[0] - self._n_units)
     c, h = jnp.split(lstm_state, 2, axis=-1)
-    y = jnp.dot(jnp.concatenate([x, h], axis=-1), w) + b
+    y = jnp.dot(jnp.concatenate([x, h], axis=-1), w)
+    y = y + fastmath.with_rank(b, y.ndim)
     i, j, f, o = jnp.split(y, 4, axis=-1)
     new_c = c * fastmath.sigmoid(f) + fastmath.sigmoid(i) * jnp.tanh(j)
     new_h = jnp.tanh(new_c) * fastmath.sigmoid(o)
@@ -132,9 +133,11 @@ class GRUCell(base.Layer):
     w1, b1, w2, b2 = self.weights
     _check_cell_inputs(self, x, gru_state, self._n_units,
                        w1.shape[0] - self._n_units)
-    y = jnp.dot(jnp.concatenate([x, gru_state], axis=-1), w1) + b1
+    y = jnp.dot(jnp.concatenate([x, gru_state], axis=-1), w1)
+    y = y + fastmath.with_rank(b1, y.ndim)
     u, r = jnp.split(fastmath.sigmoid(y), 2, axis=-1)
-    c = jnp.dot(jnp.concatenate([x, r * gru_state], axis=-1), w2) + b2
+    c = jnp.dot(jnp.concatenate([x, r * gru_state], axis=-1), w2)
+    c = c + fastmath.with_rank(b2, c.ndim)
     new_gru_state = u * gru_state + (1 - u) * jnp.tanh(c)
     return new_gru_state, new_gru_state
 
@@ -258,8 +261,9 @@ def ScanSRUCell(mode, monkey_patched_mask=None):
 
   def masked_inner_sru_cell(cur_mask, cur_x_times_one_minus_f, cur_f,
                             cur_state):
-    res = ((cur_f * cur_state + cur_x_times_one_minus_f) * cur_mask
-           + (1 - cur_mask) * cur_state)
+    keep = fastmath.with_rank(cur_mask, cur_state.ndim).astype(cur_state.dtype)
+    res = ((cur_f * cur_state + cur_x_times_one_minus_f) * keep
+           + (1 - keep) * cur_state)
     return res, res
 
   return cb.Serial(

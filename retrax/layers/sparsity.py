@@ -103,7 +103,7 @@ class _SparseFFController(base.Layer):
     m1, m2, mb = self.weights
     _check_depth(self, x, m1.shape[0])
     x = jnp.reshape(x, (-1, x.shape[-1]))
-    logits = jnp.einsum('bd,dl,lxy->bxy', x, m1, m2) + mb
+    logits = jnp.einsum('bd,dl,lxy->bxy', x, m1, m2) + mb[None]
     if self._soft:
       log_mask = logits - fastmath.logsumexp(logits, axis=-1, keepdims=True)
       mask = jnp.exp(log_mask)

@@ -7,6 +7,7 @@ them under Trax's names.
 """
 
 from retrax.fastmath import numpy as jnp
+from retrax.fastmath import with_rank
 from retrax.layers import base
 from retrax.layers.base import Fn
 
@@ -50,24 +51,50 @@ def Swap():
   return Fn('Swap', lambda x0, x1: (x1, x0), n_out=2)
 
 
+def _same_rank(*xs):
+  """`xs` with leading axes added up to a common rank (NumPy broadcasting)."""
+  ndim = max(jnp.ndim(x) for x in xs)
+  return tuple(with_rank(x, ndim) for x in xs)
+
+
+def _add(x0, x1):
+  x0, x1 = _same_rank(x0, x1)
+  return x0 + x1
+
+
+def _subtract_top(x0, x1):
+  x0, x1 = _same_rank(x0, x1)
+  return x1 - x0
+
+
+def _multiply(x0, x1):
+  x0, x1 = _same_rank(x0, x1)
+  return x0 * x1
+
+
+def _gate(m, g, c):
+  m, g, c = _same_rank(m, g, c)
+  return g * m + (1.0 - g) * c
+
+
 def Add():
-  """Adds the top two items."""
-  return Fn('Add', lambda x0, x1: x0 + x1)
+  """Adds the top two items (broadcasting as NumPy does)."""
+  return Fn('Add', _add)
 
 
 def SubtractTop():
   """Subtracts the top item from the second: x1 - x0."""
-  return Fn('SubtractTop', lambda x0, x1: x1 - x0)
+  return Fn('SubtractTop', _subtract_top)
 
 
 def Multiply():
   """Multiplies the top two items."""
-  return Fn('Multiply', lambda x0, x1: x0 * x1)
+  return Fn('Multiply', _multiply)
 
 
 def Gate():
   """Highway gate on (memory, gate, candidate): `g * m + (1 - g) * c`."""
-  return Fn('Gate', lambda m, g, c: g * m + (1.0 - g) * c)
+  return Fn('Gate', _gate)
 
 
 class Concatenate(base.Layer):

@@ -224,7 +224,8 @@ def factor_product(names, step, xp, params, clip_cosine=False):
       value *= xp.sqrt(warmup_steps)
       value /= xp.sqrt(xp.maximum(step, warmup_steps))
     elif name == 'decay_every':
-      value *= params['decay_factor']**(step_int // params['steps_per_decay'])
+      n_decays = as_float(step_int // params['steps_per_decay'], xp)
+      value *= params['decay_factor']**n_decays
     elif name == 'cosine_decay':
       progress = xp.maximum(
           0.0, (step - warmup_steps) / float(params['steps_per_cycle']))

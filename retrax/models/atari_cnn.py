@@ -1,6 +1,7 @@
 """Small networks over game-frame sequences: `AtariCnn`, `AtariCnnBody`, `FrameStackMLP`."""
 
 from retrax import layers as tl
+from retrax.fastmath import numpy as jnp
 
 
 def _FrameStack(n_frames):
@@ -21,7 +22,7 @@ def _FrameStack(n_frames):
 
 def _BytesToFloats():
   """Layer scaling byte values to [0, 1]: `x / 255`."""
-  return tl.Fn('BytesToFloats', lambda x: x / 255.0)
+  return tl.Fn('BytesToFloats', lambda x: x.astype(jnp.float32) / 255.0)
 
 
 def AtariCnn(n_frames=4, hidden_sizes=(32, 32), output_size=128,

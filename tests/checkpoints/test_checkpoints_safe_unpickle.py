@@ -4,6 +4,7 @@ import collections
 import gzip
 import io
 import os
+import pathlib
 import pickle
 
 import numpy as np
@@ -47,7 +48,7 @@ def _assert_same(ours, ref, path='<root>'):
 
 @pytest.mark.parametrize('model', ALL_MODELS)
 def test_golden_pickles_match_unrestricted_reference(golden, fake_trax, model):
-  data = gzip.open(golden / model / 'model.pkl.gz').read()
+  data = gzip.decompress(pathlib.Path(golden / model / 'model.pkl.gz').read_bytes())
   ours = safe_loads(data)
   ref = ReferenceUnpickler(io.BytesIO(data)).load()
   _assert_same(ours, ref)

@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import pathlib
 import pickle
 import warnings
 
@@ -132,8 +133,8 @@ def test_loop_write_read_round_trip(golden, tmp_path, model):
   assert back['input_signature'] == ckpt['input_signature']
   # The npy records are byte-identical to the ones Trax wrote.
   for kind in ('weights', 'opt_slots0'):
-    ours = gzip.open(tmp_path / f'model.{kind}.npy.gz').read()
-    theirs = gzip.open(golden / model / f'model.{kind}.npy.gz').read()
+    ours = gzip.decompress(pathlib.Path(tmp_path / f'model.{kind}.npy.gz').read_bytes())
+    theirs = gzip.decompress(pathlib.Path(golden / model / f'model.{kind}.npy.gz').read_bytes())
     assert ours == theirs
 
 
@@ -142,7 +143,7 @@ def test_written_loop_checkpoint_reads_like_trax_reads_it(golden, tmp_path,
   """Trax's own reading steps (stdlib pickle, np.load loop) on our files."""
   ckpt = _read(golden, 'reformerlm_copy')
   pkl = _write_like(ckpt, tmp_path / 'model')
-  data = gzip.open(pkl).read()
+  data = gzip.decompress(pathlib.Path(pkl).read_bytes())
   assert pickle_globals(data) <= {
       ('numpy.core.multiarray', '_reconstruct'), ('numpy', 'ndarray'),
       ('numpy', 'dtype'), ('numpy.core.multiarray', 'scalar'),

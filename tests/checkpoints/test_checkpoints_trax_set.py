@@ -8,6 +8,7 @@ file, and no file or array header can make the reader allocate without limit.
 
 import gzip
 import os
+import pathlib
 import pickle
 import shutil
 import struct
@@ -51,7 +52,7 @@ def _one_line(e):
 def test_every_bit_flip_of_the_pickle_is_detected_or_harmless(tmp_path):
   pkl = _write_set(tmp_path / 'a', 3)
   want = _content(trax_format.read_trax_checkpoint(pkl))
-  data = open(pkl, 'rb').read()
+  data = pathlib.Path(pkl).read_bytes()
   positions = sorted(set(np.linspace(10, len(data) - 1, 40).astype(int)))
   positions += [len(data) - 8, len(data) - 5, len(data) - 2]  # CRC, length.
   for pos in positions:
@@ -69,9 +70,9 @@ def test_every_bit_flip_of_the_pickle_is_detected_or_harmless(tmp_path):
 
 def test_crc_trailer_is_checked(tmp_path):
   pkl = _write_set(tmp_path / 'a', 3)
-  data = bytearray(open(pkl, 'rb').read())
+  data = bytearray(pathlib.Path(pkl).read_bytes())
   data[-8] ^= 0xFF  # The CRC32 of the decompressed pickle.
-  open(pkl, 'wb').write(data)
+  pathlib.Path(pkl).write_bytes(data)
   with pytest.raises(CheckpointCorruptedError, match='gzip') as e:
     trax_format.read_trax_checkpoint(pkl)
   _one_line(e)

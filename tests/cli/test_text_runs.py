@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -73,7 +74,7 @@ def test_text_run_train_eval_sample_load_run(tmp_path, capsys):
                    '--no-sample', '--data', f'text:{path}', *TINY]) == 0
   text = capsys.readouterr().out
   assert f'retrax sample {out}' in text and 'Saved the run (step 4)' in text
-  assert json.load(open(os.path.join(out, 'run_config.json')))[
+  assert json.loads(pathlib.Path(out, 'run_config.json').read_text())[
       'vocab_size'] == 256  # From the byte tokenizer.
   assert cli.main(['eval', out, '--batches', '2']) == 0
   assert 'WeightedCategoryAccuracy' in capsys.readouterr().out
@@ -122,7 +123,7 @@ def test_sentencepiece_tokenizer_run(tmp_path, capsys):
   assert cli.main(['train', '--output_dir', out, '--steps', '2', '--quiet',
                    '--no-sample', '--data', f'text:{path}', '--tokenizer',
                    f'sentencepiece:{spm}', *TINY]) == 0
-  config = json.load(open(os.path.join(out, 'run_config.json')))
+  config = json.loads(pathlib.Path(out, 'run_config.json').read_text())
   assert config['vocab_size'] == 60 and config['tokenizer'].endswith(spm)
   # The run keeps its own copy of the model: it samples after the original
   # is gone.

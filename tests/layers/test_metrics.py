@@ -16,6 +16,10 @@ WEIGHTS = (RS.rand(3, 5) > 0.3).astype(np.float32) * RS.rand(3, 5).astype(
     np.float32)
 
 
+# Tests that feed raw logits to CrossEntropyLoss on purpose.
+_RAW_LOGITS_OK = 'ignore::retrax.layers.tutorial_checks.LogProbabilitiesWarning'
+
+
 def np_log_softmax(x):
   x = np.asarray(x, np.float64)
   m = x.max(-1, keepdims=True)
@@ -138,6 +142,7 @@ def test_sequence_accuracies():
 # --- cross-entropy from log-probabilities (Trax's older losses) ----------------
 
 
+@pytest.mark.filterwarnings(_RAW_LOGITS_OK)
 def test_cross_entropy_loss_expects_log_probs():
   log_probs = np_log_softmax(LOGITS).astype(np.float32)
   ce = -(np_one_hot(TARGETS, 7) * log_probs).sum(-1)
@@ -265,6 +270,7 @@ def test_f_scores():
   assert repr(metrics.WeightedFScore()) == 'WeightedFScore_in2'
 
 
+@pytest.mark.filterwarnings(_RAW_LOGITS_OK)
 def test_metrics_jit_like_eager():
   for layer, inputs in [
       (metrics.WeightedCategoryCrossEntropy(), (LOGITS, TARGETS, WEIGHTS)),

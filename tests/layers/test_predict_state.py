@@ -49,6 +49,18 @@ MODELS = {
     'ConfigurableTransformerLM-time-bin': functools.partial(
         models.ConfigurableTransformerLM, VOCAB, n_layers=1, max_len=32,
         pos_type='time-bin', pos_time_bin_length=4, **_SMALL),
+    'ConfigurableTransformerLM-CausalFavor': functools.partial(
+        models.ConfigurableTransformerLM, VOCAB, n_layers=1, max_len=32,
+        attention_type=tl.CausalFavor, **_SMALL),
+    'ConfigurableTransformerLM-ConvCausal': functools.partial(
+        models.ConfigurableTransformerLM, VOCAB, n_layers=1, max_len=32,
+        attention_type=functools.partial(tl.ConvCausalAttention, sparsity=2,
+                                         kernel_size=3), **_SMALL),
+    'ConfigurableTransformerLM-MultiplicativeConv': functools.partial(
+        models.ConfigurableTransformerLM, VOCAB, n_layers=1, max_len=32,
+        attention_type=functools.partial(tl.MultiplicativeConvCausalAttention,
+                                         sparsity=2, length_kernel_size=3),
+        **_SMALL),
 }
 
 

@@ -324,7 +324,8 @@ class RandomSignDense(base.Layer):
     key, sub = jax.random.split(key)
     signs = self._signs(sub, x.shape[-1])
     self.state = (signs, key)
-    return (x @ self.weights) * signs
+    y = x @ self.weights
+    return y * signs.reshape((1,) * (y.ndim - 1) + signs.shape)
 
 
 class FusedRandomSignDense(RandomSignDense):
@@ -407,7 +408,7 @@ def check_stack_op(layer, xs):
   assert_trees_close(x_ct, want, rtol=1e-6)
   assert w_ct == ()
   # As a custom-gradient layer inside jax.grad: the same gradient.
-  g = jax.grad(lambda v: sum(jnp.sum(c * y) for c, y in zip(
+  g = jax.grad(lambda v: sum(jnp.sum(c * y.astype(c.dtype)) for c, y in zip(
       jax.tree_util.tree_leaves(ct),
       jax.tree_util.tree_leaves(layer.pure_fn(v, (), (), None)[0]))),
                allow_int=True)(xs)

@@ -58,7 +58,7 @@ def test_run_layers_matches_composition_and_applies_prepare():
   parent = cb.Serial(layers)
   x = np.arange(6, dtype=np.float32).reshape(3, 2)
   parent.init(ShapeDtype(x.shape))
-  w, b = parent.weights[0]
+  w, b = (np.asarray(a) for a in parent.weights[0])
   rngs = stack.split_rngs(jax.random.PRNGKey(0), 2)
   out, state = stack.run_layers(parent, layers, x, parent.weights,
                                 parent.state, rngs)

@@ -10,6 +10,9 @@ from retrax import fastmath
 from retrax import layers as tl
 from retrax import shapes
 
+# The tensorflow-numpy backend warns that it computes with JAX; expected here.
+pytestmark = pytest.mark.filterwarnings('ignore:retrax has no TensorFlow backend')
+
 
 @pytest.mark.parametrize('spec', ['b......c,2', 'b..c,2', '...c...,2'])
 def test_assert_shape_refuses_more_than_one_ellipsis(spec):

@@ -22,6 +22,7 @@ from retrax.fastmath import random
 from retrax.layers import attention
 from retrax.layers import base
 from retrax.layers import core
+from retrax.layers import predict_state
 
 
 def _relu(x):
@@ -176,13 +177,23 @@ _causal_linear_attention.defvjp(_causal_fwd, _causal_bwd)
 class CausalFavorAttention(base.Layer):
   """`(Q, K, V) -> attention`: causal FAVOR+ with relu features, heads merged into the batch.
 
-  Predict-mode state: `(S [B*H, d_qk, d_v], z [B*H, d_qk])`, the sums so far.
+  Predict-mode state: `(S [B*H, d_qk, d_v], z [B*H, d_qk])`, the sums so far;
+  given `n_heads` (H), the layer declares that layout to decoding.
   """
 
-  def __init__(self, numerical_stabilizer=0.001, mode='train'):
+  def __init__(self, numerical_stabilizer=0.001, mode='train', *,
+               n_heads=None):
     super().__init__(n_in=3, n_out=1)
     self._numerical_stabilizer = numerical_stabilizer
     self._mode = mode
+    self._n_heads = n_heads
+
+  def predict_state_layout(self, state):
+    """`n_heads` rows per example in both sums (undeclared without n_heads)."""
+    if self._n_heads is None:
+      return None
+    return predict_state.PredictStateLayout(
+        predict_state.same_rows(state, self._n_heads))
 
   def forward(self, inputs):
     q, k, v = inputs
@@ -219,4 +230,5 @@ def CausalFavor(d_feature, n_heads=1, dropout=0.0, numerical_stabilizer=0.001,
   return attention.ConfigurableAttention(
       core.Dense(d_feature), core.Dense(d_feature), core.Dense(d_feature),
       core.Dense(d_feature),
-      CausalFavorAttention(numerical_stabilizer, mode), n_heads=n_heads)
+      CausalFavorAttention(numerical_stabilizer, mode, n_heads=n_heads),
+      n_heads=n_heads)

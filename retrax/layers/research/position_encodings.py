@@ -89,8 +89,8 @@ def _noise_key():
 
 def _step_bits(rows, width):
   """The walk's raw steps: uint32 `[*rows.shape, width]`."""
-  counters = (rows[..., None].astype(jnp.uint32) * np.uint32(width) +
-              jnp.arange(width, dtype=jnp.uint32))
+  steps = jnp.arange(width, dtype=jnp.uint32).reshape((1,) * rows.ndim + (width,))
+  counters = rows[..., None].astype(jnp.uint32) * np.uint32(width) + steps
   return threefry_2x32_prf(
       _noise_key(), jnp.stack([counters, jnp.zeros_like(counters)], -1))[..., 0]
 
@@ -212,11 +212,13 @@ class InfinitePositionalEncoding(base.Layer):
     pair = np.arange(depth) // 2
     freq = _trax_geomspace(.5, .5 * drift**2, half)[pair]
     noise = noise * np.float32(self._drift**.5)
-    cycles = ((np.arange(depth) % 2) / 4 + freq * t[..., None].astype(
-        jnp.float32) + noise[..., pair] / 4)
+    times = t[..., None].astype(jnp.float32)
+    rank = lambda x: fastmath.with_rank(x, max(times.ndim, jnp.ndim(noise)))
+    cycles = (rank((np.arange(depth) % 2) / 4) + rank(freq) * rank(times) +
+              rank(noise[..., pair] / 4))
     if self._affine:
-      cycles = cycles + fastmath.random.uniform(rng, (1, depth), minval=0,
-                                                maxval=1)
+      cycles = cycles + rank(fastmath.random.uniform(rng, (1, depth), minval=0,
+                                                     maxval=1))
     codes = jnp.cos(jnp.pi * 2 * cycles).astype(jnp.float32)
     if self._time_bin_length is not None:
       codes = jnp.concatenate(
@@ -232,7 +234,7 @@ class InfinitePositionalEncoding(base.Layer):
     half = (depth + 1) // 2
     if self._mode == 'predict':
       index, predict_rng = self.state
-      t = index[:, None] + jnp.arange(length)                # [batch, length]
+      t = index[:, None] + jnp.arange(length)[None]          # [batch, length]
       emb = self._codes(t, random_walk_at(t, half), depth, predict_rng)
       self.state = (index + length, predict_rng)
     else:
@@ -240,7 +242,7 @@ class InfinitePositionalEncoding(base.Layer):
       emb = self._codes(t, random_walk(length, half), depth, self.rng)[None]
     del batch
     if self._transform == 'diag':
-      emb = emb * jax.nn.softplus(self.weights)
+      emb = emb * fastmath.with_rank(jax.nn.softplus(self.weights), emb.ndim)
     elif self._transform == 'any':
       emb = emb @ self.weights
     return inputs + emb.astype(inputs.dtype)
@@ -282,7 +284,7 @@ class TimeBinPositionalEncoding(base.Layer):
     _check_3d(self, inputs)
     batch, length, depth = inputs.shape
     if self._mode == 'predict':
-      t = self.state[:, None] + jnp.arange(length)
+      t = self.state[:, None] + jnp.arange(length)[None]
       self.state = self.state + length
     else:
       t = jnp.broadcast_to(jnp.arange(length), (batch, length))

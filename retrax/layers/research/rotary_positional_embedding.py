@@ -15,12 +15,14 @@ def rotate(x):
     raise ValueError(f'Rotate expects (batch, length, d) inputs with an even '
                      f'd; got shape {tuple(x.shape)}.')
   _, length, d = x.shape
-  inv_freq = jnp.exp(jnp.arange(0, d, 2) * -(jnp.log(10000.0) / d))
-  angles = jnp.arange(length)[:, None] * inv_freq[None, :]
+  inv_freq = jnp.exp(jnp.arange(0, d, 2, dtype=jnp.float32) *
+                     -(jnp.log(10000.0) / d))
+  angles = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq[None, :]
   angles = jnp.concatenate([angles, angles], axis=-1)        # [length, d]
   half = d // 2
   rotated_half = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return x * jnp.cos(angles) + rotated_half * jnp.sin(angles)
+  cos, sin = jnp.cos(angles)[None], jnp.sin(angles)[None]
+  return x * cos + rotated_half * sin
 
 
 def Rotate():

@@ -82,11 +82,11 @@ class _ExpertFF(base.Layer):
       w2_block = fastmath.dynamic_slice(w2, [start, 0],
                                         [self._block, w2.shape[-1]])
       scale = jnp.sum(mask, axis=-1, keepdims=True)  # The selected entry.
-      res = jnp.dot(_relu(jnp.dot(x, w1_block) * scale), w2_block) + b2
+      res = jnp.dot(_relu(jnp.dot(x, w1_block) * scale), w2_block)
     else:
       expanded = jnp.repeat(mask, self._block, axis=-1)   # [rows, d_ff]
-      res = jnp.dot(_relu(jnp.dot(x, w1) * expanded), w2) + b2
-    return jnp.reshape(res, x_shape)
+      res = jnp.dot(_relu(jnp.dot(x, w1) * expanded), w2)
+    return jnp.reshape(res + b2[None], x_shape)
 
   def init_weights_and_state(self, input_signature):
     d_model = input_signature.shape[-1]

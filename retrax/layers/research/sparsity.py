@@ -32,6 +32,7 @@ from retrax.layers import combinators as cb
 from retrax.layers import convolution
 from retrax.layers import core
 from retrax.layers import initializers as init
+from retrax.layers import predict_state
 from retrax.layers import reversible
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.locally_connected import LocallyConnected1d
@@ -162,6 +163,10 @@ class _RememberPad(base.Layer):
     super().__init__(name='_RememberPad')
     self._n = n_items_to_remember
     self._mode = mode
+
+  def predict_state_layout(self, state):
+    """The last items, one row per example."""
+    return predict_state.PredictStateLayout(predict_state.same_rows(state, 1))
 
   def forward(self, x):
     if self._n == 0:

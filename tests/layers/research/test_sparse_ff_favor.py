@@ -133,7 +133,7 @@ def test_causal_favor_matches_numpy_and_its_gradient():
 
   def naive(q, k, v):
     qp, kp = jax.nn.relu(q) + 0.001, jax.nn.relu(k) + 0.001
-    s = jnp.einsum('blm,bsm->bls', qp, kp) * jnp.tril(jnp.ones((6, 6)))
+    s = jnp.einsum('blm,bsm->bls', qp, kp) * jnp.tril(jnp.ones((1, 6, 6)))
     return jnp.einsum('bls,bsd->bld', s, v) / s.sum(-1, keepdims=True)
 
   ct = _randn(4, 6, 3, seed=9)
