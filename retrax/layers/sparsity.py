@@ -172,7 +172,7 @@ class _SparseFFMain(base.Layer):
       relu = _relu(jnp.einsum('bd,bxd->bx', x, w1_sel))
       if self._multiply:
         relu *= jnp.take_along_axis(mask, quant_mask[..., None], -1)[..., 0]
-      res = jnp.einsum('bx,bxd->bd', relu, w2_sel) + b2
+      res = jnp.einsum('bx,bxd->bd', relu, w2_sel) + b2[None]
     else:
       one_hot = core.one_hot(quant_mask, self._d2)
       if self._mode == 'train':
@@ -190,7 +190,7 @@ class _SparseFFMain(base.Layer):
               jnp.where(select < self._quant_prob, mask, jnp.ones_like(mask)))
         else:
           relu = relu * mask
-      res = jnp.einsum('bxy,yxd->bd', relu, w2) + b2
+      res = jnp.einsum('bxy,yxd->bd', relu, w2) + b2[None]
     return quant_mask, jnp.reshape(res, x_shape)
 
   def init_weights_and_state(self, input_signature):

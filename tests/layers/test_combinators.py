@@ -171,8 +171,8 @@ def test_shared_weights_gradient_flows_through_both_uses():
   np.testing.assert_allclose(grads[0][1], ref[1], rtol=1e-5, atol=1e-6)
   # The shared gradient is the sum of both uses: differs from the first use's.
   first_only = jax.jit(jax.grad(lambda wb: jnp.sum(
-      ((x @ wb[0] + wb[1]) @ jax.lax.stop_gradient(wb[0])
-       + jax.lax.stop_gradient(wb[1])) ** 2)))(weights[0])
+      ((x @ wb[0] + wb[1][None]) @ jax.lax.stop_gradient(wb[0])
+       + jax.lax.stop_gradient(wb[1][None])) ** 2)))(weights[0])
   assert not np.allclose(grads[0][0], first_only[0])
 
 

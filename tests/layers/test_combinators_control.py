@@ -203,7 +203,7 @@ def test_bidirectional():
   np.testing.assert_allclose(y[..., :2], x @ w + b, rtol=1e-5, atol=1e-6)
   bwd = layer.sublayers[0].sublayers[1].sublayers[1].sublayers[1]
   assert bwd is not fwd
-  wb, bb = bwd.weights
+  wb, bb = (np.asarray(a) for a in bwd.weights)
   np.testing.assert_allclose(y[..., 2:], x @ wb + bb, rtol=1e-5, atol=1e-6)
   assert repr(layer) == (
       'Serial[\n  Branch_out2[\n    Dense_2\n    Serial[\n'

@@ -343,7 +343,8 @@ class FusedRandomSignDense(RandomSignDense):
     signs = state[0]  # reuse the forward pass's signs (new_state)
 
     def fn(x, w):
-      return (x @ w) * signs
+      y = x @ w
+      return y * signs.reshape((1,) * (y.ndim - 1) + signs.shape)
 
     out, vjp_fn = jax.vjp(fn, inputs, weights)
     x_ct = w_ct = None
