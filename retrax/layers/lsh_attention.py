@@ -132,6 +132,31 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   return o
 
 
+def buckets_and_state(name, hash_vectors, vecs, state, mask, *, n_hashes,
+                      max_length_for_buckets, update_state, unit):
+  """`(buckets, state)` of one unit (head or row) of an LSH layer.
+
+  With `update_state`, hashes `vecs` with a fresh key split from the state's
+  and stores the buckets (padded to `max_length_for_buckets` positions) for a
+  recomputing backward pass to replay; otherwise replays the stored ones.
+  """
+  n_rows = n_hashes * vecs.shape[0]
+  if update_state:
+    _, old_rng = state
+    hash_rng, hash_subrng = jax.random.split(old_rng)
+    buckets = hash_vectors(vecs, hash_subrng, mask)
+    stored = buckets
+    if max_length_for_buckets:
+      stored = jnp.pad(buckets, (0, n_hashes * max_length_for_buckets - n_rows))
+    return buckets, (stored, hash_rng)
+  buckets = state[0][:n_rows]
+  if buckets.shape[0] != n_rows:
+    raise ValueError(f'{name}: the state holds {buckets.shape[0]} buckets per '
+                     f'{unit} but n_hashes * length = {n_rows}; the state '
+                     'comes from inputs of another length.')
+  return buckets, state
+
+
 def roll_buckets(buckets, n_hashes, drop_len, shift):
   """Predict-mode buckets `[n_hashes * mem_len]` shifted left by `shift` >= 0 positions.
 
@@ -317,23 +342,10 @@ class LSHSelfAttention(EfficientAttentionBase):
     attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
                                           self._output_dropout)
     q, v = self._project(x, weights)
-    seqlen = x.shape[0]
-    n_rows = self._n_hashes * seqlen
-    if update_state:
-      _, old_hash_rng = state
-      hash_rng, hash_subrng = jax.random.split(old_hash_rng)
-      buckets = self.hash_vectors(q, hash_subrng, mask)
-      stored = buckets
-      if self._max_length_for_buckets:
-        full = self._n_hashes * self._max_length_for_buckets
-        stored = jnp.pad(buckets, (0, full - n_rows))
-      state = (stored, hash_rng)
-    else:
-      buckets = state[0][:n_rows]
-      if buckets.shape[0] != n_rows:
-        raise ValueError(f'{self.name}: the state holds {buckets.shape[0]} '
-                         f'buckets per head but n_hashes * length = {n_rows}; '
-                         f'the state comes from inputs of another length.')
+    buckets, state = buckets_and_state(
+        self.name, self.hash_vectors, q, state, mask, n_hashes=self._n_hashes,
+        max_length_for_buckets=self._max_length_for_buckets,
+        update_state=update_state, unit='head')
     o = lsh_attend(q, v, buckets, mask, n_hashes=self._n_hashes,
                    chunk_len=self._chunk_len,
                    n_chunks_before=self._n_chunks_before,

@@ -26,7 +26,6 @@ derived it from each call's length).
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -40,6 +39,7 @@ from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import attend
 from retrax.layers.efficient_attention_ops import length_normalized
 from retrax.layers.efficient_attention_ops import mask_self_attention
+from retrax.layers.lsh_attention import buckets_and_state
 from retrax.layers.lsh_attention import check_n_buckets
 from retrax.layers.lsh_attention import lsh_attend
 from retrax.layers.lsh_attention import lsh_buckets
@@ -179,22 +179,10 @@ class PureLSHSelfAttention(EfficientAttentionBase):
                         update_state):
     """LSH attention of one row: `qk, v [L, D]`, `mask [L]` -> `[L, D]`."""
     del weights
-    n_rows = self._n_hashes * qk.shape[0]
-    if update_state:
-      _, old_rng = state
-      hash_rng, hash_subrng = jax.random.split(old_rng)
-      buckets = self.hash_vectors(qk, hash_subrng, mask)
-      stored = buckets
-      if self._max_length_for_buckets:
-        full = self._n_hashes * self._max_length_for_buckets
-        stored = jnp.pad(buckets, (0, full - n_rows))
-      state = (stored, hash_rng)
-    else:
-      buckets = state[0][:n_rows]
-      if buckets.shape[0] != n_rows:
-        raise ValueError(f'{self.name}: the state holds {buckets.shape[0]} '
-                         f'buckets per row but n_hashes * length = {n_rows}; '
-                         f'the state comes from inputs of another length.')
+    buckets, state = buckets_and_state(
+        self.name, self.hash_vectors, qk, state, mask, n_hashes=self._n_hashes,
+        max_length_for_buckets=self._max_length_for_buckets,
+        update_state=update_state, unit='row')
     return self._attend(qk, v, buckets, mask, rng), state
 
   def _incremental_forward_unbatched(self, qk, v, *, q_start, q_len, weights,
