@@ -218,7 +218,8 @@ def with_rank(x, ndim):
   shape = onp.shape(x)
   if len(shape) >= ndim:
     return x
-  return jnp.reshape(x, (1,) * (ndim - len(shape)) + tuple(shape))
+  xp = onp if _is_numpy() else jnp
+  return xp.reshape(x, (1,) * (ndim - len(shape)) + tuple(shape))
 
 
 def promoted(*xs, ranks=True):
@@ -229,9 +230,13 @@ def promoted(*xs, ranks=True):
   code also runs under strict dtype promotion and `rank_promotion='raise'`.
   `ranks=False` leaves the shapes alone (operands of a matrix product).
   """
-  arrays = [jnp.asarray(x) for x in xs]
-  with jax.numpy_dtype_promotion('standard'):
-    dtype = jnp.result_type(*arrays)
+  if _is_numpy():  # The NumPy backend stays on NumPy arrays.
+    arrays = [onp.asarray(x) for x in xs]
+    dtype = onp.result_type(*arrays)
+  else:
+    arrays = [jnp.asarray(x) for x in xs]
+    with jax.numpy_dtype_promotion('standard'):
+      dtype = jnp.result_type(*arrays)
   arrays = [x.astype(dtype) for x in arrays]
   if not ranks:
     return tuple(arrays)
