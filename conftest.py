@@ -12,7 +12,7 @@ import jax
 import pytest
 
 STRICT_DIRS = ('tests/benchmarks', 'tests/checkpoints', 'tests/layers',
-               'tests/lr')
+               'tests/lr', 'tests/optimizers', 'tests/data', 'tests/docs')
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 
 

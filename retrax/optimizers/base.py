@@ -226,9 +226,12 @@ class Optimizer:
       ``weights``.
     """
     grads, weights = jnp.asarray(grads), jnp.asarray(weights)
-    updates, new_slots = self.transform(step, opt_params).update(
-        grads, slots, weights)
-    return (weights + updates).astype(weights.dtype), new_slots
+    # The rules mix dtypes as Trax's did (float32 hyperparameters and
+    # moments with bfloat16 weights): JAX's standard promotion, stated here.
+    with jax.numpy_dtype_promotion('standard'):
+      updates, new_slots = self.transform(step, opt_params).update(
+          grads, slots, weights)
+      return (weights + updates).astype(weights.dtype), new_slots
 
   # Properties.
 

@@ -116,8 +116,11 @@ class OptaxOptimizer(base.Optimizer):
 
   def _apply(self, grads, weights, state, opt_params):
     state = _with_hyperparams(state, opt_params)
-    updates, new_state = self._transformation.update(grads, state, weights)
-    return optax.apply_updates(weights, updates), new_state
+    # optax's transformations mix dtypes (an int32 count with float decay
+    # rates, float32 moments with bfloat16 weights) by JAX's standard rules.
+    with jax.numpy_dtype_promotion('standard'):
+      updates, new_state = self._transformation.update(grads, state, weights)
+      return optax.apply_updates(weights, updates), new_state
 
 
 def _settable_hyperparams(state):

@@ -138,7 +138,7 @@ def test_wrong_dtype_from_update_is_reported():
       return None
 
     def update(self, step, grads, weights, slots, opt_params):
-      return weights.astype(jnp.float32) - grads, None
+      return weights.astype(jnp.float32) - grads.astype(jnp.float32), None
 
   opt = Upcast()
   weights = (jnp.ones((2,), jnp.bfloat16),)
