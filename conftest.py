@@ -12,7 +12,8 @@ import jax
 import pytest
 
 STRICT_DIRS = ('tests/benchmarks', 'tests/checkpoints', 'tests/layers',
-               'tests/lr', 'tests/optimizers', 'tests/data', 'tests/docs')
+               'tests/lr', 'tests/optimizers', 'tests/data', 'tests/docs',
+               'tests/models', 'tests/seeds')
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
