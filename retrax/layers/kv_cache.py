@@ -161,7 +161,10 @@ def attend(q, ks, vs, start, attention):
   branches = [functools.partial(_attend_to_segments, n + 1, attention)
               for n in range(len(ks))]
   if not isinstance(start, jax.core.Tracer):
-    n = next((j for j, e in enumerate(ends) if e >= int(end)), len(ks) - 1)
+    # A concrete `start` inside a trace (a closed-over state under
+    # `lax.cond`) still makes `start + n` a tracer: add in Python.
+    end = int(start) + q.shape[-2]
+    n = next((j for j, e in enumerate(ends) if e >= end), len(ks) - 1)
     return branches[n](q, ks, vs, start)
   if len(ks) == 1:
     return branches[0](q, ks, vs, start)

@@ -47,6 +47,10 @@ def _DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes, mode,
   ]
 
 
+# Public name of the decoder block for other models built from it (LayerDrop).
+DecoderBlock = _DecoderBlock
+
+
 def _EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                          mode, ff_activation):
   """(dec, mask, enc) -> same: causal self-attention, attention to the encoder, feed-forward."""

@@ -1,4 +1,8 @@
-"""Trax's `models.research.transformer2` layers that join and split encoder-decoder sequences.
+"""Trax's `models.research.transformer2`: Transformer2 and the layers that join and split encoder-decoder sequences.
+
+`Transformer2` is an encoder-decoder without encoder-decoder attention: the
+decoder's causal self-attention runs over the encoder output followed by the
+shifted target.
 
 `ConcatWithPadding` puts each example's decoder vectors right after its real
 (non-padding) encoder positions, so one decoder stack can attend over both;
@@ -14,8 +18,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax import layers as tl
 from retrax.layers import base
 from retrax.layers import reversible
+from retrax.models.research import configurable_transformer as ct
 
 
 def concat_with_padding(vec_e, vec_d, mask_e):
@@ -151,3 +157,68 @@ class ConcatWithPadding2(_ConcatBase):
     vecs_d = strip_from_concatenate_with_padding(vecs_ed1, toks_e, toks_d)
     return (_unpad_encoder(vecs_ed1, toks_e), _unpad_encoder(vecs_ed2, toks_e),
             vecs_d, toks_e != 0, toks_e, toks_d)
+
+
+def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
+                 d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, n_heads=8,
+                 dropout=0.1, dropout_shared_axes=None, max_len=2048,
+                 mode='train', ff_activation=tl.Relu, ff_dropout=0.1,
+                 ff_chunk_size=0, ff_use_sru=0, ff_sparsity=0,
+                 ff_sparsity_type='1inN', attention_chunk_size=0,
+                 encoder_attention_type=tl.Attention,
+                 n_encoder_attention_layers=1,
+                 decoder_attention_type=tl.CausalAttention,
+                 n_decoder_attention_layers=2, pos_type=None,
+                 pos_axial_shape=None, pos_d_axial_embs=None):
+  """`(source, target) -> (target activations, target)`.
+
+  The encoder output (its real positions) and the shifted, embedded target
+  are concatenated (`ConcatWithPadding`); causal decoder blocks run over the
+  concatenation and the target part is taken back out before the output
+  Dense. Arguments as `ConfigurableTransformer`'s; `decoder_attention_type`
+  is the decoder's (causal) self-attention.
+  """
+  if mode not in ('train', 'eval', 'predict'):
+    raise ValueError(f"Transformer2: mode must be 'train', 'eval' or "
+                     f"'predict'; got {mode!r}")
+  if n_heads < 1 or d_model % n_heads:
+    raise ValueError(f'Transformer2: d_model ({d_model}) must be a positive '
+                     f'multiple of n_heads ({n_heads})')
+  in_encoder, out_encoder, output_vocab_size = (
+      ct.EmbeddingAndPositionalEncodings(
+          input_vocab_size, d_model, mode, dropout, dropout_shared_axes,
+          max_len, output_vocab_size=output_vocab_size, pos_type=pos_type,
+          pos_axial_shape=pos_axial_shape, pos_d_axial_embs=pos_d_axial_embs))
+  ff_args = (ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
+             ff_sparsity, ff_sparsity_type, attention_chunk_size)
+  encoder = tl.Serial(
+      in_encoder,
+      [ct.EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
+                       mode, *ff_args, encoder_attention_type,
+                       n_encoder_attention_layers)
+       for _ in range(n_encoder_layers)],
+      tl.LayerNorm())
+  if mode == 'predict':
+    encoder = tl.Cache(encoder)
+  decoder_blocks = [
+      ct.DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
+                      mode, *ff_args, decoder_attention_type,
+                      n_decoder_attention_layers)
+      for _ in range(n_decoder_layers)]
+  return tl.Serial(
+      tl.Select([0, 0, 1, 1]),           # tok_e tok_e tok_d tok_d
+      tl.Branch([], tl.PaddingMask()),   # tok_e mask tok_e tok_d tok_d
+      encoder,                           # vec_e mask tok_e tok_d tok_d
+      tl.Select([2, 0, 2], n_in=3),      # tok_e vec_e tok_e tok_d tok_d
+      tl.Fn('EncoderMask', lambda x: x != 0, n_out=1),  # mask_e vec_e ...
+      tl.Select([3, 1, 0, 2]),           # tok_d vec_e mask_e tok_e tok_d
+      tl.ShiftRight(mode=mode),
+      out_encoder,                       # vec_d vec_e mask_e tok_e tok_d
+      tl.Select([1, 0]),                 # vec_e vec_d mask_e tok_e tok_d
+      ConcatWithPadding(mode=mode),      # vec_ed tok_e tok_d
+      decoder_blocks,
+      tl.LayerNorm(),
+      tl.Select([0, 1, 2, 2]),           # vec_ed tok_e tok_d tok_d
+      StripFromConcatenateWithPadding(mode=mode),  # vec_d tok_d
+      tl.Dense(output_vocab_size),
+  )
