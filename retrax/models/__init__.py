@@ -12,10 +12,14 @@ from retrax.models.atari_cnn import AtariCnnBody as AtariCnnBody
 from retrax.models.atari_cnn import FrameStackMLP as FrameStackMLP
 from retrax.models.mlp import MLP as MLP
 from retrax.models.neural_gpu import NeuralGPU as NeuralGPU
+from retrax.models.research import hourglass as hourglass
+from retrax.models.research import rse as rse
 from retrax.models.research.configurable_transformer import ConfigurableTransformer as ConfigurableTransformer
 from retrax.models.research.configurable_transformer import ConfigurableTransformerEncoder as ConfigurableTransformerEncoder
 from retrax.models.research.configurable_transformer import ConfigurableTransformerLM as ConfigurableTransformerLM
 from retrax.models.research.terraformer import ConfigurableTerraformer as ConfigurableTerraformer
+from retrax.models.research.hourglass import HourglassLM as HourglassLM
+from retrax.models.research.rse import ResidualShuffleExchange as ResidualShuffleExchange
 from retrax.models.reformer.reformer import Reformer as Reformer
 from retrax.models.reformer.reformer import ReformerLM as ReformerLM
 from retrax.models.reformer.reformer import ReformerShortenLM as ReformerShortenLM
@@ -42,6 +46,7 @@ MODELS = {name: _recorded(fn, name) for name, fn in {
     'ConfigurableTransformerLM': ConfigurableTransformerLM,
     'FrameStackMLP': FrameStackMLP,
     'GRULM': GRULM,
+    'HourglassLM': HourglassLM,
     'LSTMSeq2SeqAttn': LSTMSeq2SeqAttn,
     'MLP': MLP,
     'NeuralGPU': NeuralGPU,
@@ -49,6 +54,7 @@ MODELS = {name: _recorded(fn, name) for name, fn in {
     'Reformer': Reformer,
     'ReformerLM': ReformerLM,
     'ReformerShortenLM': ReformerShortenLM,
+    'ResidualShuffleExchange': ResidualShuffleExchange,
     'Resnet50': Resnet50,
     'Transformer': Transformer,
     'TransformerDecoder': TransformerDecoder,
