@@ -98,13 +98,15 @@ def read_jsonl(path):
 class JsonlWriter:
   """Appends metric records to a JSON-lines file.
 
-  With `on_create`, that is called (with the path) before the file is first
-  opened for writing (e.g. `RunFiles.claim`).
+  Records are held until `flush` (or `close`) appends them; no file stays
+  open in between, so a writer that is never closed leaks nothing. With
+  `on_create`, that is called (with the path) before the file is first
+  written (e.g. `RunFiles.claim`).
   """
 
   def __init__(self, path, on_create=None):
     self._path = path
-    self._file = None
+    self._pending = []
     self._on_create = on_create
 
   @property
@@ -113,7 +115,7 @@ class JsonlWriter:
 
   def truncate(self, last_step):
     """Keeps only the well-formed records with `step <= last_step` (atomically)."""
-    self.close()
+    self.flush()
     if not os.path.exists(self._path):
       return
     kept = [r for r in read_jsonl(self._path)
@@ -126,22 +128,22 @@ class JsonlWriter:
     """Appends one record (scalars only; other values are skipped)."""
     if np.ndim(value) != 0:
       return
-    if self._file is None:
-      if self._on_create is not None:
-        self._on_create(self._path)
-      self._file = open(self._path, 'a', encoding='utf-8')
     record = {'step': int(step), 'mode': mode, 'metric': metric,
               'value': float(value), 'time': time.time()}
-    self._file.write(json.dumps(record) + '\n')
+    self._pending.append(json.dumps(record) + '\n')
 
   def flush(self):
-    if self._file is not None:
-      self._file.flush()
+    """Appends the records written since the last flush."""
+    if not self._pending:
+      return
+    if self._on_create is not None:
+      self._on_create(self._path)
+      self._on_create = None
+    with open(self._path, 'a', encoding='utf-8') as f:
+      f.write(''.join(self._pending))
+    self._pending = []
 
-  def close(self):
-    if self._file is not None:
-      self._file.close()
-      self._file = None
+  close = flush
 
 
 # --- TensorBoard event files ------------------------------------------------------
@@ -205,7 +207,8 @@ def frame_record(data):
 class EventWriter:
   """Writes scalar summaries to a new TensorBoard event file in `log_dir`.
 
-  With `on_create`, that is called (with the path) before the file is made.
+  Like `JsonlWriter`, it appends on `flush` and holds no open file. With
+  `on_create`, that is called (with the path) before the file is made.
   """
 
   def __init__(self, log_dir, on_create=None):
@@ -215,10 +218,9 @@ class EventWriter:
     self._path = os.path.join(log_dir, name)
     if on_create is not None:
       on_create(self._path)
-    self._file = open(self._path, 'ab')
-    self._file.write(frame_record(
-        encode_event(time.time(), 0, file_version='brain.Event:2')))
-    self._file.flush()
+    self._pending = [frame_record(
+        encode_event(time.time(), 0, file_version='brain.Event:2'))]
+    self.flush()
 
   @property
   def path(self):
@@ -228,15 +230,17 @@ class EventWriter:
     """Records one scalar under `tag` at `step` (non-scalars are skipped)."""
     if np.ndim(value) != 0:
       return
-    self._file.write(frame_record(
+    self._pending.append(frame_record(
         encode_event(time.time(), step, scalars=[(tag, float(value))])))
 
   def flush(self):
-    self._file.flush()
+    """Appends the events recorded since the last flush."""
+    if self._pending:
+      with open(self._path, 'ab') as f:
+        f.write(b''.join(self._pending))
+      self._pending = []
 
-  def close(self):
-    if not self._file.closed:
-      self._file.close()
+  close = flush
 
 
 def _read_varint(buf, pos):

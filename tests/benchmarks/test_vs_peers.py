@@ -27,7 +27,7 @@ _spec.loader.exec_module(vs_peers)
 def test_bucket_count_is_retrax_default():
   # The HF worker runs without retrax, so it carries its own copy.
   for length in [16, 64, 1024, 4096, 16384, 65536, 1 << 20]:
-    assert vs_peers.default_n_buckets(length, 64) == default_n_buckets(
+    assert vs_peers.report.default_n_buckets(length, 64) == default_n_buckets(
         length, 64)
 
 
@@ -52,9 +52,9 @@ def test_forward_flops_close_to_xla_cost_analysis():
                                             model.rng).compile()
   analysis = compiled.cost_analysis()
   analysis = analysis[0] if isinstance(analysis, list) else analysis
-  blocks, head = vs_peers.forward_flops(cfg, length)
+  blocks, head = vs_peers.report.forward_flops(cfg, length)
   assert 0.85 < (blocks + head) / analysis['flops'] <= 1.0
-  assert vs_peers.train_flops(cfg, length) == 4 * blocks + 3 * head
+  assert vs_peers.report.train_flops(cfg, length) == 4 * blocks + 3 * head
 
 
 def _fake_results():
@@ -84,7 +84,7 @@ def _row(table, label):
 
 
 def test_table_ratios():
-  table = vs_peers.format_table(_fake_results())
+  table = vs_peers.report.format_table(_fake_results())
   assert table.splitlines()[0] == ('|  | retrax | Trax 1.4.1 | HF (PyTorch) | '
                                    'Trax 1.4.1 vs retrax | HF (PyTorch) vs '
                                    'retrax |')
@@ -94,7 +94,7 @@ def test_table_ratios():
   assert _row(table, 'peak RSS L=4096') == ['2', '3', '1', '1.50x', '0.50x']
   # A failed worker leaves its cells empty.
   assert _row(table, 'train step L=16384,') == ['3', '8', '—', '2.67x', '—']
-  flops = vs_peers.train_flops(vs_peers.FULL, 4096)
+  flops = vs_peers.report.train_flops(vs_peers.FULL, 4096)
   cells = _row(table, 'GFLOP/s L=4096')
   assert float(cells[0]) == pytest.approx(flops / 1e9, rel=1e-2)
   fraction = _row(table, 'fraction of fp32 matmul peak (100 GFLOP/s) L=4096')
@@ -106,7 +106,7 @@ def test_table_ratios():
                                                         '5.00x', '2.00x']
   assert _row(table, 'decode 256 tokens: batch 8 / batch 1') == [
       '5', '2', '8', '—', '—']
-  assert vs_peers.errors(_fake_results()) == [
+  assert vs_peers.report.errors(_fake_results()) == [
       'train 16384 hf: timed out after 600 s']
 
 
@@ -129,7 +129,7 @@ def test_end_to_end_tiny(tmp_path):
   assert 0 < median < float(_row(table, 'first step incl. compile L=32')[0])
   assert 0.05 < float(_row(table, 'peak RSS L=32')[0]) < 20
   rate = float(_row(table, 'GFLOP/s L=32')[0])
-  assert rate == pytest.approx(vs_peers.train_flops(cfg, 32) / median / 1e9,
+  assert rate == pytest.approx(vs_peers.report.train_flops(cfg, 32) / median / 1e9,
                                rel=2e-2)
   label = [l for l in table.splitlines() if 'fp32 matmul peak' in l][0]
   peak = float(re.search(r'peak \(([\d.e+]+) GFLOP/s\)', label).group(1))

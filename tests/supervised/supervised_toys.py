@@ -30,7 +30,7 @@ def WeightedCrossEntropy():
 
 def WeightedAccuracy():
   return tl.Fn('WeightedAccuracy', lambda lp, t, w: jnp.sum(
-      (jnp.argmax(lp, axis=-1) == t) * w) / jnp.sum(w))
+      (jnp.argmax(lp, axis=-1) == t).astype(w.dtype) * w) / jnp.sum(w))
 
 
 def SumOfWeights():
@@ -62,8 +62,8 @@ def mlp_reference_loss(weights, batch):
   """The loss of `Serial(mlp(), WeightedCrossEntropy())`, written out in jnp."""
   (emb, _, (w1, b1), _, (w2, b2), _), _ = weights
   x, targets, loss_weights = batch
-  h = jnp.maximum(emb[x] @ w1 + b1, 0.0)
-  log_probs = jax.nn.log_softmax(h @ w2 + b2)
+  h = jnp.maximum(emb[x] @ w1 + b1[None, None], 0.0)
+  log_probs = jax.nn.log_softmax(h @ w2 + b2[None, None])
   return _weighted_ce(log_probs, targets, loss_weights)
 
 

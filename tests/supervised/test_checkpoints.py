@@ -138,20 +138,19 @@ def _run_killed(output_dir, n_steps, plan, result, env):
   rng = random.Random(len(plan))
   for kind, n in plan:
     proc_env = dict(env, RESUME_WORKER_KILL_AT_OP=str(n) if kind == 'op' else '')
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=proc_env,
-                            text=True)
-    first = None
-    for line in proc.stdout:
-      if not line.startswith('step '):
-        continue
-      step = int(line.split()[1])
-      first = step if first is None else first
-      if kind == 'step' and step >= first + n:
-        for _ in range(rng.randint(0, 30000)):  # Sometimes into the next step.
-          pass
-        proc.send_signal(signal.SIGKILL)
-        break
-    proc.wait()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, env=proc_env,
+                          text=True) as proc:
+      first = None
+      for line in proc.stdout:
+        if not line.startswith('step '):
+          continue
+        step = int(line.split()[1])
+        first = step if first is None else first
+        if kind == 'step' and step >= first + n:
+          for _ in range(rng.randint(0, 30000)):  # Sometimes into the next step.
+            pass
+          proc.send_signal(signal.SIGKILL)
+          break
     assert proc.returncode == -signal.SIGKILL, f'the run ended before {kind} {n}'
   subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 

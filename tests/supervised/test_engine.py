@@ -88,8 +88,8 @@ def test_shared_layer_weights_marker_trains_both_uses():
 
   def reference(emb, w, b, w2, b2):
     x, targets, loss_weights = batch
-    h = jnp.maximum(emb[x] @ w + b, 0.0) @ w + b
-    log_probs = jax.nn.log_softmax(h @ w2 + b2)
+    h = jnp.maximum(emb[x] @ w + b[None, None], 0.0) @ w + b[None, None]
+    log_probs = jax.nn.log_softmax(h @ w2 + b2[None, None])
     ce = -jnp.sum(log_probs * jax.nn.one_hot(targets, toys.VOCAB), -1)
     return jnp.sum(ce * loss_weights) / jnp.sum(loss_weights)
   grads = jax.grad(reference, argnums=(1, 2))(emb, w, b, w2, b2)

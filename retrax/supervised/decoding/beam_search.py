@@ -46,7 +46,7 @@ class BeamSearch(NamedTuple):
   layout: Any
 
   def penalty(self, length):  # GNMT: ((5 + length) / 6) ** alpha.
-    return ((5.0 + length) / 6.0) ** self.alpha
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** self.alpha
 
   def select(self, t, log_probs, alive_seq, alive_lp, fin_seq, fin_score):
     """Extends the beams by token t: new alive and finished beams, source beams."""
@@ -63,7 +63,7 @@ class BeamSearch(NamedTuple):
     seqs = lax.dynamic_update_index_in_dim(seqs, tok, t, axis=2)
     is_eos = ((tok == self.eos_id) if self.eos_id is not None
               else jnp.zeros_like(tok, bool))
-    ends = is_eos & (jnp.arange(n_cand) < k)
+    ends = is_eos & (jnp.arange(n_cand) < k)[None, :]
     fin_seq, fin_score = _top(
         jnp.concatenate([fin_seq, seqs], axis=1),
         jnp.concatenate([fin_score, jnp.where(ends, vals / self.penalty(t + 1),
@@ -84,8 +84,8 @@ class BeamSearch(NamedTuple):
   def searching(self, beams):
     """The loop's condition: below max_length and a live beam may still win."""
     best = jnp.max(beams.alive_lp, axis=1)
-    bound = best / jnp.maximum(self.penalty(beams.t + 1.0),
-                               self.penalty(float(self.max_length)))
+    bound = best / jnp.maximum(self.penalty(beams.t + 1),
+                               self.penalty(self.max_length))
     done = jnp.all(beams.fin_score[:, -1] >= bound)
     return (beams.t < self.max_length) & jnp.logical_not(done)
 
