@@ -18,6 +18,21 @@ from retrax.models.research.configurable_transformer import ConfigurableTransfor
 from retrax.models.research.configurable_transformer import ConfigurableTransformerEncoder as ConfigurableTransformerEncoder
 from retrax.models.research.configurable_transformer import ConfigurableTransformerLM as ConfigurableTransformerLM
 from retrax.models.research.terraformer import ConfigurableTerraformer as ConfigurableTerraformer
+from retrax.models.research import bert as bert
+from retrax.models.research import layerdrop_transformer as layerdrop_transformer
+from retrax.models.research import rezero as rezero
+from retrax.models.research import transformer2 as transformer2
+from retrax.models.research.bert import BERT as BERT
+from retrax.models.research.bert import BERTClassifierHead as BERTClassifierHead
+from retrax.models.research.bert import BERTRegressionHead as BERTRegressionHead
+from retrax.models.research.layerdrop_transformer import EveryOtherLayerDropTransformerLM as EveryOtherLayerDropTransformerLM
+from retrax.models.research.layerdrop_transformer import LayerDropTransformerLM as LayerDropTransformerLM
+from retrax.models.research.layerdrop_transformer import SkippingTransformerLM as SkippingTransformerLM
+from retrax.models.research.rezero import ReZeroTransformer as ReZeroTransformer
+from retrax.models.research.rezero import ReZeroTransformerDecoder as ReZeroTransformerDecoder
+from retrax.models.research.rezero import ReZeroTransformerEncoder as ReZeroTransformerEncoder
+from retrax.models.research.rezero import ReZeroTransformerLM as ReZeroTransformerLM
+from retrax.models.research.transformer2 import Transformer2 as Transformer2
 from retrax.models.research.hourglass import HourglassLM as HourglassLM
 from retrax.models.research.rse import ResidualShuffleExchange as ResidualShuffleExchange
 from retrax.models.reformer.reformer import Reformer as Reformer
@@ -40,13 +55,18 @@ from retrax.run import recorded as _recorded
 MODELS = {name: _recorded(fn, name) for name, fn in {
     'AtariCnn': AtariCnn,
     'AtariCnnBody': AtariCnnBody,
+    'BERT': BERT,
+    'BERTClassifierHead': BERTClassifierHead,
+    'BERTRegressionHead': BERTRegressionHead,
     'ConfigurableTerraformer': ConfigurableTerraformer,
     'ConfigurableTransformer': ConfigurableTransformer,
     'ConfigurableTransformerEncoder': ConfigurableTransformerEncoder,
     'ConfigurableTransformerLM': ConfigurableTransformerLM,
+    'EveryOtherLayerDropTransformerLM': EveryOtherLayerDropTransformerLM,
     'FrameStackMLP': FrameStackMLP,
     'GRULM': GRULM,
     'HourglassLM': HourglassLM,
+    'LayerDropTransformerLM': LayerDropTransformerLM,
     'LSTMSeq2SeqAttn': LSTMSeq2SeqAttn,
     'MLP': MLP,
     'NeuralGPU': NeuralGPU,
@@ -55,8 +75,14 @@ MODELS = {name: _recorded(fn, name) for name, fn in {
     'ReformerLM': ReformerLM,
     'ReformerShortenLM': ReformerShortenLM,
     'ResidualShuffleExchange': ResidualShuffleExchange,
+    'ReZeroTransformer': ReZeroTransformer,
+    'ReZeroTransformerDecoder': ReZeroTransformerDecoder,
+    'ReZeroTransformerEncoder': ReZeroTransformerEncoder,
+    'ReZeroTransformerLM': ReZeroTransformerLM,
     'Resnet50': Resnet50,
+    'SkippingTransformerLM': SkippingTransformerLM,
     'Transformer': Transformer,
+    'Transformer2': Transformer2,
     'TransformerDecoder': TransformerDecoder,
     'TransformerEncoder': TransformerEncoder,
     'TransformerLM': TransformerLM,
