@@ -76,6 +76,32 @@ def parse_hierarchy(hierarchy_str):
 _parse_hierarchy = parse_hierarchy  # Trax's name (its tests call it).
 
 
+def _decoder_blocks(n_layers, total_pooling, attention_type, common):
+  """`n_layers` decoder blocks and a final LayerNorm (a list)."""
+  blocks = [_RelativeDecoderBlock(attention_type, total_pooling=total_pooling,
+                                  **common) for _ in range(n_layers)]
+  return blocks + [tl.LayerNorm()]
+
+
+def _valley(factors, n_layers, total_pooling, common, fns):
+  """`x -> x + LayerNorm(up(blocks(down(shift_right(x, k - 1)))))`, recursively per level."""
+  factor, inner_pooling = factors[0], total_pooling * factors[0]
+  blocks = _decoder_blocks(n_layers[0], inner_pooling, fns['middle'], common)
+  if len(factors) > 1:
+    middle = [blocks,
+              *_valley(factors[1:], n_layers[1:], inner_pooling, common, fns),
+              _decoder_blocks(n_layers[0], inner_pooling, fns['middle'],
+                              common)]
+  else:
+    middle = [blocks]
+  down = fns['down'](factor, is_upsampling=False, total_pooling=total_pooling,
+                     resampling_fn=fns['attention_down'], **common)
+  up = fns['up'](factor, is_upsampling=True, total_pooling=total_pooling,
+                 resampling_fn=fns['attention_up'], **common)
+  return [tl.Dup(), tl.ShiftRight(factor - 1, mode=common['mode']), down,
+          *middle, up, tl.LayerNorm(), tl.Add()]
+
+
 def HourglassLM(vocab_size, d_model=512, d_ff=2048, vanilla_layers=(1, 1),
                 hierarchy='6@3', n_heads=8, dropout=0.1,
                 dropout_shared_axes=None, mode='train',
@@ -108,50 +134,21 @@ def HourglassLM(vocab_size, d_model=512, d_ff=2048, vanilla_layers=(1, 1),
     raise ValueError(f'HourglassLM: d_model ({d_model}) must be a multiple of '
                      f'n_heads ({n_heads}).')
   context_bias_layer, location_bias_layer = get_rel_att_inputs(d_model, n_heads)
-
-  def decoder_blocks(n_layers, total_pooling, attention_type):
-    blocks = [_RelativeDecoderBlock(
-        attention_type, d_model, d_ff, n_heads, dropout, dropout_shared_axes,
-        mode, ff_activation, context_bias_layer, location_bias_layer,
-        total_pooling) for _ in range(n_layers)]
-    return blocks + [tl.LayerNorm()]
-
-  def resampling(fn, factor, is_upsampling, total_pooling, resampling_fn):
-    return fn(factor, d_model=d_model, is_upsampling=is_upsampling, d_ff=d_ff,
-              n_heads=n_heads, dropout=dropout,
-              dropout_shared_axes=dropout_shared_axes, mode=mode,
-              ff_activation=ff_activation,
-              context_bias_layer=context_bias_layer,
-              location_bias_layer=location_bias_layer,
-              total_pooling=total_pooling, resampling_fn=resampling_fn)
-
-  def valley(factors, n_layers, total_pooling):
-    factor, inner_pooling = factors[0], total_pooling * factors[0]
-    if len(factors) > 1:
-      middle = [decoder_blocks(n_layers[0], inner_pooling, middle_attn_type),
-                *valley(factors[1:], n_layers[1:], inner_pooling),
-                decoder_blocks(n_layers[0], inner_pooling, middle_attn_type)]
-    else:
-      middle = [decoder_blocks(n_layers[0], inner_pooling, middle_attn_type)]
-    return [
-        tl.Dup(),
-        tl.ShiftRight(factor - 1, mode=mode),
-        resampling(downsampling_fn, factor, False, total_pooling,
-                   attention_downsampling_fn),
-        *middle,
-        resampling(upsampling_fn, factor, True, total_pooling,
-                   attention_upsampling_fn),
-        tl.LayerNorm(),
-        tl.Add(),
-    ]
-
+  common = dict(d_model=d_model, d_ff=d_ff, n_heads=n_heads, dropout=dropout,
+                dropout_shared_axes=dropout_shared_axes, mode=mode,
+                ff_activation=ff_activation,
+                context_bias_layer=context_bias_layer,
+                location_bias_layer=location_bias_layer)
+  fns = dict(down=downsampling_fn, up=upsampling_fn,
+             attention_down=attention_downsampling_fn,
+             attention_up=attention_upsampling_fn, middle=middle_attn_type)
   n_pre, n_post = vanilla_layers
   return tl.Serial(
       tl.ShiftRight(mode=mode),
       tl.Embedding(vocab_size, d_model),
       tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode),
-      decoder_blocks(n_pre, 1, vanilla_attn_type),
-      valley(shorten_factors, n_layers_per_level, 1),
-      decoder_blocks(n_post, 1, vanilla_attn_type),
+      _decoder_blocks(n_pre, 1, vanilla_attn_type, common),
+      _valley(shorten_factors, n_layers_per_level, 1, common, fns),
+      _decoder_blocks(n_post, 1, vanilla_attn_type, common),
       tl.Dense(vocab_size),
   )
