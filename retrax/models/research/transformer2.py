@@ -1,4 +1,4 @@
-"""Trax's `models.research.transformer2`: Transformer2 and the layers that join and split encoder-decoder sequences.
+"""Trax's `models.research.transformer2`: Transformer2 and its concat/strip layers.
 
 `Transformer2` is an encoder-decoder without encoder-decoder attention: the
 decoder's causal self-attention runs over the encoder output followed by the
