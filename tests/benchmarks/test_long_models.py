@@ -1,0 +1,60 @@
+"""benchmarks/long_models.py: its measurements at toy sizes and its table."""
+
+import importlib.util
+import math
+import os
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
+                     'long_models.py')
+_spec = importlib.util.spec_from_file_location('long_models_bench', _PATH)
+long_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(long_models)
+
+
+def test_batches_hold_length_tokens_in_all():
+  lm_batch = long_models.batch_for(long_models.TINY, 64, 1)
+  assert [x.shape for x in lm_batch] == [(1, 64)] * 3
+  source, target, targets, weights = long_models.batch_for(
+      long_models.TINY, 64, 2)
+  assert source.shape == target.shape == weights.shape == (1, 32)
+  assert (targets == target).all()
+
+
+def test_transformer_step_plan_and_loss_at_chance():
+  cfg = long_models.TINY
+  r = long_models.measure('TransformerLM', cfg, 32, steps=1,
+                          budget_bytes=1e12)
+  assert r['temp_bytes'] > 0 and r['argument_bytes'] > 0
+  assert len(r['step_s']) == 1 and r['step_s'][0] > 0
+  # Three Adam steps from a random init: still near chance, ln(vocab).
+  assert abs(r['loss'] - math.log(cfg['vocab'])) < 0.5
+  skipped = long_models.measure('TransformerLM', cfg, 32, steps=1,
+                                budget_bytes=0)
+  assert 'step_s' not in skipped and 'budget 0.0 GB' in skipped['skipped']
+
+
+def test_unknown_model_is_named():
+  with pytest.raises(ValueError, match="'GPT'.*TransformerLM"):
+    long_models.build('GPT', long_models.TINY, 32)
+
+
+def test_table_ratios_are_to_transformer_lm():
+  results = {'1024': {
+      'TransformerLM': dict(temp_bytes=4e9, compile_s=2.0, step_s=[2.0, 4.0]),
+      'ReformerLM': dict(temp_bytes=1e9, compile_s=3.0, step_s=[1.5]),
+      'Terraformer': dict(temp_bytes=2e9, compile_s=9.0, skipped='too big')}}
+  rows = long_models.format_table(results, [1024]).splitlines()
+  assert rows[2] == '| TransformerLM | 1024 | 4.00 | 1.00x | 3.00 | 1.00x | 2.0 |'
+  assert rows[3] == '| ReformerLM | 1024 | 1.00 | 0.25x | 1.50 | 0.50x | 3.0 |'
+  assert rows[4] == '| Terraformer | 1024 | 2.00 | 0.50x | too big | — | 9.0 |'
+
+
+@pytest.mark.slow  # Compiles three models' training steps (~2-4 min here).
+def test_all_three_models_train_end_to_end(capsys):
+  results = long_models.main(['--tiny', '--lengths', '32', '--steps', '1'])
+  for name in long_models.MODELS:
+    r = results['32'][name]
+    assert abs(r['loss'] - math.log(long_models.TINY['vocab'])) < 0.5, name
+  assert '| Terraformer | 32 |' in capsys.readouterr().out
