@@ -82,6 +82,19 @@ def dropout_rngs(rng, attention_dropout, output_dropout):
   return None, None
 
 
+def check_predict(name, causal, masked, n_chunks_after=0):
+  """Predict mode (fast inference) needs a causal, unmasked, look-back-only layer."""
+  if not causal:
+    raise ValueError(f'{name}: mode="predict" (fast inference) needs '
+                     'causal=True.')
+  if masked:
+    raise ValueError(f'{name}: mode="predict" does not support masked=True; '
+                     'decode without a padding mask.')
+  if n_chunks_after:
+    raise ValueError(f'{name}: mode="predict" needs n_chunks_after=0; got '
+                     f'{n_chunks_after}.')
+
+
 def attention_kernel_init(shape, rng, n_heads):
   """Glorot-uniform over the width of ALL heads (Trax's per-head initializer)."""
   lim = jnp.sqrt(6.0 / (shape[0] + shape[1] * n_heads))
@@ -146,12 +159,7 @@ class SelfAttention(EfficientAttentionBase):
                        f'chunk_len; got chunk_len=None.')
     incremental = mode == 'predict'
     if incremental:
-      if not causal:
-        raise ValueError(f'{name}: mode="predict" (fast inference) needs '
-                         f'causal=True.')
-      if masked:
-        raise ValueError(f'{name}: mode="predict" does not support '
-                         f'masked=True; decode without a padding mask.')
+      check_predict(name, causal, masked)
       if chunk_len is not None:
         predict_mem_len = predict_mem_len or chunk_len * (1 + n_chunks_before)
         predict_drop_len = predict_drop_len or chunk_len
@@ -165,19 +173,12 @@ class SelfAttention(EfficientAttentionBase):
                      predict_drop_len=predict_drop_len,
                      use_python_loop=use_python_loop,
                      use_reference_code=use_reference_code)
-    self._d_qk = d_qk
-    self._d_v = d_v
+    self._record_depths_and_dropout(d_qk, d_v, mode, attention_dropout,
+                                    output_dropout)
+    self._record_chunking(causal, masked, chunk_len, n_chunks_before,
+                          n_chunks_after)
     self._share_qk = share_qk
-    self._causal = causal
-    self._masked = masked
-    self._chunk_len = chunk_len
-    self._n_chunks_before = n_chunks_before
-    self._n_chunks_after = n_chunks_after
     self._bias = bias
-    self._mode = mode
-    train = mode == 'train'
-    self._attention_dropout = attention_dropout if train else 0.0
-    self._output_dropout = output_dropout if train else 0.0
 
   def _kernel_initializer(self, shape, rng):
     return attention_kernel_init(shape, rng, self._n_heads)
@@ -396,14 +397,10 @@ class EncDecAttention(EfficientAttentionBase):
                      n_parallel_heads=n_parallel_heads,
                      use_python_loop=use_python_loop,
                      use_reference_code=use_reference_code)
-    self._d_qk = d_qk
-    self._d_v = d_v
+    self._record_depths_and_dropout(d_qk, d_v, mode, attention_dropout,
+                                    output_dropout)
     self._masked = masked
     self._penalize_padding_only = penalize_padding_only
-    self._mode = mode
-    train = mode == 'train'
-    self._attention_dropout = attention_dropout if train else 0.0
-    self._output_dropout = output_dropout if train else 0.0
 
   def _kernel_initializer(self, shape, rng):
     return attention_kernel_init(shape, rng, self._n_heads)

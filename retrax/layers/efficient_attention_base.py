@@ -112,6 +112,25 @@ class EfficientAttentionBase(base.Layer):
     self._use_python_loop = use_python_loop
     self._use_reference_code = use_reference_code
 
+  def _record_depths_and_dropout(self, d_qk, d_v, mode, attention_dropout,
+                                 output_dropout):
+    """Keeps the head depths, the mode and the dropout rates (0 unless training)."""
+    self._d_qk = d_qk
+    self._d_v = d_v
+    self._mode = mode
+    train = mode == 'train'
+    self._attention_dropout = attention_dropout if train else 0.0
+    self._output_dropout = output_dropout if train else 0.0
+
+  def _record_chunking(self, causal, masked, chunk_len, n_chunks_before,
+                       n_chunks_after):
+    """Keeps the causality, the mask input and the chunk window."""
+    self._causal = causal
+    self._masked = masked
+    self._chunk_len = chunk_len
+    self._n_chunks_before = n_chunks_before
+    self._n_chunks_after = n_chunks_after
+
   @property
   def n_heads(self):
     """Number of attention heads."""

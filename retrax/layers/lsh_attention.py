@@ -38,6 +38,7 @@ from retrax.layers.efficient_attention import attention_kernel_init
 from retrax.layers.efficient_attention import check_count
 from retrax.layers.efficient_attention import check_depths_and_rates
 from retrax.layers.efficient_attention import check_mode
+from retrax.layers.efficient_attention import check_predict
 from retrax.layers.efficient_attention import check_width
 from retrax.layers.efficient_attention import dropout_rngs
 from retrax.layers.efficient_attention import normalize_mask
@@ -225,15 +226,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     check_n_buckets(name, n_buckets)
     incremental = mode == 'predict'
     if incremental:
-      if not causal:
-        raise ValueError(f'{name}: mode="predict" (fast inference) needs '
-                         f'causal=True.')
-      if masked:
-        raise ValueError(f'{name}: mode="predict" does not support '
-                         f'masked=True; decode without a padding mask.')
-      if n_chunks_after:
-        raise ValueError(f'{name}: mode="predict" needs n_chunks_after=0; got '
-                         f'{n_chunks_after}.')
+      check_predict(name, causal, masked, n_chunks_after)
       predict_mem_len = predict_mem_len or chunk_len * (1 + n_chunks_before)
       predict_drop_len = predict_drop_len or chunk_len
     super().__init__(n_heads, n_in=2 if masked else 1,
@@ -242,19 +235,12 @@ class LSHSelfAttention(EfficientAttentionBase):
                      predict_drop_len=predict_drop_len,
                      use_python_loop=use_python_loop,
                      use_reference_code=use_reference_code)
-    self._d_qk = d_qk
-    self._d_v = d_v
+    self._record_depths_and_dropout(d_qk, d_v, mode, attention_dropout,
+                                    output_dropout)
+    self._record_chunking(causal, masked, chunk_len, n_chunks_before,
+                          n_chunks_after)
     self._share_qk = True
-    self._causal = causal
-    self._masked = masked
-    self._chunk_len = chunk_len
-    self._n_chunks_before = n_chunks_before
-    self._n_chunks_after = n_chunks_after
     self._bias = bias
-    self._mode = mode
-    train = mode == 'train'
-    self._attention_dropout = attention_dropout if train else 0.0
-    self._output_dropout = output_dropout if train else 0.0
     self._n_hashes = n_hashes
     self._n_buckets = n_buckets
     self._max_length_for_buckets = max_length_for_buckets

@@ -33,6 +33,7 @@ from retrax.layers import predict_state
 from retrax.layers.efficient_attention import check_count
 from retrax.layers.efficient_attention import check_depths_and_rates
 from retrax.layers.efficient_attention import check_mode
+from retrax.layers.efficient_attention import check_predict
 from retrax.layers.efficient_attention import dropout_rngs
 from retrax.layers.efficient_attention import normalize_mask
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
@@ -90,7 +91,7 @@ class PureLSHSelfAttention(EfficientAttentionBase):
     _check_parallel_heads(name, n_parallel_heads, n_heads)
     incremental = mode == 'predict'
     if incremental:
-      _check_predict(name, causal, masked, n_chunks_after)
+      check_predict(name, causal, masked, n_chunks_after)
       predict_mem_len = predict_mem_len or chunk_len * (1 + n_chunks_before)
       predict_drop_len = predict_drop_len or chunk_len
     # One unit per (example, head) row: the base class's "heads" are 1.
@@ -101,11 +102,8 @@ class PureLSHSelfAttention(EfficientAttentionBase):
                      use_python_loop=use_python_loop,
                      use_reference_code=use_reference_code)
     self._lsh_heads = n_heads
-    self._causal = causal
-    self._masked = masked
-    self._chunk_len = chunk_len
-    self._n_chunks_before = n_chunks_before
-    self._n_chunks_after = n_chunks_after
+    self._record_chunking(causal, masked, chunk_len, n_chunks_before,
+                          n_chunks_after)
     self._n_hashes = n_hashes
     self._n_buckets = n_buckets
     self._max_length_for_buckets = max_length_for_buckets
@@ -244,15 +242,3 @@ class PureLSHSelfAttention(EfficientAttentionBase):
                   q_info=q_range, kv_info=kv_indices,
                   dropout=self._attention_dropout, rng=attend_rng)
     return o[:1], all_buckets, jnp.asarray(q_start + q_len, jnp.int32)
-
-
-def _check_predict(name, causal, masked, n_chunks_after):
-  if not causal:
-    raise ValueError(f'{name}: mode="predict" (fast inference) needs '
-                     'causal=True.')
-  if masked:
-    raise ValueError(f'{name}: mode="predict" does not support masked=True; '
-                     'decode without a padding mask.')
-  if n_chunks_after:
-    raise ValueError(f'{name}: mode="predict" needs n_chunks_after=0; got '
-                     f'{n_chunks_after}.')
