@@ -55,11 +55,16 @@ def close_trees(actual, desired, tol=1e-5):
     close(a, d, tol, scale)
 
 
+def call(layer, arg, weights, state, rng):
+  """`layer.pure_fn` jitted (op-by-op dispatch of a whole model is slow)."""
+  return jax.jit(layer.pure_fn)(arg, weights, state, rng)
+
+
 def outputs(y):
   return tuple(y) if isinstance(y, (tuple, list)) else (y,)
 
 
-def grads(layer, inputs, weights, state, rng):
+def grads(layer, inputs, weights, state, rng, jit=True):
   """Gradients of `sum(first output * ct)` w.r.t. weights and float inputs, given ct."""
   is_float = [x.dtype == np.float32 for x in inputs]
 
@@ -70,5 +75,6 @@ def grads(layer, inputs, weights, state, rng):
       a = full if len(full) > 1 else full[0]
       return jnp.sum(outputs(layer.pure_fn(a, w, state, rng)[0])[0] * ct)
     floats = tuple(jnp.asarray(x) for x, f in zip(inputs, is_float) if f)
-    return jax.grad(loss, argnums=(0, 1))(weights, floats)
+    grad = jax.grad(loss, argnums=(0, 1))
+    return (jax.jit(grad) if jit else grad)(weights, floats)
   return run

@@ -90,7 +90,7 @@ def _run(golden, name):
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_outputs_match_trax(golden, name):
   layer, _, arg, weights, state = _run(golden, name)
-  y, _ = layer.pure_fn(arg, weights, state, jax.random.PRNGKey(CALL_SEED))
+  y, _ = gl.call(layer, arg, weights, state, jax.random.PRNGKey(CALL_SEED))
   ys = gl.outputs(y)
   expected = gl.group(golden, name, 'out')
   assert len(ys) == len(expected)

@@ -56,17 +56,23 @@ def _loaded(golden, name):
   return (model,) + gl.loaded(golden, name, model)
 
 
-@pytest.mark.parametrize('name', sorted(CASES))
+# Run op by op, as Trax wrote them: under jit, XLA's fusions round the
+# deepest model's logits differently (up to 2e-5 of their scale).
+@pytest.mark.parametrize('name', [
+    pytest.param('hg_default', marks=pytest.mark.slow), 'hg_linear',
+    pytest.param('hg_naive_train', marks=pytest.mark.slow)])
 def test_logits_match_trax(golden, name):
   model, _, arg, weights, state = _loaded(golden, name)
   y, _ = model.pure_fn(arg, weights, state, jax.random.PRNGKey(CALL_SEED))
   gl.close(y, golden[f'{name}/out0'])
 
 
+@pytest.mark.slow
 def test_gradients_match_trax(golden):
   model, inputs, _, weights, state = _loaded(golden, 'hg_default')
   gw, _ = gl.grads(model, inputs, weights, state,
-                   jax.random.PRNGKey(CALL_SEED))(golden['hg_default/ct'])
+                   jax.random.PRNGKey(CALL_SEED), jit=False)(
+                       golden['hg_default/ct'])
   gl.close_trees(gw, gl.group(golden, 'hg_default', 'gw'))
 
 
@@ -76,12 +82,14 @@ def test_autoregressive(hierarchy):
   model = models.HourglassLM(**HG, hierarchy=hierarchy, mode='eval')
   rs = np.random.RandomState(0)
   x = rs.randint(1, 11, size=(1, 8)).astype(np.int32)
-  model.init(shapes.signature(x))
-  base = np.asarray(model(x))
+  weights, state = model.init(shapes.signature(x))
+  run = jax.jit(lambda x: model.pure_fn(x, weights, state,
+                                        jax.random.PRNGKey(0))[0])
+  base = np.asarray(run(x))
   for t in (0, 3, 5, 7):
     x2 = x.copy()
     x2[:, t:] = rs.randint(1, 11, size=(1, 8 - t))
-    y2 = np.asarray(model(x2))
+    y2 = np.asarray(run(x2))
     np.testing.assert_allclose(y2[:, :t + 1], base[:, :t + 1], atol=1e-6)
     if t < 7:
       assert not np.allclose(y2[:, t + 1:], base[:, t + 1:])

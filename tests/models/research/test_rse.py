@@ -59,7 +59,7 @@ def _loaded(golden, name):
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_outputs_match_trax(golden, name):
   layer, _, arg, weights, state = _loaded(golden, name)
-  y, _ = layer.pure_fn(arg, weights, state, jax.random.PRNGKey(CALL_SEED))
+  y, _ = gl.call(layer, arg, weights, state, jax.random.PRNGKey(CALL_SEED))
   gl.close(y, golden[f'{name}/out0'])
 
 
