@@ -52,7 +52,7 @@ def LinearPooling(shorten_factor, d_model, *args, dropout=0.0, mode='train',
 
 def LinearUpsampling(shorten_factor, d_model, *args, dropout=0.0, mode='train',
                      **kwargs):
-  """`Dense(shorten_factor * d_model)` and dropout, then each position split into `shorten_factor`."""
+  """`Dense(shorten_factor * d_model)` and dropout; each position then split in `shorten_factor`."""
   del args, kwargs
   _check_factor('LinearUpsampling', shorten_factor)
 
