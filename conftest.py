@@ -9,6 +9,8 @@ and warnings turned into errors.
 import jax
 import pytest
 
+from retrax.layers import tutorial_checks
+
 
 def pytest_collection_modifyitems(items):
   for item in items:
@@ -22,3 +24,6 @@ def pytest_collection_modifyitems(items):
 def _strict_promotion():
   with jax.numpy_dtype_promotion('strict'), jax.numpy_rank_promotion('raise'):
     yield
+  # The once-per-process log-probabilities warning (and one that a jitted
+  # check left pending) must not leak from one test into the next.
+  tutorial_checks.reset()

@@ -55,10 +55,11 @@ def has_warned():
 
 
 def reset():
-  """Lets the warning be issued again (for tests)."""
-  global _warned
+  """Lets the warning be issued again and drops a pending one (for tests)."""
+  global _warned, _pending
   with _lock:
     _warned = False
+    _pending = None
 
 
 def _warn_once(message):

@@ -159,6 +159,15 @@ class ConcatWithPadding2(_ConcatBase):
             vecs_d, toks_e != 0, toks_e, toks_d)
 
 
+def _check_transformer2_args(mode, d_model, n_heads):
+  if mode not in ('train', 'eval', 'predict'):
+    raise ValueError(f"Transformer2: mode must be 'train', 'eval' or "
+                     f"'predict'; got {mode!r}")
+  if n_heads < 1 or d_model % n_heads:
+    raise ValueError(f'Transformer2: d_model ({d_model}) must be a positive '
+                     f'multiple of n_heads ({n_heads})')
+
+
 def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
                  d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, n_heads=8,
                  dropout=0.1, dropout_shared_axes=None, max_len=2048,
@@ -178,12 +187,7 @@ def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
   Dense. Arguments as `ConfigurableTransformer`'s; `decoder_attention_type`
   is the decoder's (causal) self-attention.
   """
-  if mode not in ('train', 'eval', 'predict'):
-    raise ValueError(f"Transformer2: mode must be 'train', 'eval' or "
-                     f"'predict'; got {mode!r}")
-  if n_heads < 1 or d_model % n_heads:
-    raise ValueError(f'Transformer2: d_model ({d_model}) must be a positive '
-                     f'multiple of n_heads ({n_heads})')
+  _check_transformer2_args(mode, d_model, n_heads)
   in_encoder, out_encoder, output_vocab_size = (
       ct.EmbeddingAndPositionalEncodings(
           input_vocab_size, d_model, mode, dropout, dropout_shared_axes,
