@@ -66,7 +66,7 @@ DEFAULTS = dict(length=64, batch=16, steps=2000, vocab=128, d_model=256,
                 warmup=400, eval_batch=16, eval_batches=8, log_every=100,
                 seed=0, train='full,lsh-2,lsh-4',
                 eval='full,lsh-1,lsh-2,lsh-4,lsh-8', curriculum='',
-                stop_at=0.99, target=0.99, plot='')
+                stop_at=0.99, target=0.99, plot='', n_buckets=0)
 QUICK = dict(length=32, steps=150, eval_batches=2, log_every=50)
 
 
@@ -100,14 +100,29 @@ def max_len(cfg):
   return max(length for length, _ in stages(cfg))
 
 
-def build_model(attention, cfg, mode):
-  """The 1-layer ReformerLM of the experiment with `attention`, in `mode`."""
+def chunk_len_at(cfg, length):
+  """LSH chunk length at `length`: `--chunk_len`, or `2 * length / n_buckets`.
+
+  With `--n_buckets` set, every length hashes into that many buckets, so a
+  query sees the same share of the sequence at every curriculum stage.
+  """
+  if cfg.n_buckets:
+    return max(1, 2 * length // cfg.n_buckets)
+  return cfg.chunk_len
+
+
+def build_model(attention, cfg, mode, length=None):
+  """The 1-layer ReformerLM of the experiment with `attention`, in `mode`.
+
+  `length` (default: the last stage's) sets the LSH chunk length.
+  """
+  chunk_len = chunk_len_at(cfg, length or stages(cfg)[-1][0])
   d_head = cfg.d_model // cfg.n_heads
   return models.ReformerLM(
       vocab_size=cfg.vocab, d_model=cfg.d_model, d_ff=cfg.d_ff,
       d_attention_key=d_head, d_attention_value=d_head, n_layers=1,
       n_heads=cfg.n_heads, dropout=0.0, max_len=max_len(cfg),
-      attention_type=attention_type(attention, cfg.chunk_len), mode=mode)
+      attention_type=attention_type(attention, chunk_len), mode=mode)
 
 
 def _inputs(cfg, length=None):
@@ -132,8 +147,9 @@ def _stage_loop(attention, cfg, length, n_steps, stage, weights):
                               [tl.WeightedCategoryAccuracy()],
                               n_eval_batches=2)
   loop = training.Loop(
-      build_model(attention, cfg, 'train'), task,
-      eval_model=build_model(attention, cfg, 'eval'), eval_tasks=monitor,
+      build_model(attention, cfg, 'train', length), task,
+      eval_model=build_model(attention, cfg, 'eval', length),
+      eval_tasks=monitor,
       eval_at=lambda step: step % cfg.log_every == 0 or step == n_steps,
       random_seed=cfg.seed + stage, progress_bar=False)
   if weights is not None:  # Weights do not depend on the length.
@@ -284,8 +300,9 @@ def main(argv=None):
         f'ReformerLM d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_heads} '
         f'heads, vocab {cfg.vocab}, dropout 0; duplication task, '
         + ', then '.join(f'length {n} for <= {s} steps' for n, s in plan) +
-        f'; LSH chunk_len {cfg.chunk_len} (n_buckets '
-        f'{2 * max(1, plan[-1][0] // cfg.chunk_len)} at the last length); '
+        f'; LSH chunk_len {chunk_len_at(cfg, plan[-1][0])} (n_buckets '
+        f'{2 * max(1, plan[-1][0] // chunk_len_at(cfg, plan[-1][0]))} at the '
+        f'last length); '
         f'batch {cfg.batch}, Adam, warmup_and_rsqrt_decay({cfg.warmup}, '
         f'{cfg.learning_rate}) per stage'
         + (f'; a stage ends at monitored accuracy {cfg.stop_at}' if cfg.stop_at

@@ -106,3 +106,10 @@ def test_bad_attention_name():
     duplication.attention_type('lsh-0', 4)
   with pytest.raises(ValueError, match='unknown attention'):
     duplication.run(tiny_config(eval='full,dense'), log=lambda *_: None)
+
+
+def test_fixed_bucket_count_scales_the_chunk_with_length():
+  cfg = tiny_config(n_buckets=8, curriculum='64:2,256:2')
+  assert [duplication.chunk_len_at(cfg, n) for n in (64, 128, 256)] == [
+      16, 32, 64]
+  assert duplication.chunk_len_at(tiny_config(), 256) == 4  # --chunk_len.

@@ -110,6 +110,7 @@ def test_table_ratios():
       'train 16384 hf: timed out after 600 s']
 
 
+@pytest.mark.slow  # ~35-70 s on 2 cores: a subprocess compiles a train step.
 def test_end_to_end_tiny(tmp_path):
   out = tmp_path / 'results.json'
   proc = subprocess.run(
