@@ -5,18 +5,8 @@ defaults); `fastmath.promoted` / `fastmath.with_rank` make NumPy's rules
 explicit where mixing is meant. Every test runs with
 `jax_numpy_dtype_promotion='strict'`, `jax_numpy_rank_promotion='raise'`
 and warnings turned into errors.
-
-Compiling is most of a test's time on CPU, so tests (and the processes they
-start, which inherit the environment) run XLA's CPU backend at optimisation
-level 0: the same HLO programs with less LLVM optimisation, ~25% faster
-overall (measured on the CLI, seed and decoding tests).
 """
-import os
-
-os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
-    os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0']))
-
-import jax  # noqa: E402  (after XLA_FLAGS, which the backend reads once)
+import jax
 import pytest
 
 from retrax.layers import tutorial_checks
