@@ -91,6 +91,14 @@ def check_choice(owner, name, value, choices):
   return value
 
 
+def check_multiple(owner, name, value, of_name, of):
+  """`value` must be a multiple of a positive `of` (e.g. d_model of n_heads)."""
+  if of < 1 or value % of:
+    raise ArgumentValueError(f'{owner}: {name} ({value}) must be a positive '
+                             f'multiple of {of_name} ({of}).')
+  return value
+
+
 def check_predict_position(what, index, n, max_len, hint=''):
   """Predict mode: positions `index .. index + n - 1` must be < `max_len`.
 

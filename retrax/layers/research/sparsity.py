@@ -34,6 +34,7 @@ from retrax.layers import core
 from retrax.layers import initializers as init
 from retrax.layers import predict_state
 from retrax.layers import reversible
+from retrax.layers import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.locally_connected import LocallyConnected1d
 from retrax.layers.research.favor import CausalFavor as CausalFavor
@@ -43,12 +44,6 @@ from retrax.layers.research.favor import FavorAttention as FavorAttention
 from retrax.layers.research.sparse_ff import BlockSparseFF as BlockSparseFF
 from retrax.layers.research.sparse_ff import SwitchSparseFF as SwitchSparseFF
 from retrax.layers.sparsity import SparseFF as SparseFF
-
-
-def _check_divides(owner, what, value, by_what, by):
-  if by < 1 or value % by:
-    raise ValueError(f'{owner}: {what} ({value}) must be a positive multiple '
-                     f'of {by_what} ({by}).')
 
 
 class _PermuteLastAxis(reversible.ReversibleLayer):
@@ -144,7 +139,7 @@ def ModularCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,
                            mode='train'):
   """CausalAttention with `LocallyConnectedDense(sparsity, d / sparsity)` for Q, K, V and output."""
   n_modules = n_heads if sparsity is None else sparsity
-  _check_divides('ModularCausalAttention', 'd_feature', d_feature,
+  validation.check_multiple('ModularCausalAttention', 'd_feature', d_feature,
                  'sparsity', n_modules)
   return _causal_attention_with(
       lambda: LocallyConnectedDense(n_modules, d_feature // n_modules,
@@ -218,7 +213,7 @@ def ConvCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,
                         mode='train'):
   """CausalAttention with `LocallyConvDense(sparsity, d / sparsity)` for Q, K, V and output."""
   n_modules = n_heads if sparsity is None else sparsity
-  _check_divides('ConvCausalAttention', 'd_feature', d_feature, 'sparsity',
+  validation.check_multiple('ConvCausalAttention', 'd_feature', d_feature, 'sparsity',
                  n_modules)
   return _causal_attention_with(
       lambda: LocallyConvDense(n_modules, d_feature // n_modules, mode=mode,
@@ -302,7 +297,7 @@ def SparseDenseWithOptions(n_units, d_input=None, sparsity_type=None,
       raise ValueError("SparseDenseWithOptions: sparsity_type='lowrank' "
                        'needs d_lowrank.')
     return LowRankDense(n_units, d_lowrank)
-  _check_divides('SparseDenseWithOptions', 'n_units', n_units, 'sparsity',
+  validation.check_multiple('SparseDenseWithOptions', 'n_units', n_units, 'sparsity',
                  sparsity)
   return LocallyConnectedDense(sparsity, n_units // sparsity,
                                kernel_size=3 if sparsity_type == 'local3' else 1)
@@ -331,7 +326,7 @@ def FactoredDense(n_modules, d_in, d_out, use_bias=True, use_bfloat16=False):
   `(d_in, d_out / n_modules)` Glorot-uniform, and with `use_bias` a bias
   `(d_out,)`. About `1 / n_modules` of a Dense layer's weights.
   """
-  _check_divides('FactoredDense', 'd_out', d_out, 'n_modules', n_modules)
+  validation.check_multiple('FactoredDense', 'd_out', d_out, 'n_modules', n_modules)
   d_module = d_out // n_modules
   layers = [
       core.Weights(init.RandomNormalInitializer(stddev=0.5),
@@ -355,7 +350,7 @@ def MultiplicativeModularSparseDense(sparsity, d_feature):
   Weights: gates `(sparsity, d)`, shared kernel `(d, d / sparsity)`, module
   kernels `(sparsity, d / sparsity, d / sparsity)`, bias `(d,)`.
   """
-  _check_divides('MultiplicativeModularSparseDense', 'd_feature', d_feature,
+  validation.check_multiple('MultiplicativeModularSparseDense', 'd_feature', d_feature,
                  'sparsity', sparsity)
   d_module = d_feature // sparsity
   return cb.Serial(
@@ -438,7 +433,7 @@ def MultiplicativeConvCausalAttention(
   _check_choice('v_concat_type', v_concat_type, _V_CONCAT_TYPES)
   dropout = 0.0 if force_no_dropout else dropout
   sparsity = n_heads if sparsity is None else sparsity
-  _check_divides('MultiplicativeConvCausalAttention', 'd_feature', d_feature,
+  validation.check_multiple('MultiplicativeConvCausalAttention', 'd_feature', d_feature,
                  'sparsity', sparsity)
   d_module = d_feature // sparsity
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
+from retrax.layers import validation
 
 # Trax's known model names and where Google publishes them.
 MODEL_LINKS = {
@@ -103,12 +104,8 @@ def BERT(d_model=768, vocab_size=30522, max_len=512, type_vocab_size=2,
       weights replace the initial ones; read in mode 'train' only, as in
       Trax. A bare model name raises: retrax downloads nothing.
   """
-  if mode not in ('train', 'eval', 'predict'):
-    raise ValueError(f"BERT: mode must be 'train', 'eval' or 'predict'; got "
-                     f'{mode!r}')
-  if n_heads < 1 or d_model % n_heads:
-    raise ValueError(f'BERT: d_model ({d_model}) must be a positive multiple '
-                     f'of n_heads ({n_heads})')
+  validation.check_choice('BERT', 'mode', mode, ('train', 'eval', 'predict'))
+  validation.check_multiple('BERT', 'd_model', d_model, 'n_heads', n_heads)
   eps = 1e-12
   embeddings = [
       tl.Select([0, 1, 0], n_in=3),  # drops the index input

@@ -341,9 +341,7 @@ def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
 
 
 def _check_heads(model, d_model, n_heads):
-  if n_heads < 1 or d_model % n_heads:
-    raise ValueError(f'{model}: d_model ({d_model}) must be a positive '
-                     f'multiple of n_heads ({n_heads}).')
+  validation.check_multiple(model, 'd_model', d_model, 'n_heads', n_heads)
 
 
 def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,

@@ -8,6 +8,7 @@ fresh model is the identity around every block. Layer trees equal Trax
 import numpy as np
 
 from retrax import layers as tl
+from retrax.layers import validation
 
 
 def _flatten(items):
@@ -120,11 +121,8 @@ _MODES = ('train', 'eval', 'predict')
 
 
 def _check(model, d_model, n_heads, mode):
-  if mode not in _MODES:
-    raise ValueError(f'{model}: mode must be one of {_MODES}; got {mode!r}')
-  if n_heads < 1 or d_model % n_heads:
-    raise ValueError(f'{model}: d_model ({d_model}) must be a positive '
-                     f'multiple of n_heads ({n_heads})')
+  validation.check_choice(model, 'mode', mode, _MODES)
+  validation.check_multiple(model, 'd_model', d_model, 'n_heads', n_heads)
 
 
 def ReZeroTransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,

@@ -21,6 +21,7 @@ from jax import lax
 from retrax import layers as tl
 from retrax.layers import base
 from retrax.layers import reversible
+from retrax.layers import validation
 from retrax.models.research import configurable_transformer as ct
 
 
@@ -160,12 +161,10 @@ class ConcatWithPadding2(_ConcatBase):
 
 
 def _check_transformer2_args(mode, d_model, n_heads):
-  if mode not in ('train', 'eval', 'predict'):
-    raise ValueError(f"Transformer2: mode must be 'train', 'eval' or "
-                     f"'predict'; got {mode!r}")
-  if n_heads < 1 or d_model % n_heads:
-    raise ValueError(f'Transformer2: d_model ({d_model}) must be a positive '
-                     f'multiple of n_heads ({n_heads})')
+  validation.check_choice('Transformer2', 'mode', mode,
+                          ('train', 'eval', 'predict'))
+  validation.check_multiple('Transformer2', 'd_model', d_model, 'n_heads',
+                            n_heads)
 
 
 def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
