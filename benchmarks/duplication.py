@@ -4,14 +4,17 @@ Kitaev et al. 2020 ("Reformer", Table 2) train a 1-layer model (d_model 256,
 4 heads) on sequences `0 w 0 w` (`w` random symbols, vocab 128, loss on the
 second copy) with full attention and with LSH attention of 1, 2 and 4 hashes,
 then evaluate each trained model with every attention type. Full attention
-there means shared-QK causal full attention, whose weights
-`(w_q, w_v, w_o)` are the same tree as `LSHSelfAttention`'s, so one set of
-trained weights runs under any of them.
+there is Trax 1.2's shared-QK causal dot-product attention (the projected
+queries duplicated as keys: not normalised, and a position may attend to
+itself), whose weights `(w_q, w_v, w_o)` are the same tree as
+`LSHSelfAttention`'s, so one set of trained weights runs under any of them.
 
 This script does the same with `ReformerLM(n_layers=1)` trained through
 `retrax.supervised.training.Loop` on `retrax.data.duplication_inputs`:
-attention `full` is `tl.SelfAttention(share_qk=True, causal=True,
-chunk_len=None)` and `lsh-N` is `tl.LSHSelfAttention(n_hashes=N,
+attention `full` is `tl.SharedQKDotProductAttention(causal=True)` (the
+paper's), `full-norm` is `tl.SelfAttention(share_qk=True, chunk_len=None)`
+(Trax 1.4.1's shared-QK full attention: normalised keys, own key masked as
+in LSH) and `lsh-N` is `tl.LSHSelfAttention(n_hashes=N,
 chunk_len=--chunk_len, n_chunks_before=1)`. It prints a table (rows: trained
 with, columns: evaluated with) of the per-token accuracy on the second copy
 over `--eval_batches` fresh eval batches, and optionally writes it as JSON.
@@ -75,14 +78,16 @@ QUICK = dict(length=32, steps=150, eval_batches=2, log_every=50)
 
 
 def attention_type(name, chunk_len):
-  """`full` (shared-QK causal full attention) or `lsh-N` (N hashes)."""
+  """`full` (the paper's), `full-norm` (Trax 1.4.1's) or `lsh-N` (N hashes)."""
   if name == 'full':
+    return tl.SharedQKDotProductAttention
+  if name == 'full-norm':
     return functools.partial(tl.SelfAttention, share_qk=True, chunk_len=None)
   if name.startswith('lsh-') and name[4:].isdigit() and int(name[4:]) > 0:
     return functools.partial(tl.LSHSelfAttention, chunk_len=chunk_len,
                              n_chunks_before=1, n_hashes=int(name[4:]))
-  raise ValueError(f'unknown attention {name!r}: use "full" or "lsh-N" with '
-                   f'N >= 1 hashes.')
+  raise ValueError(f'unknown attention {name!r}: use "full", "full-norm" or '
+                   f'"lsh-N" with N >= 1 hashes.')
 
 
 def stages(cfg):

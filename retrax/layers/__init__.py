@@ -109,6 +109,7 @@ from retrax.layers.core import Weights as Weights
 from retrax.layers.deconvolution import ConvTranspose as ConvTranspose
 from retrax.layers.efficient_attention import EncDecAttention as EncDecAttention
 from retrax.layers.efficient_attention import SelfAttention as SelfAttention
+from retrax.layers.efficient_attention import SharedQKDotProductAttention as SharedQKDotProductAttention
 from retrax.layers.efficient_attention_base import EfficientAttentionBase as EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout as apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend as attend

@@ -141,6 +141,9 @@ class SelfAttention(EfficientAttentionBase):
   `EfficientAttentionBase`).
   """
 
+  # With `share_qk`, keys are the length-normalised queries (Trax 1.4.1).
+  normalizes_shared_keys = True
+
   def __init__(self, n_heads=2, d_qk=64, d_v=64, share_qk=False, causal=False,
                masked=False, chunk_len=None, n_chunks_before=0,
                n_chunks_after=0, bias=False, mode='train',
@@ -266,6 +269,7 @@ class SelfAttention(EfficientAttentionBase):
     attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
                                           self._output_dropout)
     q, k, v, w_o = self._attend_inputs(x, weights)
+    k = self._shared_keys(q, k)
     length = q.shape[-2]
     positions = jnp.arange(length, dtype=jnp.int32)
     valid = None if mask is None else mask.astype(bool)
@@ -284,8 +288,8 @@ class SelfAttention(EfficientAttentionBase):
       # `-position` leaves padding at positions 0 and 1 unmasked).
       kv_info = jnp.where(valid, positions, -positions - 2)
     mask_fn = functools.partial(
-        mask_self_attention, causal=self._causal, exclude_self=self._share_qk,
-        masked=valid is not None)
+        mask_self_attention, causal=self._causal,
+        exclude_self=self._excludes_self(), masked=valid is not None)
     o, _ = attend(q, k, v, q_chunk_len=chunk, kv_chunk_len=chunk,
                   n_chunks_before=self._n_chunks_before,
                   n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
@@ -294,6 +298,16 @@ class SelfAttention(EfficientAttentionBase):
     out = o[:length] if w_o is None else jnp.matmul(o[:length], w_o)
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
+
+  def _shared_keys(self, q, k):
+    """Keys for `attend`: None (normalised queries) when shared, else `k`."""
+    if self._share_qk and not self.normalizes_shared_keys:
+      return q
+    return k
+
+  def _excludes_self(self):
+    """Whether a position's own key is masked (normalised shared keys)."""
+    return self._share_qk and self.normalizes_shared_keys
 
   def _attend_inputs(self, x, weights):
     """`(q, k, v, w_o)` of `x [L, M]`, weight products first when that is cheaper.
@@ -338,10 +352,10 @@ class SelfAttention(EfficientAttentionBase):
     q, k, v = self._project(
         jnp.concatenate([x_q] * 2, 0) if q_len == 1 else x_q, weights)
     if self._share_qk:
-      k = length_normalized(q)
+      k = length_normalized(q) if self.normalizes_shared_keys else q
     k, v = k[:q_len], v[:q_len]
     mask_fn = functools.partial(mask_self_attention, causal=self._causal,
-                                exclude_self=self._share_qk, masked=False)
+                                exclude_self=self._excludes_self())
     chunk = self._chunk_len
 
     def cache(old, new):
@@ -375,6 +389,31 @@ class SelfAttention(EfficientAttentionBase):
       out = out[:1]
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), new_state
+
+
+class SharedQKDotProductAttention(SelfAttention):
+  """Shared-QK attention as Trax 1.2 computed it: the keys are the queries.
+
+  Trax 1.2's `CausalAttention(share_qk=True)` and `ReformerLM(share_qk=True)`
+  with their default `DotProductCausalAttention` duplicated the projected
+  queries as keys: keys are not length-normalised and a position may attend
+  to itself, unlike `SelfAttention(share_qk=True)` and `LSHSelfAttention`.
+  It is the full attention of the Reformer paper's duplication experiment
+  (Table 2), under which LSH-trained models attend to their own position and
+  score at chance. The weights `(w_q, w_v, w_o)` are those of
+  `SelfAttention(share_qk=True)` and `LSHSelfAttention`, so one set of
+  trained weights runs under all three. Args as `SelfAttention`; `share_qk`
+  is always True.
+  """
+
+  normalizes_shared_keys = False
+
+  def __init__(self, n_heads=2, d_qk=64, d_v=64, share_qk=True, **kwargs):
+    if not share_qk:
+      raise ValueError(f'{type(self).__name__}: keys are always shared; got '
+                       f'share_qk={share_qk!r} (use SelfAttention for '
+                       'separate keys).')
+    super().__init__(n_heads, d_qk, d_v, share_qk=True, **kwargs)
 
 
 class EncDecAttention(EfficientAttentionBase):

@@ -80,7 +80,7 @@ def test_plot_writes_png(tmp_path):
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
-@pytest.mark.parametrize('attention', ['full', 'lsh-2'])
+@pytest.mark.parametrize('attention', ['full', 'full-norm', 'lsh-2'])
 def test_evaluate_matches_numpy_for_constant_prediction(attention):
   # All weights zero except the output bias: every position predicts `token`,
   # so the accuracy is the share of copy positions whose target is `token`.
