@@ -432,7 +432,7 @@ class EfficientAttentionBase(base.Layer):
     self._check_pass(shape, output_grad, compute_output, update_state)
     fn, inputs, state, merge_rows = self._unit_function(inputs, state, rng,
                                                         update_state)
-    groups = groups_lib.Groups.plan(self, inputs)
+    groups = groups_lib.Groups.plan(self, inputs, self._units_at_once(shape))
     groups.check_state(self, state)
     todo = groups_lib.Todo(compute_output, output_grad is not None, update_state,
                  tuple(groups_lib.is_differentiable(x) for x in inputs))
@@ -466,6 +466,17 @@ class EfficientAttentionBase(base.Layer):
     if self._incremental and not update_state:
       raise ValueError(f'{self.name}: in mode="predict" every call appends '
                        f'to the memory, so update_state must be True.')
+
+  def _units_at_once(self, shape):
+    """Units computed at once for inputs of `shape`: `n_parallel_heads`.
+
+    A predict-mode call of one position gives each unit little work, so all
+    units run at once (vmapped): looping over them one group at a time would
+    make a batch-8 decoding step cost 8 batch-1 steps.
+    """
+    if self._incremental and shape[1] == 1:
+      return None
+    return self._n_parallel_heads
 
   def _unit_function(self, inputs, state, rng, update_state):
     """The per-unit function of this pass and what it runs on.

@@ -45,11 +45,11 @@ class Groups(NamedTuple):
   copy_inputs: bool
 
   @classmethod
-  def plan(cls, layer, inputs):
-    """The groups of `layer.n_parallel_heads` units for these inputs."""
+  def plan(cls, layer, inputs, units_at_once):
+    """The groups of `units_at_once` units (None: all) for these inputs."""
     batch_size, n_heads = inputs[0].shape[0], layer.n_heads
     n_units = batch_size * n_heads
-    group = min(layer.n_parallel_heads or n_units, n_units)
+    group = min(units_at_once or n_units, n_units)
     if n_units % group:
       raise ValueError(
           f'{layer.name}: n_parallel_heads={layer.n_parallel_heads} must '

@@ -15,8 +15,11 @@ State (Trax's layout, rows `example * n_heads + head`): `(buckets int32
 rotations `normal(subkey, (d_qk, n_hashes, n_buckets // 2))`, stores the buckets
 (round `r` offset by `r * n_buckets`) and `new_rng`; the backward pass replays
 the stored buckets. In `mode='predict'` the per-row state is `(buckets
-[n_hashes * predict_mem_len], buckets_idx [], rng)` inside `(mem_end, mem,
-...)`, and hashing uses the stored rng itself.
+[n_hashes * predict_mem_len], buckets_idx [], rng, keys [predict_mem_len,
+d_qk], values [predict_mem_len, d_v])` inside `(mem_end, mem, ...)`: hashing
+uses the stored rng itself, and the memory's keys (its length-normalised
+queries) and values are cached, so a decoding step projects only its own
+position.
 
 Differences from Trax 1.4.1 (which the outputs otherwise match): `bias=True`
 works (Trax cannot unpack its 5 weights); padding at positions 0 and 1 is
@@ -24,7 +27,10 @@ masked too; in predict mode `n_buckets=None` is derived from
 `predict_mem_len` for every call (Trax derived it from each call's length, so
 single tokens hashed into 2 buckets unlike the prompt), several positions
 appended after the start attend over the memory at their own place, and the
-memory's bucket index stays consistent after a prompt longer than the memory.
+memory's bucket index stays consistent after a prompt longer than the memory;
+a decoding step gathers its keys and values from the caches (Trax projected
+the `n_hashes * chunk_len * (1 + n_chunks_before)` memory rows it attends to
+at every step), which is the same function up to float rounding.
 """
 
 import functools
@@ -42,6 +48,7 @@ from retrax.layers.efficient_attention import check_predict
 from retrax.layers.efficient_attention import check_width
 from retrax.layers.efficient_attention import dropout_rngs
 from retrax.layers.efficient_attention import normalize_mask
+from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend
@@ -173,6 +180,12 @@ def roll_buckets(buckets, n_hashes, drop_len, shift):
   return jnp.reshape(b, (-1,))
 
 
+def _fit_to_memory(a, mem_len):
+  """The last `mem_len` rows of `a [n, ...]`, zero-padded at the end to `mem_len`."""
+  a = a[-mem_len:]
+  return jnp.pad(a, ((0, mem_len - a.shape[0]),) + ((0, 0),) * (a.ndim - 1))
+
+
 def recent_matching_keys(is_valid_target, seqlen, q_start, q_len, n_keys):
   """The `n_keys` memory positions a predict-mode query attends to (Trax's rule).
 
@@ -286,8 +299,12 @@ class LSHSelfAttention(EfficientAttentionBase):
     if isinstance(input_signature, (tuple, list)):
       input_signature = input_signature[0]
     if self._incremental:
-      buckets = jnp.zeros(self._n_hashes * self._predict_mem_len, jnp.int32)
-      return (buckets, jnp.zeros((), jnp.int32), rng)
+      mem_len = self._predict_mem_len
+      dtype = jnp.promote_types(input_signature.dtype, jnp.float32)
+      return (jnp.zeros(self._n_hashes * mem_len, jnp.int32),
+              jnp.zeros((), jnp.int32), rng,
+              jnp.zeros((mem_len, self._d_qk), dtype),
+              jnp.zeros((mem_len, self._d_v), dtype))
     length = self._max_length_for_buckets or input_signature.shape[0]
     return (jnp.zeros(self._n_hashes * length, jnp.int32), rng)
 
@@ -341,6 +358,12 @@ class LSHSelfAttention(EfficientAttentionBase):
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
 
+  def _roll_predict_state(self, state):
+    buckets, buckets_idx, rng, k_cache, v_cache = state
+    drop = self._predict_drop_len
+    return (buckets, buckets_idx, rng, drop_oldest(k_cache, drop),
+            drop_oldest(v_cache, drop))
+
   def _roll_buckets(self, buckets, buckets_idx, q_start):
     """Shifts stored buckets like the memory when it dropped old positions."""
     return roll_buckets(buckets, self._n_hashes, self._predict_drop_len,
@@ -356,28 +379,34 @@ class LSHSelfAttention(EfficientAttentionBase):
     that share a bucket with it in some round (then to the most recent others).
     """
     del update_state
-    buckets, buckets_idx, hash_rng = state
+    buckets, buckets_idx, hash_rng, k_cache, v_cache = state
     buckets = jnp.reshape(self._roll_buckets(buckets, buckets_idx, q_start),
                           (self._n_hashes, -1))
     if q_len > 1:
-      out, buckets, new_idx = self._prompt_forward(x, q_start, q_len, weights,
-                                                   buckets, hash_rng, rng)
+      out, buckets, new_idx, caches = self._prompt_forward(
+          x, q_start, q_len, weights, buckets, hash_rng, rng,
+          (k_cache, v_cache))
     else:
-      out, buckets, new_idx = self._one_position_forward(
-          x, q_start, q_len, weights, buckets, hash_rng, rng)
-    return out, (jnp.reshape(buckets, (-1,)), new_idx, hash_rng)
+      out, buckets, new_idx, caches = self._one_position_forward(
+          x, q_start, q_len, weights, buckets, hash_rng, rng,
+          (k_cache, v_cache))
+    return out, (jnp.reshape(buckets, (-1,)), new_idx, hash_rng) + caches
 
   def _prompt_forward(self, x, q_start, q_len, weights, buckets, hash_rng,
-                      rng):
+                      rng, caches):
     """Positions `[q_start, q_start + q_len)`, several, attend by LSH.
 
-    Returns `(out [q_len, M], buckets [n_hashes, mem_len], new index)`.
+    `x` is the prompt (`q_start == 0`) or the memory. Returns `(out [q_len,
+    M], buckets [n_hashes, mem_len], new index, (keys, values) caches)`, the
+    caches refilled with the projections of the memory's positions.
     """
     mem_len = self._predict_mem_len
     pad = -x.shape[0] % self._chunk_len
     x_padded = jnp.pad(x, ((0, pad), (0, 0)))
-    new_buckets = self.hash_vectors(self._project(x_padded, weights)[0],
-                                    hash_rng)
+    q, v = self._project(x_padded, weights)
+    new_buckets = self.hash_vectors(q, hash_rng)
+    caches = tuple(_fit_to_memory(a[:x.shape[0]], mem_len).astype(c.dtype)
+                   for a, c in zip((length_normalized(q), v), caches))
     out, _ = self.forward_unbatched(
         x_padded, weights=weights, state=(new_buckets, hash_rng), rng=rng,
         update_state=False)
@@ -388,43 +417,46 @@ class LSHSelfAttention(EfficientAttentionBase):
       new_buckets = new_buckets[:, q_len - mem_len:]
     buckets = lax.dynamic_update_slice_in_dim(buckets, new_buckets, q_start,
                                               axis=1)
-    return out, buckets, jnp.asarray(q_start + min(q_len, mem_len), jnp.int32)
+    return (out, buckets, jnp.asarray(q_start + min(q_len, mem_len), jnp.int32),
+            caches)
 
   def _one_position_forward(self, x, q_start, q_len, weights, buckets,
-                            hash_rng, rng):
+                            hash_rng, rng, caches):
     """Position `q_start` attends to recent positions sharing a bucket with it.
 
-    Returns `(out [1, M], buckets [n_hashes, mem_len], new index)`.
+    Its key and value are written into the caches, and those of the positions
+    it attends to are gathered from them. Returns `(out [1, M], buckets
+    [n_hashes, mem_len], new index, (keys, values) caches)`.
     """
     attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
                                           self._output_dropout)
-    w_q, w_v, w_o, b_q, b_v = self._unpack_weights(weights)
     q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
     # Duplicate the row so the matmul matches a longer call (as Trax does).
-    q = jnp.matmul(jnp.concatenate([jnp.take(x, q_range, axis=0)] * 2, 0), w_q)
-    if self._bias:
-      q = q + b_q[None, :]
+    q, v = self._project(
+        jnp.concatenate([jnp.take(x, q_range, axis=0)] * 2, 0), weights)
+    k_cache, v_cache = (
+        lax.dynamic_update_slice_in_dim(c, a[:q_len].astype(c.dtype), q_start,
+                                        axis=0)
+        for a, c in zip((length_normalized(q), v), caches))
     q_buckets = jnp.reshape(self.hash_vectors(q, hash_rng),
                             (self._n_hashes, 2))[:, :q_len]
     all_buckets = lax.dynamic_update_slice_in_dim(buckets, q_buckets, q_start,
                                                   axis=1)
-    kv_indices = self._recent_matching_keys(
-        jnp.any(all_buckets == q_buckets, axis=0), x.shape[0], q_start, q_len)
-    x_kv = jnp.take(x, kv_indices, axis=0)
-    k = jnp.matmul(x_kv, w_q)
-    v = jnp.matmul(x_kv, w_v)
-    if self._bias:
-      k, v = k + b_q[None, :], v + b_v[None, :]
+    n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
+    if n_keys >= x.shape[0]:  # It attends to the whole memory: no selection.
+      kv_indices, k, v = jnp.arange(x.shape[0], dtype=jnp.int32), k_cache, v_cache
+    else:
+      kv_indices = recent_matching_keys(
+          jnp.any(all_buckets == q_buckets, axis=0), x.shape[0], q_start, q_len,
+          n_keys)
+      k = jnp.take(k_cache, kv_indices, axis=0)
+      v = jnp.take(v_cache, kv_indices, axis=0)
     mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
                                 exclude_self=True)
-    o, _ = attend(q, length_normalized(k), v, mask_fn=mask_fn, q_info=q_range,
+    o, _ = attend(q[:q_len], k, v, mask_fn=mask_fn, q_info=q_range,
                   kv_info=kv_indices, dropout=self._attention_dropout,
                   rng=attend_rng)
-    out = jnp.matmul(o, w_o)[:1]
+    out = jnp.matmul(o, self._unpack_weights(weights)[2])
     out = apply_broadcasted_dropout(out, self._output_dropout, output_rng)
-    return out, all_buckets, jnp.asarray(q_start + q_len, jnp.int32)
-
-  def _recent_matching_keys(self, is_valid_target, seqlen, q_start, q_len):
-    """The memory positions one query attends to (see `recent_matching_keys`)."""
-    n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
-    return recent_matching_keys(is_valid_target, seqlen, q_start, q_len, n_keys)
+    return (out, all_buckets, jnp.asarray(q_start + q_len, jnp.int32),
+            (k_cache, v_cache))

@@ -250,8 +250,9 @@ def test_predict_prompt_then_tokens_keeps_buckets():
   _, state = layer.init(signature(x[:, :1]))
   call = jax.jit(layer.pure_fn)
   y, state = call(x[:, :6], weights, state, jax.random.PRNGKey(0))
-  mem_end, mem, (buckets, idx, rngs) = state
+  mem_end, mem, (buckets, idx, rngs, k_cache, v_cache) = state
   assert int(mem_end) == 6 and np.all(np.asarray(idx) == 6)
+  _assert_caches_project_memory(state, weights)
   np.testing.assert_array_equal(mem[0][:, :6], x[:, :6])
   # The stored buckets are the prompt's hashes with the stored rng.
   for h in range(N_HEADS):
@@ -263,6 +264,19 @@ def test_predict_prompt_then_tokens_keeps_buckets():
     y, state = call(x[:, t:t + 1], weights, state, jax.random.PRNGKey(0))
     assert y.shape == (1, 1, D_MODEL) and np.all(np.isfinite(y))
   assert int(state[0]) == 8 and np.all(np.asarray(state[2][1]) == 8)
+  _assert_caches_project_memory(state, weights)
+
+
+def _assert_caches_project_memory(state, weights):
+  """Predict-mode caches hold the memory's keys (normalised queries) and values."""
+  mem_end, mem, (_, _, _, k_cache, v_cache) = state
+  n = int(mem_end)
+  for h in range(N_HEADS):
+    q = np.asarray(mem[0][0, :n] @ weights[0][h])
+    for cache, want in ((k_cache, refs.rms_normalize(q)),
+                        (v_cache, mem[0][0, :n] @ weights[1][h])):
+      np.testing.assert_allclose(cache[h, :n], want, rtol=1e-5, atol=1e-5)
+      np.testing.assert_array_equal(cache[h, n:], 0)
 
 
 def test_golden_reformerlm_lsh_logits():
@@ -329,3 +343,58 @@ def test_eager_predict_equals_jitted_and_compiles_once():
                  n_buckets=4, predict_mem_len=8, predict_drop_len=4)
   refs.eager_equals_jitted_without_recompiles(
       layer, _weights(), _normal(3, (1, 14, D_MODEL)), prompt_len=2)
+
+
+def test_decode_step_projects_only_its_own_position():
+  """A decoding step gathers cached keys and values instead of projecting.
+
+  Projecting the `n_hashes * chunk_len * (1 + n_chunks_before) = 32` memory
+  rows a step attends to would cost `32 * d_model * (d_qk + d_v) * 2` FLOPs
+  per head; with the caches a step projects only its own position.
+  """
+  n_heads, d_model, d_head = 2, 256, 16
+  layer = lsh.LSHSelfAttention(
+      n_heads=n_heads, d_qk=d_head, d_v=d_head, causal=True, chunk_len=8,
+      n_hashes=2, mode='predict', predict_mem_len=64, predict_drop_len=8)
+  x = jnp.zeros((1, 1, d_model))
+  weights, state = layer.init(signature(x))
+  cost = jax.jit(layer.pure_fn).lower(
+      x, weights, state, jax.random.PRNGKey(0)).compile().cost_analysis()
+  flops = (cost[0] if isinstance(cost, (list, tuple)) else cost)['flops']
+  projecting_attended_rows = n_heads * 32 * d_model * 2 * d_head * 2
+  assert flops < projecting_attended_rows / 4
+
+
+def test_decode_step_attends_to_recent_bucket_mates():
+  """One decoded position over a memory larger than its key window.
+
+  NumPy reference of Trax's rule: the `n_hashes * chunk_len * (1 +
+  n_chunks_before) = 8` positions sharing a bucket with the query in some
+  round, most recent first (then the most recent others), self masked.
+  """
+  mem_len, n_keys, t = 16, 8, 11
+  x = _normal(9, (1, t + 1, D_MODEL))
+  layer = _layer(mode='predict', causal=True, chunk_len=2, n_hashes=2,
+                 n_buckets=4, predict_mem_len=mem_len, predict_drop_len=4)
+  weights = _weights()
+  _, state = layer.init(signature(x[:, :1]))
+  call = jax.jit(layer.pure_fn)
+  _, state = call(x[:, :t], weights, state, jax.random.PRNGKey(0))
+  y, state = call(x[:, t:], weights, state, jax.random.PRNGKey(0))
+  buckets = np.reshape(np.asarray(state[2][0]), (N_HEADS, 2, mem_len))
+  xs = np.asarray(x[0], np.float64)
+  positions = np.arange(mem_len)
+  want = np.zeros(D_MODEL)
+  for h, (w_q, w_v, w_o) in enumerate(zip(*weights)):
+    valid = np.any(buckets[h] == buckets[h][:, t:t + 1], axis=0)
+    priority = np.where(positions > t + 1, -(mem_len + positions), positions)
+    chosen = np.sort(np.argsort(priority + mem_len * valid)[-n_keys:])
+    assert not set(chosen) <= set(range(t - n_keys + 1, t + 1))  # Not recency.
+    keys = np.zeros((mem_len, D_QK))
+    keys[:t + 1] = refs.rms_normalize(xs @ w_q) / np.sqrt(D_QK)
+    values = np.zeros((mem_len, D_V))
+    values[:t + 1] = xs @ w_v
+    o, _ = refs.attend_one(xs[t] @ w_q, keys[chosen], values[chosen], t,
+                           chosen, True, True)
+    want += o @ w_o
+  np.testing.assert_allclose(y[0, 0], want, rtol=1e-4, atol=1e-5)
