@@ -40,6 +40,10 @@ tokens, --repeats 2, load ~1), batch 1 / 8:
   ReformerLM-lsh          1            57.3       22.68     2.5x      2.1x
   ReformerLM-lsh          8            82.3       54.10     1.5x      1.4x
 
+(These LSH rows predate predict-mode LSH key/value caches and the
+all-units-at-once decoding step; README "vs peers" has the current LSH
+decoding figures.)
+
 Their loops are fast because an efficient-attention layer called eagerly
 runs one program compiled per input shape (`EfficientAttentionBase.forward`);
 before, each eager call dispatched every op and compiled its `lax.scan` and

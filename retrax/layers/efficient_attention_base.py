@@ -72,7 +72,8 @@ class EfficientAttentionBase(base.Layer):
     n_parallel_heads: (example, head) units computed at once. None: all of them
       (fastest, most memory); 1: one at a time (least memory); a divisor of
       `n_heads`: that many heads of one example; a multiple of `n_heads`:
-      `n_parallel_heads // n_heads` whole examples.
+      `n_parallel_heads // n_heads` whole examples. A predict-mode call of
+      one position computes all units at once.
     incremental: fast inference (predict mode) with an input memory.
     predict_mem_len: inputs remembered in predict mode.
     predict_drop_len: inputs forgotten at once when the memory is full.

@@ -398,3 +398,23 @@ def test_decode_step_attends_to_recent_bucket_mates():
                            chosen, True, True)
     want += o @ w_o
   np.testing.assert_allclose(y[0, 0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_step_runs_all_units_at_once():
+  """A one-position call vmaps every (example, head) unit, whatever n_parallel_heads.
+
+  With `n_parallel_heads=1` the units of longer calls run in a loop, one at a
+  time; for a decoding step that loop would make batch 8 cost 8 batch-1 steps.
+  """
+  def n_loops(n_parallel_heads, length):
+    layer = _layer(mode='predict', causal=True, chunk_len=2, n_hashes=2,
+                   predict_mem_len=16, predict_drop_len=4,
+                   n_parallel_heads=n_parallel_heads)
+    x = jnp.zeros((4, length, D_MODEL))
+    weights, state = layer.init(signature(x[:, :1]))
+    text = jax.jit(layer.pure_fn).lower(x, weights, state,
+                                        jax.random.PRNGKey(0)).as_text()
+    return text.count('stablehlo.while')
+
+  assert n_loops(1, 1) == n_loops(None, 1)
+  assert n_loops(1, 8) > n_loops(None, 8)  # A prompt keeps its unit loop.
