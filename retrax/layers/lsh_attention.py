@@ -186,6 +186,38 @@ def _fit_to_memory(a, mem_len):
   return jnp.pad(a, ((0, mem_len - a.shape[0]),) + ((0, 0),) * (a.ndim - 1))
 
 
+def recent_matching_mask(is_valid_target, seqlen, q_start, q_len, n_keys):
+  """Bool `[seqlen]`: the positions `recent_matching_keys` picks, without a sort.
+
+  Each position's rank within its class (bucket-mates up to the query, other
+  positions up to it, later bucket-mates, later others) is a count of the
+  class's positions ranked before it: cumulative sums instead of a sort.
+  """
+  positions = jnp.arange(seqlen, dtype=jnp.int32)
+  past = positions <= q_start + q_len
+  matching = is_valid_target.astype(bool)
+  other = jnp.logical_not(matching)
+  later = jnp.logical_not(past)
+
+  def after(m):  # Positions of class `m` after each position.
+    m = m.astype(jnp.int32)
+    return jnp.cumsum(m[::-1])[::-1] - m
+
+  def before(m):
+    m = m.astype(jnp.int32)
+    return jnp.cumsum(m) - m
+
+  # Classes in rank order: the most recent first up to the query, the
+  # earliest first after it; bucket-mates before the others.
+  classes = ((matching & past, after), (other & past, after),
+             (matching & later, before), (other & later, before))
+  chosen, n_taken = jnp.zeros(seqlen, bool), 0
+  for members, rank in classes:
+    chosen = chosen | (members & (rank(members) < n_keys - n_taken))
+    n_taken = n_taken + jnp.sum(members)
+  return chosen
+
+
 def recent_matching_keys(is_valid_target, seqlen, q_start, q_len, n_keys):
   """The `n_keys` memory positions a predict-mode query attends to (Trax's rule).
 
@@ -424,8 +456,8 @@ class LSHSelfAttention(EfficientAttentionBase):
                             hash_rng, rng, caches):
     """Position `q_start` attends to recent positions sharing a bucket with it.
 
-    Its key and value are written into the caches, and those of the positions
-    it attends to are gathered from them. Returns `(out [1, M], buckets
+    Its key and value are written into the caches; it attends over them,
+    positions outside its key window masked. Returns `(out [1, M], buckets
     [n_hashes, mem_len], new index, (keys, values) caches)`.
     """
     attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
@@ -442,19 +474,18 @@ class LSHSelfAttention(EfficientAttentionBase):
                             (self._n_hashes, 2))[:, :q_len]
     all_buckets = lax.dynamic_update_slice_in_dim(buckets, q_buckets, q_start,
                                                   axis=1)
+    # It attends over the whole cache; positions outside its key window get
+    # info < -1 (masked, as padding).
     n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
-    if n_keys >= x.shape[0]:  # It attends to the whole memory: no selection.
-      kv_indices, k, v = jnp.arange(x.shape[0], dtype=jnp.int32), k_cache, v_cache
-    else:
-      kv_indices = recent_matching_keys(
-          jnp.any(all_buckets == q_buckets, axis=0), x.shape[0], q_start, q_len,
-          n_keys)
-      k = jnp.take(k_cache, kv_indices, axis=0)
-      v = jnp.take(v_cache, kv_indices, axis=0)
+    kv_info = jnp.arange(x.shape[0], dtype=jnp.int32)
+    if n_keys < x.shape[0]:
+      chosen = recent_matching_mask(jnp.any(all_buckets == q_buckets, axis=0),
+                                    x.shape[0], q_start, q_len, n_keys)
+      kv_info = jnp.where(chosen, kv_info, -kv_info - 2)
     mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
                                 exclude_self=True)
-    o, _ = attend(q[:q_len], k, v, mask_fn=mask_fn, q_info=q_range,
-                  kv_info=kv_indices, dropout=self._attention_dropout,
+    o, _ = attend(q[:q_len], k_cache, v_cache, mask_fn=mask_fn, q_info=q_range,
+                  kv_info=kv_info, dropout=self._attention_dropout,
                   rng=attend_rng)
     out = jnp.matmul(o, self._unpack_weights(weights)[2])
     out = apply_broadcasted_dropout(out, self._output_dropout, output_rng)

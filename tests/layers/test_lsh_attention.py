@@ -418,3 +418,22 @@ def test_decode_step_runs_all_units_at_once():
 
   assert n_loops(1, 1) == n_loops(None, 1)
   assert n_loops(1, 8) > n_loops(None, 8)  # A prompt keeps its unit loop.
+
+
+@pytest.mark.parametrize('q_start,density', [(40, 0.3), (40, 0.02), (5, 0.5),
+                                             (63, 0.0)])
+def test_recent_matching_mask_picks_the_sorted_rule_s_keys(q_start, density):
+  """The sort-free mask picks the same positions as Trax's sorted rule.
+
+  Few bucket-mates fill up with other earlier positions, and a query near
+  the start with later positions.
+  """
+  seqlen, n_keys = 64, 16
+  for seed in range(5):
+    valid = np.random.RandomState(seed).rand(seqlen) < density
+    keys = lsh.recent_matching_keys(jnp.asarray(valid), seqlen, q_start, 1,
+                                    n_keys)
+    mask = lsh.recent_matching_mask(jnp.asarray(valid), seqlen, q_start, 1,
+                                    n_keys)
+    np.testing.assert_array_equal(np.nonzero(np.asarray(mask))[0],
+                                  np.sort(np.asarray(keys)))
