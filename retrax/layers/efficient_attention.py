@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from retrax.layers import validation
 from retrax.layers.efficient_attention_base import drop_oldest
+from retrax.layers.efficient_attention_base import fit_to_memory
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend
@@ -360,9 +361,8 @@ class SelfAttention(EfficientAttentionBase):
 
     def cache(old, new):
       new = new.astype(old.dtype)
-      if refill:  # The prompt's last `mem_len` positions, zero-padded.
-        return jnp.pad(new[-mem_len:],
-                       ((0, mem_len - min(q_len, mem_len)), (0, 0)))
+      if refill:
+        return fit_to_memory(new, mem_len)
       return lax.dynamic_update_slice_in_dim(old, new, q_start, axis=0)
 
     new_state = (cache(k_cache, k), cache(v_cache, v))

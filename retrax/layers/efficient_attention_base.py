@@ -47,6 +47,17 @@ def drop_oldest(buf, drop_len):
       [buf[:, drop_len:], jnp.zeros_like(buf[:, :drop_len])], axis=1)
 
 
+def fit_to_memory(rows, mem_len):
+  """The last `mem_len` of `rows [n, ...]`, zero-padded at the end to `mem_len`.
+
+  A prompt's per-position cache: the memory keeps the prompt's last
+  `mem_len` positions, from its start.
+  """
+  rows = rows[-mem_len:]
+  return jnp.pad(rows, ((0, mem_len - rows.shape[0]),) +
+                 ((0, 0),) * (rows.ndim - 1))
+
+
 def _forward_of(layer_ref):
   """`(inputs, weights, state, rng) -> (output, new_state)` of `layer_ref()`."""
   def forward(inputs, weights, state, rng):

@@ -28,9 +28,10 @@ masked too; in predict mode `n_buckets=None` is derived from
 single tokens hashed into 2 buckets unlike the prompt), several positions
 appended after the start attend over the memory at their own place, and the
 memory's bucket index stays consistent after a prompt longer than the memory;
-a decoding step gathers its keys and values from the caches (Trax projected
-the `n_hashes * chunk_len * (1 + n_chunks_before)` memory rows it attends to
-at every step), which is the same function up to float rounding.
+a decoding step attends over the caches with the positions outside its key
+window masked (Trax sorted the memory and projected the `n_hashes *
+chunk_len * (1 + n_chunks_before)` rows it picked at every step), which is
+the same function up to float rounding.
 """
 
 import functools
@@ -50,6 +51,7 @@ from retrax.layers.efficient_attention import dropout_rngs
 from retrax.layers.efficient_attention import normalize_mask
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
+from retrax.layers.efficient_attention_base import fit_to_memory
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend
 from retrax.layers.efficient_attention_ops import hash_vecs
@@ -178,12 +180,6 @@ def roll_buckets(buckets, n_hashes, drop_len, shift):
   b = lax.dynamic_slice_in_dim(padded, jnp.maximum(shift, 0), b.shape[-1],
                                axis=1)
   return jnp.reshape(b, (-1,))
-
-
-def _fit_to_memory(a, mem_len):
-  """The last `mem_len` rows of `a [n, ...]`, zero-padded at the end to `mem_len`."""
-  a = a[-mem_len:]
-  return jnp.pad(a, ((0, mem_len - a.shape[0]),) + ((0, 0),) * (a.ndim - 1))
 
 
 def recent_matching_mask(is_valid_target, seqlen, q_start, q_len, n_keys):
@@ -437,7 +433,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     x_padded = jnp.pad(x, ((0, pad), (0, 0)))
     q, v = self._project(x_padded, weights)
     new_buckets = self.hash_vectors(q, hash_rng)
-    caches = tuple(_fit_to_memory(a[:x.shape[0]], mem_len).astype(c.dtype)
+    caches = tuple(fit_to_memory(a[:x.shape[0]], mem_len).astype(c.dtype)
                    for a, c in zip((length_normalized(q), v), caches))
     out, _ = self.forward_unbatched(
         x_padded, weights=weights, state=(new_buckets, hash_rng), rng=rng,
