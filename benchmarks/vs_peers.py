@@ -3,7 +3,7 @@
     python benchmarks/vs_peers.py [--lengths 1024,4096,16384,65536] [--steps 3]
         [--trax-python ~/.cache/trax-oracle-venv/bin/python]
         [--torch-python "$TORCH_PY"] [--decode-tokens 256,2048]
-        [--decode-batches 1,8] [--tiny] [--json out.json]
+        [--decode-batches 1,8] [--bf16] [--tiny] [--json out.json]
 
 The model (issue 22): ReformerLM, vocab 256, d_model 256, d_ff 1024, 4 heads
 of 64, 6 layers, batch 1, `LSHSelfAttention(n_hashes=2, chunk_len=64)`,
@@ -25,6 +25,10 @@ Decode rows: LSH predict mode (`predict_mem_len` = the tokens generated),
 under HF; tokens/s summed over the batch, the second call timed (the first
 compiles). Ratios are peer time / retrax time (>1: retrax is faster), and
 retrax rate / peer rate for decoding.
+
+`--bf16` adds a column for retrax with the opt-in bfloat16 matmul policy
+(`RETRAX_MATMUL_DTYPE=bfloat16`); its ratio column is its speedup over
+float32 retrax.
 
 `--tiny` (toy sizes, for the CPU test) shrinks the model; any size flag
 overrides it.
@@ -261,10 +265,13 @@ def _device_peak_bytes(peer):
 def worker(args):
   """Runs one peer's measurement and prints it as one tagged JSON line."""
   cfg = json.loads(args.cfg)
-  if args.peer == 'retrax':
+  if args.peer.startswith('retrax'):
     sys.path.insert(0, os.path.dirname(_HERE))
     import retrax.compat
     retrax.compat.install()
+    from retrax.fastmath import precision
+    precision.set_matmul_dtype(
+        'bfloat16' if args.peer == 'retrax-bf16' else 'float32')
   hf = args.peer == 'hf'
   if args.worker == 'train':
     result = (hf_train if hf else trax_train_program)(cfg, args.length,
@@ -318,6 +325,8 @@ def _ints(text):
 def peers_of(args):
   """`{peer: interpreter}` in run order: retrax first."""
   peers = {'retrax': sys.executable}
+  if args.bf16:
+    peers['retrax-bf16'] = sys.executable
   if args.trax_python:
     peers['trax'] = os.path.expanduser(args.trax_python)
   if args.torch_python:
@@ -407,6 +416,8 @@ def parse_args(argv=None):
   parser.add_argument('--decode-batches', default='1,8')
   parser.add_argument('--timeout', type=int, default=600,
                       help='seconds per worker subprocess')
+  parser.add_argument('--bf16', action='store_true',
+                      help='also retrax with bfloat16 matmuls')
   parser.add_argument('--tiny', action='store_true',
                       help='toy model sizes (tests)')
   for key in FULL:
@@ -419,7 +430,7 @@ def parse_args(argv=None):
   # Internal: one measurement in this process.
   parser.add_argument('--worker', choices=['train', 'decode'],
                       help=argparse.SUPPRESS)
-  parser.add_argument('--peer', choices=['retrax', 'trax', 'hf'],
+  parser.add_argument('--peer', choices=['retrax', 'retrax-bf16', 'trax', 'hf'],
                       help=argparse.SUPPRESS)
   parser.add_argument('--cfg', help=argparse.SUPPRESS)
   parser.add_argument('--length', type=int, help=argparse.SUPPRESS)

@@ -6,6 +6,8 @@ Plain Python (no JAX), so every peer's interpreter can import it.
 import math
 import statistics
 
+BF16 = 'retrax-bf16'
+
 
 def default_n_buckets(length, chunk_len):
   """Trax's LSH bucket count for a length (factorised above 128)."""
@@ -54,8 +56,11 @@ def _table_row(label, values, peers, ratio):
   base = values.get('retrax')
   for peer in peers[1:]:
     other = values.get(peer)
-    cells.append('—' if ratio is None or not base or not other else
-                 f'{ratio(base, other):.2f}x')
+    if ratio is None or not base or not other:
+      cells.append('—')
+    else:  # bf16 retrax's column is its speedup over float32 retrax.
+      pair = (other, base) if peer == BF16 else (base, other)
+      cells.append(f'{ratio(*pair):.2f}x')
   return f'| {label} | ' + ' | '.join(cells) + ' |'
 
 
@@ -124,9 +129,11 @@ def decode_rows(results):
 def format_table(results):
   """The whole Markdown table (header, train rows, decode rows)."""
   peers = results['peers']
-  names = {'retrax': 'retrax', 'trax': 'Trax 1.4.1', 'hf': 'HF (PyTorch)'}
+  names = {'retrax': 'retrax', BF16: 'retrax bf16', 'trax': 'Trax 1.4.1',
+           'hf': 'HF (PyTorch)'}
   header = (['', *[names[p] for p in peers]] +
-            [f'{names[p]} vs retrax' for p in peers[1:]])
+            ['bf16 speedup' if p == BF16 else f'{names[p]} vs retrax'
+             for p in peers[1:]])
   lines = ['| ' + ' | '.join(header) + ' |',
            '|' + '---|' * len(header)]
   return '\n'.join(lines + train_rows(results) + decode_rows(results))

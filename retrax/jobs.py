@@ -22,6 +22,7 @@ from retrax import run as run_lib
 from retrax import shapes
 from retrax.checkpoints.atomic import atomic_write
 from retrax.data import tasks
+from retrax.fastmath import xla_cpu
 from retrax.supervised import checkpointing
 from retrax.supervised import decoding
 from retrax.supervised import devices
@@ -266,7 +267,7 @@ def evaluate(config, n_batches=8):
     logits, _ = model.pure_fn(x, weights, state, rng)
     return [m.pure_fn((logits, y, w), (), (), rng)[0] for m in metrics]
 
-  step = jax.jit(scores)
+  step = xla_cpu.jit(scores)
   stream = build_inputs(config).eval_stream(1)
   totals = np.zeros(len(metrics))
   for _ in range(n_batches):

@@ -20,6 +20,7 @@ import numpy as np
 
 from retrax import fastmath
 from retrax.fastmath import numpy as jnp
+from retrax.fastmath import precision
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
@@ -183,7 +184,7 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
   d_feature = queries.shape[-1]
   keys = keys if isinstance(keys, tuple) else (keys,)
   values = values if isinstance(values, tuple) else (values,)
-  dots = [jnp.matmul(queries, jnp.swapaxes(k, -1, -2)) for k in keys]
+  dots = [precision.matmul(queries, jnp.swapaxes(k, -1, -2)) for k in keys]
   dots = (dots[0] if len(dots) == 1 else jnp.concatenate(dots, axis=-1)
           ) / math.sqrt(d_feature)
   if mask is not None:
@@ -196,10 +197,10 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
     weights = jnp.where(keep, weights / (1.0 - dropout),
                         jnp.zeros_like(weights))
   if len(values) == 1:
-    activations = jnp.matmul(weights, values[0])
+    activations = precision.matmul(weights, values[0])
   else:  # One matmul per segment, straight from its buffer.
     bounds = np.cumsum([0] + [v.shape[-2] for v in values])
-    activations = sum(jnp.matmul(weights[..., lo:hi], v)
+    activations = sum(precision.matmul(weights[..., lo:hi], v)
                       for v, lo, hi in zip(values, bounds, bounds[1:]))
   # float32 at least (float64 stays float64), without implicit promotion.
   out_dtype = (activations.dtype if jnp.finfo(activations.dtype).bits >= 32

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 
 from retrax import fastmath
+from retrax.fastmath import precision
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
@@ -50,7 +51,7 @@ class Dense(base.Layer):
                          f'{base.signature(w)}' + _NOT_INITIALIZED_HINT)
     _check_features(self, x, w.shape[0], 'W', w.shape)
     x, w = fastmath.promoted(x, w, ranks=False)  # float32 weights, float64/bf16 inputs.
-    y = jnp.dot(x, w)
+    y = precision.dot(x, w)
     if b is None:
       return y
     y, b = fastmath.promoted(y, b)

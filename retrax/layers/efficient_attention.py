@@ -34,6 +34,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from retrax.fastmath import precision
 from retrax.layers import validation
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import fit_to_memory
@@ -250,9 +251,9 @@ class SelfAttention(EfficientAttentionBase):
   def _project(self, x, weights):
     """Queries, keys (None if shared) and values of `x [L, M]`."""
     w_q, w_k, w_v, _, b_q, b_k, b_v = self._unpack_weights(weights)
-    q = jnp.matmul(x, w_q)
-    k = None if self._share_qk else jnp.matmul(x, w_k)
-    v = jnp.matmul(x, w_v)
+    q = precision.matmul(x, w_q)
+    k = None if self._share_qk else precision.matmul(x, w_k)
+    v = precision.matmul(x, w_v)
     if self._bias:
       q = q + b_q[None]
       v = v + b_v[None]
@@ -296,7 +297,7 @@ class SelfAttention(EfficientAttentionBase):
                   n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
                   q_info=positions, kv_info=kv_info,
                   dropout=self._attention_dropout, rng=attend_rng)
-    out = o[:length] if w_o is None else jnp.matmul(o[:length], w_o)
+    out = o[:length] if w_o is None else precision.matmul(o[:length], w_o)
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
 
@@ -328,7 +329,8 @@ class SelfAttention(EfficientAttentionBase):
       return q, k, v, self._unpack_weights(weights)[3]
     w_q, w_k, w_v, w_o = self._unpack_weights(weights)[:4]
     w_qk = jnp.matmul(w_q, w_k.T) * math.sqrt(d_model / self._d_qk)
-    return jnp.matmul(x, w_qk), x, jnp.matmul(x, jnp.matmul(w_v, w_o)), None
+    w_vo = jnp.matmul(w_v, w_o)
+    return precision.matmul(x, w_qk), x, precision.matmul(x, w_vo), None
 
   def _incremental_forward_unbatched(self, x, mask=None, *, q_start, q_len,
                                      weights, state, rng, update_state):
@@ -384,7 +386,7 @@ class SelfAttention(EfficientAttentionBase):
       o, _ = attend(q, k, v, mask_fn=mask_fn, q_info=q_range,
                     kv_info=jnp.arange(k.shape[-2], dtype=jnp.int32),
                     dropout=self._attention_dropout, rng=attend_rng)
-    out = jnp.matmul(o, self._unpack_weights(weights)[3])
+    out = precision.matmul(o, self._unpack_weights(weights)[3])
     if q_len == 1:
       out = out[:1]
     return apply_broadcasted_dropout(out, self._output_dropout,
@@ -474,9 +476,9 @@ class EncDecAttention(EfficientAttentionBase):
     attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
                                           self._output_dropout)
     w_q, w_k, w_v, w_o = weights
-    q = jnp.matmul(q_antecedent, w_q)
-    k = jnp.matmul(kv_antecedent, w_k)
-    v = jnp.matmul(kv_antecedent, w_v)
+    q = precision.matmul(q_antecedent, w_q)
+    k = precision.matmul(kv_antecedent, w_k)
+    v = precision.matmul(kv_antecedent, w_v)
     if self._masked:
       if mask is None:
         raise ValueError(f'{self.name}: masked=True needs a mask input.')
@@ -497,6 +499,6 @@ class EncDecAttention(EfficientAttentionBase):
       kv_info = mask_fn = None
     o, _ = attend(q, k, v, mask_fn=mask_fn, kv_info=kv_info,
                   dropout=self._attention_dropout, rng=attend_rng)
-    out = jnp.matmul(o, w_o)
+    out = precision.matmul(o, w_o)
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.fastmath import xla_cpu
 from retrax.layers import base
 from retrax.layers import efficient_attention_groups as groups_lib
 from retrax.layers import predict_state
@@ -258,7 +259,7 @@ class EfficientAttentionBase(base.Layer):
       # compiling its loops (`lax.scan` over head groups) at each call.
       fn = _EAGER_FORWARD.get(self)
       if fn is None:
-        fn = _EAGER_FORWARD[self] = jax.jit(_forward_of(weakref.ref(self)))
+        fn = _EAGER_FORWARD[self] = xla_cpu.jit(_forward_of(weakref.ref(self)))
       output, new_state = fn(*args)
     self.state = new_state
     return output

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.fastmath import precision
+
 # Additive logit penalties, as in Trax: masked or future keys get -1e9, a
 # query's own key (shared-QK attention) -1e5 so it is used only when nothing
 # else is visible.
@@ -228,7 +230,7 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
 
   Returns `attend`'s `(out [N * C, V], logsumexp [N * C])`.
   """
-  dots = jnp.matmul(q, jnp.swapaxes(k, -1, -2))  # [N, C, W]
+  dots = precision.matmul(q, jnp.swapaxes(k, -1, -2))  # [N, C, W]
   if mask_fn is not None:
     dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])
   dots_logsumexp = jax.nn.logsumexp(dots, axis=-1, keepdims=True)
@@ -240,7 +242,7 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
     keep = jax.random.bernoulli(rng, keep_prob, dots.shape[-2:])
     keep = jnp.reshape(keep, (1,) * (dots.ndim - 2) + keep.shape)
     dots = dots * (keep.astype(dots.dtype) / keep_prob)
-  out = jnp.matmul(dots, v)  # [N, C, V]
+  out = precision.matmul(dots, v)  # [N, C, V]
   return (jnp.reshape(out, (-1, out.shape[-1])),
           jnp.reshape(dots_logsumexp, (-1,)))
 

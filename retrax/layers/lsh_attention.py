@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.fastmath import precision
 from retrax.layers.efficient_attention import attention_kernel_init
 from retrax.layers.efficient_attention import check_count
 from retrax.layers.efficient_attention import check_depths_and_rates
@@ -347,8 +348,8 @@ class LSHSelfAttention(EfficientAttentionBase):
 
   def _project(self, x, weights):
     w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
-    q = jnp.matmul(x, w_q)
-    v = jnp.matmul(x, w_v)
+    q = precision.matmul(x, w_q)
+    v = precision.matmul(x, w_v)
     if self._bias:
       q, v = q + b_q[None, :], v + b_v[None, :]
     return q, v
@@ -382,7 +383,7 @@ class LSHSelfAttention(EfficientAttentionBase):
                    n_chunks_before=self._n_chunks_before,
                    n_chunks_after=self._n_chunks_after, causal=self._causal,
                    dropout=self._attention_dropout, rng=attend_rng)
-    out = jnp.matmul(o, self._unpack_weights(weights)[2])
+    out = precision.matmul(o, self._unpack_weights(weights)[2])
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
 
@@ -483,7 +484,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     o, _ = attend(q[:q_len], k_cache, v_cache, mask_fn=mask_fn, q_info=q_range,
                   kv_info=kv_info, dropout=self._attention_dropout,
                   rng=attend_rng)
-    out = jnp.matmul(o, self._unpack_weights(weights)[2])
+    out = precision.matmul(o, self._unpack_weights(weights)[2])
     out = apply_broadcasted_dropout(out, self._output_dropout, output_rng)
     return (out, all_buckets, jnp.asarray(q_start + q_len, jnp.int32),
             (k_cache, v_cache))

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax import fastmath
+from retrax.fastmath import xla_cpu
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import reversible
@@ -65,12 +66,12 @@ class _Unit:
     self.layer = layer
     self.optimizer = _new_optimizer(optimizer_fn, layer)
     self.opt_params = dict(self.optimizer.opt_params)
-    self.forward = jax.jit(
+    self.forward = xla_cpu.jit(
         lambda x, w, s, r: layer.pure_fn(x, w, s, r))
     if kind == 'reversible':
-      self.backward = jax.jit(_reverse_and_update_fn(layer, self.optimizer))
+      self.backward = xla_cpu.jit(_reverse_and_update_fn(layer, self.optimizer))
     else:
-      self.backward = jax.jit(
+      self.backward = xla_cpu.jit(
           _grad_and_update_fn(layer, self.optimizer, kind == 'loss'))
 
   def store(self, weights, slots, state=None):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax import layers as tl
+from retrax.fastmath import xla_cpu
 from retrax.optimizers import base as opt_base
 from retrax.optimizers import placement
 from retrax.optimizers.reversible_trainer import ReversibleSerialTrainer
@@ -66,7 +67,7 @@ class Trainer:
     self._opt_params = dict(optimizer.opt_params)
     self._checked_signature = None
     self._accelerated = None
-    self._update = jax.jit(self._update_fn)
+    self._update = xla_cpu.jit(self._update_fn)
 
   @property
   def model_with_loss(self):

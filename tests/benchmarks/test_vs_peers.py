@@ -110,18 +110,35 @@ def test_table_ratios():
       'train 16384 hf: timed out after 600 s']
 
 
+def test_bf16_column_is_its_speedup_over_float32():
+  results = _fake_results()
+  results['peers'] = ['retrax', 'retrax-bf16', 'trax']
+  results['train']['4096']['retrax-bf16'] = dict(step_s=[0.5, 0.5],
+                                                 first_s=4.0, rss_bytes=2e9)
+  results['decode']['256']['retrax-bf16'] = {'1': dict(tok_s=150.0)}
+  table = vs_peers.report.format_table(results)
+  assert table.splitlines()[0] == ('|  | retrax | retrax bf16 | Trax 1.4.1 | '
+                                   'bf16 speedup | Trax 1.4.1 vs retrax |')
+  assert _row(table, 'train step L=4096,') == ['1', '0.5', '2', '2.00x',
+                                               '2.00x']
+  assert _row(table, 'decode 256 tokens, batch 1,') == ['100', '150', '20',
+                                                        '1.50x', '5.00x']
+
+
 @pytest.mark.slow  # ~35-70 s on 2 cores: a subprocess compiles a train step.
 def test_end_to_end_tiny(tmp_path):
   out = tmp_path / 'results.json'
   proc = subprocess.run(
       [sys.executable, _PATH, '--tiny', '--n-layers', '1', '--lengths', '32',
        '--steps', '2', '--decode-tokens', '8', '--decode-batches', '1,2',
-       '--json', str(out)], capture_output=True, text=True, timeout=300)
+       '--bf16', '--json', str(out)], capture_output=True, text=True,
+      timeout=400)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert 'FAILED' not in proc.stdout, proc.stdout
   results = json.loads(out.read_text())
   train = results['train']['32']['retrax']
   assert len(train['step_s']) == 2
+  assert len(results['train']['32']['retrax-bf16']['step_s']) == 2
   cfg = dict(vs_peers.TINY, n_layers=1)
   assert results['cfg'] == cfg
   table = proc.stdout[proc.stdout.index('|  | retrax |'):]

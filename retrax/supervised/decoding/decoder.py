@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from retrax.fastmath import xla_cpu
 from retrax.supervised.decoding import state_layout
 
 # Default decoders, one per live model (weak keys).
@@ -76,7 +77,7 @@ class Decoder:
     if key not in self._programs:
       model_ref = self._model_ref
       plain = lambda *args: run(model_ref, *args)
-      self._programs[key] = (jax.jit(plain), plain)
+      self._programs[key] = (xla_cpu.jit(plain), plain)
     return self._programs[key]
 
   @staticmethod

@@ -1,0 +1,175 @@
+"""The opt-in bfloat16 matmul policy (`retrax.fastmath.precision`)."""
+
+import functools
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import retrax as trax
+from retrax import fastmath
+from retrax import layers as tl
+from retrax import shapes
+from retrax.fastmath import precision
+
+GOLDEN = os.path.join(os.path.dirname(__file__), 'fixtures', 'golden')
+
+
+@pytest.fixture
+def threefry_not_partitionable():
+  """Trax's random bits (the goldens' LSH rotations)."""
+  old = jax.config.jax_threefry_partitionable
+  jax.config.update('jax_threefry_partitionable', False)
+  yield
+  jax.config.update('jax_threefry_partitionable', old)
+
+
+@pytest.fixture
+def bf16():
+  with precision.matmul_precision('bfloat16'):
+    yield
+
+
+def _rounded(x):
+  """float64 values of `x` rounded to bfloat16 (the policy's operands)."""
+  return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _rand(key, shape):
+  return jax.random.normal(jax.random.PRNGKey(key), shape, jnp.float32)
+
+
+def test_off_by_default_and_identical_to_numpy_ops():
+  assert precision.matmul_dtype() == 'float32'
+  a, b, c = _rand(0, (3, 5, 7)), _rand(1, (7, 4)), _rand(2, (3, 4, 6))
+  np.testing.assert_array_equal(precision.dot(a, b), jnp.dot(a, b))
+  np.testing.assert_array_equal(precision.matmul(jnp.dot(a, b), c),
+                                jnp.matmul(jnp.dot(a, b), c))
+  with fastmath.use_backend('numpy'):
+    out = precision.dot(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
+  assert isinstance(out, np.ndarray)
+
+
+def test_bf16_products_equal_rounded_operands_in_float64(bf16):
+  del bf16
+  a, b = _rand(0, (2, 64, 48)), _rand(1, (48, 32))
+  out = precision.dot(a, b)
+  assert out.dtype == jnp.float32
+  want = _rounded(a) @ _rounded(b)
+  # bf16 x bf16 products are exact in float32; only the sums round.
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  assert np.max(np.abs(np.asarray(jnp.dot(a, b)) - want)) > 1e-3
+
+  q, k = _rand(2, (4, 16, 8)), _rand(3, (4, 24, 8))
+  np.testing.assert_allclose(
+      precision.matmul(q, jnp.swapaxes(k, -1, -2)),
+      _rounded(q) @ np.swapaxes(_rounded(k), -1, -2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('rows', [24, 4096])  # 4096: the blocked weight gradient.
+def test_bf16_gradients_round_the_cotangent(bf16, rows):
+  del bf16
+  a, b, w = _rand(0, (2, rows, 16)), _rand(1, (16, 8)), _rand(2, (2, rows, 8))
+  da, db = jax.grad(lambda a, b: jnp.sum(precision.dot(a, b) * w),
+                    argnums=(0, 1))(a, b)
+  assert da.dtype == db.dtype == jnp.float32
+  ct = _rounded(w)
+  np.testing.assert_allclose(da, ct @ _rounded(b).T, rtol=1e-5, atol=1e-5)
+  want_db = np.einsum('xrk,xrn->kn', _rounded(a), ct)
+  np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-4)
+
+
+def test_bf16_batched_gradients_sum_over_broadcast_batches(bf16):
+  del bf16
+  a, b = _rand(0, (3, 5, 4)), _rand(1, (1, 4, 6))
+  w = _rand(2, (3, 5, 6))
+  da, db = jax.grad(lambda a, b: jnp.sum(precision.matmul(a, b) * w),
+                    argnums=(0, 1))(a, b)
+  assert da.shape == a.shape and db.shape == b.shape
+  ct = _rounded(w)
+  np.testing.assert_allclose(db[0], np.einsum('xik,xin->kn', _rounded(a), ct),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(da, ct @ np.swapaxes(_rounded(b), -1, -2),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_jitted_functions_retrace_when_the_policy_changes():
+  a, b = _rand(0, (8, 32)), _rand(1, (32, 8))
+  f = jax.jit(precision.dot)
+  exact = np.asarray(f(a, b))
+  with precision.matmul_precision('bfloat16'):
+    low = np.asarray(f(a, b))
+  np.testing.assert_allclose(low, _rounded(a) @ _rounded(b), rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_array_equal(f(a, b), exact)
+  assert precision.matmul_dtype() == 'float32'
+
+
+def test_bad_policy_names_are_refused():
+  with pytest.raises(ValueError, match="'bfloat16'.*'fp8'"):
+    precision.set_matmul_dtype('fp8')
+  assert precision.set_matmul_dtype(jnp.float32) == 'float32'
+  with pytest.raises(ValueError, match='summed within one operand'):
+    with precision.matmul_precision('bfloat16'):
+      jax.grad(lambda a: jnp.sum(precision.einsum('ij,jk->k', a, a)))(
+          _rand(0, (3, 3)))
+  assert precision.matmul_dtype() == 'float32'
+
+
+def test_environment_variable_sets_the_policy():
+  code = 'from retrax.fastmath import precision; print(precision.matmul_dtype())'
+  env = dict(os.environ, RETRAX_MATMUL_DTYPE='bfloat16')
+  out = subprocess.run([sys.executable, '-c', code], env=env, check=True,
+                       capture_output=True, text=True).stdout
+  assert out.strip() == 'bfloat16'
+  env['RETRAX_MATMUL_DTYPE'] = 'half'
+  proc = subprocess.run([sys.executable, '-c', code], env=env,
+                        capture_output=True, text=True)
+  assert proc.returncode != 0 and "got 'half'" in proc.stderr
+
+
+def test_dense_keeps_float32_weights_and_gradients(bf16):
+  del bf16
+  layer = tl.Dense(8)
+  x = _rand(0, (4, 16))
+  layer.init(shapes.signature(x))
+  w, b = layer.weights
+  y = layer(x)
+  assert y.dtype == w.dtype == jnp.float32
+  np.testing.assert_allclose(y, _rounded(x) @ _rounded(w) + np.asarray(b),
+                             rtol=1e-5, atol=1e-5)
+  grads = jax.grad(lambda ws: jnp.sum(layer.pure_fn(x, ws, (), None)[0]))(
+      layer.weights)
+  assert all(g.dtype == jnp.float32 for g in grads)
+
+
+def test_reformer_lsh_golden_within_bf16_tolerance(bf16,
+                                                   threefry_not_partitionable):
+  """Trax 1.4.1's float32 logits, reproduced with bfloat16 matmuls.
+
+  Stated tolerance: 1% of the logits' scale, and the same argmax token at
+  97% of positions or more (float32 matches Trax at 2e-5).
+  """
+  del bf16, threefry_not_partitionable
+  io = np.load(os.path.join(GOLDEN, 'reformerlm_lsh', 'io.npz'))
+  model = trax.models.ReformerLM(
+      vocab_size=32, d_model=32, d_ff=64, n_layers=2, n_heads=2,
+      d_attention_key=16, d_attention_value=16, max_len=64, mode='eval',
+      attention_type=functools.partial(tl.LSHSelfAttention, n_hashes=2,
+                                       chunk_len=8))
+  model.init(shapes.signature(io['inputs']))
+  model.init_from_file(os.path.join(GOLDEN, 'reformerlm_lsh', 'model.pkl.gz'),
+                       weights_only=False)
+  logits = np.asarray(jax.jit(model.pure_fn)(
+      io['inputs'], model.weights, model.state, model.rng)[0])
+  want = io['logits']
+  scale = np.max(np.abs(want))
+  err = np.max(np.abs(logits - want))
+  assert 1e-4 * scale < err < 1e-2 * scale  # Measured: 0.39%.
+  agree = np.mean(np.argmax(logits, -1) == np.argmax(want, -1))
+  assert agree >= 0.97  # Measured: 98.4% (63 of 64).
