@@ -72,6 +72,8 @@ class TrainConfig:
   seed: int = _key(0, 'random seed (model and data)')
   output_dir: str = _key('runs/duplication', 'run directory')
   trax_files: bool = _key(True, "also write Trax's model.pkl.gz files")
+  matmul_dtype: str = _key('float32', "matmul operands: 'float32' or "
+                           "'bfloat16' (float32 sums; faster on AMX/GPU)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +286,9 @@ def validate(config):
                       f'{t.learning_rate}')
   if not 0 <= m.dropout < 1:
     raise ConfigError(f'dropout must be in [0, 1); got {m.dropout}')
+  if t.matmul_dtype not in ('float32', 'bfloat16'):
+    raise ConfigError(f"matmul_dtype must be 'float32' or 'bfloat16'; got "
+                      f'{t.matmul_dtype!r}')
   if t.warmup_steps < 0:
     raise ConfigError(f'warmup_steps must be >= 0; got {t.warmup_steps}')
   if m.name == 'TransformerLM' and m.d_model % m.n_heads:

@@ -22,6 +22,7 @@ from retrax import run as run_lib
 from retrax import shapes
 from retrax.checkpoints.atomic import atomic_write
 from retrax.data import tasks
+from retrax.fastmath import precision
 from retrax.fastmath import xla_cpu
 from retrax.supervised import checkpointing
 from retrax.supervised import decoding
@@ -186,7 +187,8 @@ def train(config, quiet=False):
   _write_run_files(config)  # Only once the Loop has validated the run dir.
   remaining = t.steps - loop.step
   if remaining > 0:
-    loop.run(remaining)
+    with precision.matmul_precision(t.matmul_dtype):
+      loop.run(remaining)
   return loop
 
 

@@ -68,6 +68,30 @@ def test_version(capsys):
   assert capsys.readouterr().out == f'retrax {retrax.__version__}\n'
 
 
+def test_bfloat16_matmuls_train_and_the_policy_ends_with_the_run(
+    tmp_path, monkeypatch):
+  from retrax.fastmath import precision
+  from retrax.supervised import training
+  seen = []
+  run = training.Loop.run
+
+  def recording_run(self, n_steps=1):
+    seen.append(precision.matmul_dtype())
+    return run(self, n_steps)
+  monkeypatch.setattr(training.Loop, 'run', recording_run)
+  out = str(tmp_path / 'run')
+  assert cli.main(['train', '--output_dir', out, '--steps', '4', '--quiet',
+                   '--no-sample', '--matmul_dtype', 'bfloat16', *TINY]) == 0
+  assert seen == ['bfloat16'] and precision.matmul_dtype() == 'float32'
+  with open(os.path.join(out, 'run_config.json')) as f:
+    assert json.load(f)['matmul_dtype'] == 'bfloat16'
+  with open(os.path.join(out, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  losses = [r['value'] for r in rows if r['mode'] == 'train' and
+            r['metric'] == 'metrics/WeightedCategoryCrossEntropy']
+  assert len(losses) == 2 and 0 < losses[1] < losses[0] < 10
+
+
 @pytest.mark.parametrize('argv,message', [
     (['train', '--set', 'bogus=1'], "unknown config key 'bogus'"),
     (['train', '--set', 'steps=many'], 'steps'),
@@ -75,6 +99,7 @@ def test_version(capsys):
     (['train', '--data', 'text:/nonexistent'], 'does not exist'),
     (['sample', '/nonexistent-run'], 'not a retrax run directory'),
     (['train', '--set', 'length=30'], 'multiple of chunk_len'),
+    (['train', '--matmul_dtype', 'fp16'], "matmul_dtype must be 'float32'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   assert cli.main(argv) == 2
