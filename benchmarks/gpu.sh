@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# retrax on a GPU machine: vs_peers' table (retrax and, where torch and
-# transformers are installed, HF's Reformer) and the longest sequence one
+# retrax on a GPU machine: vs_peers' table (retrax in float32 and with
+# bfloat16 matmuls and, where torch and transformers are installed, HF's
+# Reformer) and the longest sequence one
 # ReformerLM training step fits (d_model 256, 6 layers; target 1,048,576).
 # Under 8 minutes on an H200: the table gets GPU_SH_TABLE_S seconds (300),
 # the search what is left of GPU_SH_TOTAL_S (460); workers past a budget are
@@ -36,13 +37,13 @@ if "$PY" -c 'import torch, transformers' >/dev/null 2>&1; then
 fi
 if [ -n "${RETRAX_GPU_SH_TINY:-}" ]; then
   SIZES=(--tiny --n-layers 1)
-  TABLE=(--lengths 32 --steps 1 --decode-tokens "")
+  TABLE=(--lengths 32 --steps 1 --decode-tokens "" --bf16)
   SEARCH=32,32
 else
   SIZES=()
   TABLE=(--lengths "${GPU_SH_LENGTHS:-4096,16384,65536}" --steps 3
          --decode-tokens "${GPU_SH_DECODE_TOKENS:-256,2048}"
-         --decode-batches 1,8 --timeout 150)
+         --decode-batches 1,8 --timeout 150 --bf16)
   SEARCH=65536,1048576,4194304
 fi
 

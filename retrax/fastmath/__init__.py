@@ -1,5 +1,6 @@
 """Fast math on JAX under Trax's `fastmath` names; `use_backend('numpy')` runs layers eagerly on NumPy."""
 
+from retrax.fastmath import precision as precision
 from retrax.fastmath import random as random
 from retrax.fastmath.backend import Backend as Backend
 from retrax.fastmath.backend import backend as backend
