@@ -185,6 +185,21 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
   return _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng)
 
 
+def attend_queries_scaled(q, k, v, mask_fn=None, q_info=None, kv_info=None):
+  """`attend(q, k, v, mask_fn=..., ...)` unchunked, scaling queries instead of keys.
+
+  The same function up to float rounding (`(q / sqrt(D)) k^T` instead of `q
+  (k / sqrt(D))^T`). For a few queries over a long key cache (a decoding
+  step): the cache is read by the matmul only, not rewritten scaled.
+  """
+  if v is None or k is None:
+    raise ValueError('attend_queries_scaled: keys `k` and values `v` are '
+                     'required.')
+  q, k, v, q_info, kv_info = _chunked(q, k, v, q_info, kv_info, None, None)
+  q = q / math.sqrt(k.shape[-1])
+  return _softmax_attend(q, k, v, q_info, kv_info, mask_fn, 0.0, None)
+
+
 def _chunked(q, k, v, q_info, kv_info, q_chunk_len, kv_chunk_len):
   """`attend`'s inputs with default (1-based) infos, cut into chunks if asked.
 

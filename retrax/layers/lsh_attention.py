@@ -55,6 +55,7 @@ from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_base import fit_to_memory
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend
+from retrax.layers.efficient_attention_ops import attend_queries_scaled
 from retrax.layers.efficient_attention_ops import hash_vecs
 from retrax.layers.efficient_attention_ops import inverse_permutation
 from retrax.layers.efficient_attention_ops import length_normalized
@@ -457,8 +458,9 @@ class LSHSelfAttention(EfficientAttentionBase):
     positions outside its key window masked. Returns `(out [1, M], buckets
     [n_hashes, mem_len], new index, (keys, values) caches)`.
     """
-    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
-                                          self._output_dropout)
+    # Predict mode has no dropout (train only); Trax's split order is kept.
+    _, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                 self._output_dropout)
     q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
     # Duplicate the row so the matmul matches a longer call (as Trax does).
     q, v = self._project(
@@ -481,9 +483,9 @@ class LSHSelfAttention(EfficientAttentionBase):
       kv_info = jnp.where(chosen, kv_info, -kv_info - 2)
     mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
                                 exclude_self=True)
-    o, _ = attend(q[:q_len], k_cache, v_cache, mask_fn=mask_fn, q_info=q_range,
-                  kv_info=kv_info, dropout=self._attention_dropout,
-                  rng=attend_rng)
+    # The queries are scaled, so the key cache is only read.
+    o, _ = attend_queries_scaled(q[:q_len], k_cache, v_cache, mask_fn=mask_fn,
+                                 q_info=q_range, kv_info=kv_info)
     out = precision.matmul(o, self._unpack_weights(weights)[2])
     out = apply_broadcasted_dropout(out, self._output_dropout, output_rng)
     return (out, all_buckets, jnp.asarray(q_start + q_len, jnp.int32),

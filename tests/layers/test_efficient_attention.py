@@ -10,6 +10,7 @@ import pytest
 
 from retrax.layers import efficient_attention as ea
 from retrax.layers import efficient_attention_groups as eag
+from retrax.layers import efficient_attention_ops as ops
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 
@@ -104,6 +105,27 @@ def test_attend_chunked_shared_qk_matches_reference():
     o_i, lse_i = refs.attend_one(q[i], k[idx], v[idx], i, idx, causal, True)
     np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+
+
+def test_attend_queries_scaled_matches_reference_and_attend():
+  q = np.asarray(_normal(0, (2, 8)))
+  k = np.asarray(_normal(1, (9, 8)))
+  v = np.asarray(_normal(2, (9, 3)))
+  q_info = np.array([5, 6])
+  kv_info = np.array([0, 1, -4, 3, 4, 5, 6, 7, 8])  # -4: masked (padding).
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True, masked=True)
+  out, lse = ops.attend_queries_scaled(q, k, v, mask_fn=mask_fn,
+                                       q_info=q_info, kv_info=kv_info)
+  for i in range(2):
+    o_i, lse_i = refs.attend_one(q[i] / np.sqrt(8), k, v, q_info[i], kv_info,
+                                 True, True, k_valid=kv_info >= 0)
+    np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+  want = ea.attend(q, k, v, mask_fn=mask_fn, q_info=q_info, kv_info=kv_info)
+  np.testing.assert_allclose(out, want[0], rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match='keys `k` and values `v`'):
+    ops.attend_queries_scaled(q, None, v)
 
 
 def test_attend_rejects_bad_chunking():
