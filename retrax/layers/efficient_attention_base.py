@@ -188,6 +188,19 @@ class EfficientAttentionBase(base.Layer):
     """
     return state
 
+  def _write_step_state(self, inputs, weights, state, q_start, q_len):
+    """The per-unit predict state with this call's own entries written in.
+
+    Called with all units' state (`[batch * n_heads, ...]` leaves) before the
+    per-unit functions run, with the memory `inputs` (this call's positions
+    at `[q_start, q_start + q_len)`). A subclass caching per-position values
+    writes a decoding step's rows here, for all units in place: written by
+    each unit's function, XLA copied the whole caches every step. Default:
+    unchanged.
+    """
+    del inputs, weights, q_start, q_len
+    return state
+
   def forward_unbatched(self, *inputs, weights, state, rng, update_state):
     """Attention for one example and one head: returns `(output, new_state)`."""
     raise NotImplementedError(f'{self.name} must override forward_unbatched.')
@@ -289,6 +302,7 @@ class EfficientAttentionBase(base.Layer):
       state, merge_rows = self._predict_state_rows(state, batch_size)
       inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
           inputs, state)
+      state = self._write_step_state(inputs, weights, state, q_start, seqlen)
     outputs, new_state = [], []
     for example in range(batch_size):
       acc = jnp.zeros((seqlen, d_model), dtype=inputs[0].dtype)
@@ -443,8 +457,8 @@ class EfficientAttentionBase(base.Layer):
     inputs = self._as_tuple(inputs, weights)
     shape = inputs[0].shape
     self._check_pass(shape, output_grad, compute_output, update_state)
-    fn, inputs, state, merge_rows = self._unit_function(inputs, state, rng,
-                                                        update_state)
+    fn, inputs, state, merge_rows = self._unit_function(inputs, weights, state,
+                                                        rng, update_state)
     groups = groups_lib.Groups.plan(self, inputs, self._units_at_once(shape))
     groups.check_state(self, state)
     todo = groups_lib.Todo(compute_output, output_grad is not None, update_state,
@@ -491,7 +505,7 @@ class EfficientAttentionBase(base.Layer):
       return None
     return self._n_parallel_heads
 
-  def _unit_function(self, inputs, state, rng, update_state):
+  def _unit_function(self, inputs, weights, state, rng, update_state):
     """The per-unit function of this pass and what it runs on.
 
     Returns `(fn, inputs, per_unit_state, merge_rows)`: `fn(*x, weights,
@@ -507,6 +521,7 @@ class EfficientAttentionBase(base.Layer):
     state, merge_rows = self._predict_state_rows(state, batch_size)
     inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
         inputs, state)
+    state = self._write_step_state(inputs, weights, state, q_start, seqlen)
     fn = functools.partial(self._incremental_forward_unbatched,
                            q_start=lax.stop_gradient(q_start), q_len=seqlen,
                            rng=rng, update_state=update_state)

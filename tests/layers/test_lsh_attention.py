@@ -267,6 +267,34 @@ def test_predict_prompt_then_tokens_keeps_buckets():
   _assert_caches_project_memory(state, weights)
 
 
+def test_predict_reference_loop_equals_batched_steps():
+  """The per-example, per-head reference loop decodes like the batched layer.
+
+  Batch 2, a prompt, then single positions through a roll of the memory: the
+  batched layer writes a step's keys and values for all units before they
+  attend (`_write_step_state`), the reference loop per unit.
+  """
+  x = _normal(8, (2, 11, D_MODEL))
+  weights = _weights()
+  layers = [_layer(mode='predict', causal=True, chunk_len=2, n_hashes=2,
+                   n_buckets=4, predict_mem_len=8, predict_drop_len=4,
+                   use_reference_code=ref) for ref in (False, True)]
+  state = layers[0].init(signature(x[:, :1]))[1]
+  layers[1].init(signature(x[:, :1]))
+  states = [state, state]  # The same hash rngs.
+  rng = jax.random.PRNGKey(0)
+  for start, stop in [(0, 5)] + [(t, t + 1) for t in range(5, 11)]:
+    (y, s0), (y_ref, s1) = (
+        layer.pure_fn(x[:, start:stop], weights, state, rng)
+        for layer, state in zip(layers, states))
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    states = [s0, s1]
+  for a, b in zip(jax.tree_util.tree_leaves(states[0]),
+                  jax.tree_util.tree_leaves(states[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  _assert_caches_project_memory(states[0], weights)
+
+
 def _assert_caches_project_memory(state, weights):
   """Predict-mode caches hold the memory's keys (normalised queries) and values."""
   mem_end, mem, (_, _, _, k_cache, v_cache) = state
