@@ -89,18 +89,19 @@ def einsum(spec, a, b):
 
 def dot(a, b):
   """`numpy.dot(a, b)` under the policy (bfloat16 for a 2-D `b`)."""
-  if _policy_dtype(a, b) is None or jnp.ndim(b) != 2 or jnp.ndim(a) < 1:
+  dtype = _policy_dtype(a, b)
+  if dtype is None or jnp.ndim(b) != 2 or jnp.ndim(a) < 1:
     return backend_numpy.dot(a, b)
-  return _low_precision_einsum(_DOT, _DTYPES[_current['name']], a, b)
+  return _low_precision_einsum(_DOT, dtype, a, b)
 
 
 def matmul(a, b):
   """`numpy.matmul(a, b)` (batch dims broadcast) under the policy."""
-  if _policy_dtype(a, b) is None or jnp.ndim(a) < 2 or jnp.ndim(b) < 2:
+  dtype = _policy_dtype(a, b)
+  if dtype is None or jnp.ndim(a) < 2 or jnp.ndim(b) < 2:
     return backend_numpy.matmul(a, b)
-  if jnp.ndim(b) == 2:
-    return dot(a, b)
-  return einsum('...ik,...kn->...in', a, b)
+  spec = _DOT if jnp.ndim(b) == 2 else '...ik,...kn->...in'
+  return _low_precision_einsum(spec, dtype, a, b)
 
 
 # `[..., k] x [k, n]`: a layer's input times its weight matrix.

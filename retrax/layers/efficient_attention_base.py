@@ -76,7 +76,9 @@ class EfficientAttentionBase(base.Layer):
   `forward_unbatched(*inputs, weights, state, rng, update_state)` and, for
   `mode='predict'`, `_incremental_forward_unbatched(*inputs, q_start, q_len,
   weights, state, rng, update_state)`. Each returns `(output [L, d_model],
-  new_state)` for one example and one head.
+  new_state)` for one example and one head. Predict-mode caches may be
+  rolled (`_roll_predict_state`) and written for all units at once
+  (`_write_step_state`).
 
   Args:
     n_heads: number of attention heads.
