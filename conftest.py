@@ -27,3 +27,12 @@ def _strict_promotion():
   # The once-per-process log-probabilities warning (and one that a jitted
   # check left pending) must not leak from one test into the next.
   tutorial_checks.reset()
+
+
+@pytest.fixture
+def threefry_not_partitionable():
+  """Trax's random bits (jax<0.5's threefry): goldens' LSH rotations, dropout."""
+  old = jax.config.jax_threefry_partitionable
+  jax.config.update('jax_threefry_partitionable', False)
+  yield
+  jax.config.update('jax_threefry_partitionable', old)

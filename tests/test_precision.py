@@ -20,14 +20,6 @@ from retrax.fastmath import precision
 GOLDEN = os.path.join(os.path.dirname(__file__), 'fixtures', 'golden')
 
 
-@pytest.fixture
-def threefry_not_partitionable():
-  """Trax's random bits (the goldens' LSH rotations)."""
-  old = jax.config.jax_threefry_partitionable
-  jax.config.update('jax_threefry_partitionable', False)
-  yield
-  jax.config.update('jax_threefry_partitionable', old)
-
 
 @pytest.fixture
 def bf16():

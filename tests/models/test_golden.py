@@ -42,13 +42,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def threefry_not_partitionable():
-  old = jax.config.jax_threefry_partitionable
-  jax.config.update('jax_threefry_partitionable', False)
-  yield
-  jax.config.update('jax_threefry_partitionable', old)
-
 
 @pytest.mark.parametrize('name,make', CASES, ids=[c[0] for c in CASES])
 def test_golden_logits_match_trax(name, make, threefry_not_partitionable):

@@ -25,13 +25,6 @@ CASES = {
 }
 
 
-@pytest.fixture
-def threefry_not_partitionable():
-  old = jax.config.jax_threefry_partitionable
-  jax.config.update('jax_threefry_partitionable', False)
-  yield
-  jax.config.update('jax_threefry_partitionable', old)
-
 
 def _make(name, mode):
   cls = (pe.TimeBinPositionalEncoding if name.startswith('timebin')

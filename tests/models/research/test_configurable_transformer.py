@@ -38,13 +38,6 @@ CASES = {
 }
 
 
-@pytest.fixture
-def threefry_not_partitionable():
-  old = jax.config.jax_threefry_partitionable
-  jax.config.update('jax_threefry_partitionable', False)
-  yield
-  jax.config.update('jax_threefry_partitionable', old)
-
 
 def _golden(name):
   io = np.load(os.path.join(GOLDEN, name + '.npz'))
