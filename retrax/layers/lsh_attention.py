@@ -486,8 +486,9 @@ class LSHSelfAttention(EfficientAttentionBase):
     """Position `q_start` attends to recent positions sharing a bucket with it.
 
     Its key and value are in the caches already (`_write_step_state`); it
-    attends over them, positions outside its key window masked. Returns `(out [1, M], buckets
-    [n_hashes, mem_len], new index, (keys, values) caches)`.
+    attends over them, positions outside its key window masked. Returns
+    `(out [1, M], buckets [n_hashes, mem_len], new index, (keys, values)
+    caches)`.
     """
     # Predict mode has no dropout (train only); Trax's split order is kept.
     _, output_rng = dropout_rngs(rng, self._attention_dropout,
