@@ -77,8 +77,8 @@ class EfficientAttentionBase(base.Layer):
   `mode='predict'`, `_incremental_forward_unbatched(*inputs, q_start, q_len,
   weights, state, rng, update_state)`. Each returns `(output [L, d_model],
   new_state)` for one example and one head. Predict-mode caches may be
-  rolled (`_roll_predict_state`) and written for all units at once
-  (`_write_step_state`).
+  rolled (`_roll_predict_state`); a decoding step may be computed for all
+  units at once (`_all_units_step`).
 
   Args:
     n_heads: number of attention heads.
@@ -190,18 +190,19 @@ class EfficientAttentionBase(base.Layer):
     """
     return state
 
-  def _write_step_state(self, inputs, weights, state, q_start, q_len):
-    """The per-unit predict state with this call's own entries written in.
+  def _all_units_step(self, inputs, weights, state, q_start, q_len):
+    """A predict-mode call computed for all units at once, or None.
 
-    Called with all units' state (`[batch * n_heads, ...]` leaves) before the
-    per-unit functions run, with the memory `inputs` (this call's positions
-    at `[q_start, q_start + q_len)`). A subclass caching per-position values
-    writes a decoding step's rows here, for all units in place: written by
-    each unit's function, XLA copied the whole caches every step. Default:
-    unchanged.
+    Called with the memory `inputs` (this call's positions at `[q_start,
+    q_start + q_len)`) and all units' state (`[batch * n_heads, ...]`
+    leaves). A subclass returns `(output [batch, q_len, d_model],
+    new_state)` for the calls it batches by hand (a decoding step: one
+    in-place cache write read by one batched attention, where the vmapped
+    per-unit functions made XLA copy the caches every step). Default: None,
+    the per-unit function runs.
     """
-    del inputs, weights, q_start, q_len
-    return state
+    del inputs, weights, state, q_start, q_len
+    return None
 
   def forward_unbatched(self, *inputs, weights, state, rng, update_state):
     """Attention for one example and one head: returns `(output, new_state)`."""
@@ -304,7 +305,6 @@ class EfficientAttentionBase(base.Layer):
       state, merge_rows = self._predict_state_rows(state, batch_size)
       inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
           inputs, state)
-      state = self._write_step_state(inputs, weights, state, q_start, seqlen)
     outputs, new_state = [], []
     for example in range(batch_size):
       acc = jnp.zeros((seqlen, d_model), dtype=inputs[0].dtype)
@@ -459,8 +459,11 @@ class EfficientAttentionBase(base.Layer):
     inputs = self._as_tuple(inputs, weights)
     shape = inputs[0].shape
     self._check_pass(shape, output_grad, compute_output, update_state)
-    fn, inputs, state, merge_rows = self._unit_function(inputs, weights, state,
-                                                        rng, update_state)
+    fn, inputs, state, merge_rows, direct = self._unit_function(
+        inputs, weights, state, rng, update_state)
+    if direct is not None:
+      output, new_state = direct
+      return output, tuple(merge_rows(new_state)), None, None
     groups = groups_lib.Groups.plan(self, inputs, self._units_at_once(shape))
     groups.check_state(self, state)
     todo = groups_lib.Todo(compute_output, output_grad is not None, update_state,
@@ -510,25 +513,26 @@ class EfficientAttentionBase(base.Layer):
   def _unit_function(self, inputs, weights, state, rng, update_state):
     """The per-unit function of this pass and what it runs on.
 
-    Returns `(fn, inputs, per_unit_state, merge_rows)`: `fn(*x, weights,
-    state)` for one example and head; in predict mode the inputs and state
-    come out of the memory update and `merge_rows` puts the memory and the
-    units' new state back together (identity otherwise).
+    Returns `(fn, inputs, per_unit_state, merge_rows, direct)`: `fn(*x,
+    weights, state)` for one example and head; in predict mode the inputs
+    and state come out of the memory update and `merge_rows` puts the memory
+    and the units' new state back together (identity otherwise). `direct` is
+    `_all_units_step`'s `(output, units' new state)`, or None.
     """
     if not self._incremental:
       fn = functools.partial(self.forward_unbatched, rng=rng,
                              update_state=update_state)
-      return fn, inputs, state, lambda new_state: new_state
+      return fn, inputs, state, lambda new_state: new_state, None
     batch_size, seqlen = inputs[0].shape[:2]
     state, merge_rows = self._predict_state_rows(state, batch_size)
     inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
         inputs, state)
-    state = self._write_step_state(inputs, weights, state, q_start, seqlen)
+    direct = self._all_units_step(inputs, weights, state, q_start, seqlen)
     fn = functools.partial(self._incremental_forward_unbatched,
                            q_start=lax.stop_gradient(q_start), q_len=seqlen,
                            rng=rng, update_state=update_state)
     return fn, inputs, state, lambda units: merge_rows(
-        (new_mem_end, tuple(new_mem), units))
+        (new_mem_end, tuple(new_mem), units)), direct
 
   def _run_groups(self, runner, inputs, weights, state, output_grad, shape):
     """Loops over example groups and, inside, head groups (`lax.scan`).

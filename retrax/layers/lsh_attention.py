@@ -394,28 +394,62 @@ class LSHSelfAttention(EfficientAttentionBase):
     return (buckets, buckets_idx, rng, drop_oldest(k_cache, drop),
             drop_oldest(v_cache, drop))
 
-  def _write_step_state(self, inputs, weights, state, q_start, q_len):
-    """A decoding step's key and value, written into every unit's caches.
+  def _all_units_step(self, inputs, weights, state, q_start, q_len):
+    """A decoding step (one position) for all `[batch * n_heads]` units at once.
 
-    One position: its length-normalised query (the key) and value, projected
-    per head from the memory row at `q_start`, go into row `q_start` of the
-    caches of all `[batch * n_heads]` units at once (an in-place update;
-    `_one_position_forward` then only reads the caches).
+    The step's keys and values go into row `q_start` of the caches (one
+    in-place update), and one batched attention reads them: `[units, 1, d]`
+    queries over `[units, mem_len, d]` caches. Per unit this is
+    `_one_position_forward`, which the reference loop runs.
     """
     if q_len != 1:
-      return state
+      return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     per_head = jax.vmap(self._project_step, in_axes=(None, 0))
     q, v = jax.vmap(per_head, in_axes=(0, None))(x, weights)  # [B, H, 1, d]
+    units = lambda a: a.reshape((-1,) + a.shape[2:])  # [B * H, 1, d]
+    q, v = units(q), units(v)
     buckets, buckets_idx, rng, k_cache, v_cache = state
     k_cache, v_cache = (
-        lax.dynamic_update_slice_in_dim(
-            c, a.reshape((-1,) + a.shape[2:]).astype(c.dtype), q_start, axis=1)
-        for a, c in zip((length_normalized(q), v), (k_cache, v_cache)))
-    # One materialised update for every reader (6% faster at batch 8: XLA
-    # otherwise fused a copy of the update into each).
-    k_cache, v_cache = lax.optimization_barrier((k_cache, v_cache))
-    return buckets, buckets_idx, rng, k_cache, v_cache
+        lax.dynamic_update_slice_in_dim(c, a.astype(c.dtype), q_start, axis=1)
+        for a, c in ((length_normalized(q), k_cache), (v, v_cache)))
+    step = jax.vmap(functools.partial(self._attend_step, q_start=q_start))
+    o, buckets = step(q, buckets, buckets_idx, rng, k_cache, v_cache)
+    o = o.reshape(x.shape[:1] + (self._n_heads,) + o.shape[1:])
+    out = precision.einsum('bhsv,hvm->bsm', o, self._unpack_weights(weights)[2])
+    new_idx = jnp.full_like(buckets_idx, q_start + 1)
+    return out.astype(inputs[0].dtype), (buckets, new_idx, rng, k_cache,
+                                         v_cache)
+
+  def _attend_step(self, q, buckets, buckets_idx, hash_rng, k_cache, v_cache,
+                   *, q_start):
+    """One unit's query `q [1, d]` over its caches; `(o [1, d_v], buckets)`.
+
+    Its buckets go into the (rolled) stored ones at `q_start`; it attends
+    over the whole cache, positions outside its key window masked (info <
+    -1, as padding).
+    """
+    buckets = jnp.reshape(self._roll_buckets(buckets, buckets_idx, q_start),
+                          (self._n_hashes, -1))
+    q_buckets = jnp.reshape(self.hash_vectors(jnp.concatenate([q] * 2, 0),
+                                              hash_rng),
+                            (self._n_hashes, 2))[:, :1]
+    buckets = lax.dynamic_update_slice_in_dim(buckets, q_buckets, q_start,
+                                              axis=1)
+    mem_len = k_cache.shape[0]
+    n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
+    kv_info = jnp.arange(mem_len, dtype=jnp.int32)
+    if n_keys < mem_len:
+      chosen = recent_matching_mask(jnp.any(buckets == q_buckets, axis=0),
+                                    mem_len, q_start, 1, n_keys)
+      kv_info = jnp.where(chosen, kv_info, -kv_info - 2)
+    mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
+                                exclude_self=True)
+    # The queries are scaled, so the key cache is only read.
+    o, _ = attend_queries_scaled(q, k_cache, v_cache, mask_fn=mask_fn,
+                                 q_info=q_start + jnp.arange(1, dtype=jnp.int32),
+                                 kv_info=kv_info)
+    return o, jnp.reshape(buckets, (-1,))
 
   def _project_step(self, row, weights):
     """`_project` of a decoding step's row `[1, M]`: `(q, v)`, each `[1, d]`.
@@ -440,17 +474,13 @@ class LSHSelfAttention(EfficientAttentionBase):
     that share a bucket with it in some round (then to the most recent others).
     """
     del update_state
+    if q_len == 1:
+      return self._one_position_forward(x, q_start, weights, state, rng)
     buckets, buckets_idx, hash_rng, k_cache, v_cache = state
     buckets = jnp.reshape(self._roll_buckets(buckets, buckets_idx, q_start),
                           (self._n_hashes, -1))
-    if q_len > 1:
-      out, buckets, new_idx, caches = self._prompt_forward(
-          x, q_start, q_len, weights, buckets, hash_rng, rng,
-          (k_cache, v_cache))
-    else:
-      out, buckets, new_idx, caches = self._one_position_forward(
-          x, q_start, q_len, weights, buckets, hash_rng, rng,
-          (k_cache, v_cache))
+    out, buckets, new_idx, caches = self._prompt_forward(
+        x, q_start, q_len, weights, buckets, hash_rng, rng, (k_cache, v_cache))
     return out, (jnp.reshape(buckets, (-1,)), new_idx, hash_rng) + caches
 
   def _prompt_forward(self, x, q_start, q_len, weights, buckets, hash_rng,
@@ -481,40 +511,24 @@ class LSHSelfAttention(EfficientAttentionBase):
     return (out, buckets, jnp.asarray(q_start + min(q_len, mem_len), jnp.int32),
             caches)
 
-  def _one_position_forward(self, x, q_start, q_len, weights, buckets,
-                            hash_rng, rng, caches):
-    """Position `q_start` attends to recent positions sharing a bucket with it.
+  def _one_position_forward(self, x, q_start, weights, state, rng):
+    """Position `q_start` of one unit attends to recent positions sharing a bucket.
 
-    Its key and value are in the caches already (`_write_step_state`); it
-    attends over them, positions outside its key window masked. Returns
-    `(out [1, M], buckets [n_hashes, mem_len], new index, (keys, values)
-    caches)`.
+    Writes its key and value into row `q_start` of the caches, then attends
+    (`_attend_step`). The per-unit form of `_all_units_step`, run by the
+    reference loop. Returns `(out [1, M], new_state)`.
     """
     # Predict mode has no dropout (train only); Trax's split order is kept.
     _, output_rng = dropout_rngs(rng, self._attention_dropout,
                                  self._output_dropout)
-    q_range = q_start + jnp.arange(q_len, dtype=jnp.int32)
-    k_cache, v_cache = caches
-    q, _ = self._project_step(lax.dynamic_slice_in_dim(x, q_start, 1), weights)
-    q_buckets = jnp.reshape(self.hash_vectors(jnp.concatenate([q] * 2, 0),
-                                              hash_rng),
-                            (self._n_hashes, 2))[:, :q_len]
-    all_buckets = lax.dynamic_update_slice_in_dim(buckets, q_buckets, q_start,
-                                                  axis=1)
-    # It attends over the whole cache; positions outside its key window get
-    # info < -1 (masked, as padding).
-    n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
-    kv_info = jnp.arange(x.shape[0], dtype=jnp.int32)
-    if n_keys < x.shape[0]:
-      chosen = recent_matching_mask(jnp.any(all_buckets == q_buckets, axis=0),
-                                    x.shape[0], q_start, q_len, n_keys)
-      kv_info = jnp.where(chosen, kv_info, -kv_info - 2)
-    mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
-                                exclude_self=True)
-    # The queries are scaled, so the key cache is only read.
-    o, _ = attend_queries_scaled(q[:q_len], k_cache, v_cache, mask_fn=mask_fn,
-                                 q_info=q_range, kv_info=kv_info)
+    buckets, buckets_idx, hash_rng, k_cache, v_cache = state
+    q, v = self._project_step(lax.dynamic_slice_in_dim(x, q_start, 1), weights)
+    k_cache, v_cache = (
+        lax.dynamic_update_slice_in_dim(c, a.astype(c.dtype), q_start, axis=0)
+        for a, c in ((length_normalized(q), k_cache), (v, v_cache)))
+    o, buckets = self._attend_step(q, buckets, buckets_idx, hash_rng, k_cache,
+                                   v_cache, q_start=q_start)
     out = precision.matmul(o, self._unpack_weights(weights)[2])
     out = apply_broadcasted_dropout(out, self._output_dropout, output_rng)
-    return (out, all_buckets, jnp.asarray(q_start + q_len, jnp.int32),
-            (k_cache, v_cache))
+    return out, (buckets, jnp.asarray(q_start + 1, jnp.int32), hash_rng,
+                 k_cache, v_cache)

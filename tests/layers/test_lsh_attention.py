@@ -271,8 +271,8 @@ def test_predict_reference_loop_equals_batched_steps():
   """The per-example, per-head reference loop decodes like the batched layer.
 
   Batch 2, a prompt, then single positions through a roll of the memory: the
-  batched layer writes a step's keys and values for all units before they
-  attend (`_write_step_state`), the reference loop per unit.
+  batched layer computes a step for all units at once (`_all_units_step`),
+  the reference loop per unit (`_one_position_forward`).
   """
   x = _normal(8, (2, 11, D_MODEL))
   weights = _weights()
