@@ -41,6 +41,7 @@ from retrax.layers.efficient_attention_base import fit_to_memory
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
 from retrax.layers.efficient_attention_ops import attend
+from retrax.layers.efficient_attention_ops import attend_queries_scaled
 from retrax.layers.efficient_attention_ops import hash_vecs as hash_vecs  # re-export
 from retrax.layers.efficient_attention_ops import length_normalized
 from retrax.layers.efficient_attention_ops import look_adjacent as look_adjacent  # re-export
@@ -331,6 +332,47 @@ class SelfAttention(EfficientAttentionBase):
     w_qk = jnp.matmul(w_q, w_k.T) * math.sqrt(d_model / self._d_qk)
     w_vo = jnp.matmul(w_v, w_o)
     return precision.matmul(x, w_qk), x, precision.matmul(x, w_vo), None
+
+  def _step_projections(self, row, weights):
+    """`(q, k, v)` of a decoding step's row `[1, M]`, keys as cached.
+
+    The row is duplicated so that the matmul is the same computation as in
+    a longer call (Trax does this for float equality).
+    """
+    q, k, v = self._project(jnp.concatenate([row] * 2, 0), weights)
+    if self._share_qk:
+      k = length_normalized(q) if self.normalizes_shared_keys else q
+    return q[:1], k[:1], v[:1]
+
+  def _all_units_step(self, inputs, weights, state, q_start, q_len):
+    """A decoding step (one position) for all `[batch * n_heads]` units at once.
+
+    One in-place write of the step's keys and values into the caches, one
+    batched attention over them (queries scaled, so the caches are only
+    read). Per unit this is `_incremental_forward_unbatched`, which the
+    reference loop runs (and a subclass overriding it).
+    """
+    if (q_len != 1 or inputs[0].shape[1] == 1 or
+        type(self)._incremental_forward_unbatched is not
+        SelfAttention._incremental_forward_unbatched):
+      return None
+    x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
+    per_head = jax.vmap(self._step_projections, in_axes=(None, 0))
+    qkv = jax.vmap(per_head, in_axes=(0, None))(x, weights)  # [B, H, 1, d]
+    q, k, v = (a.reshape((-1,) + a.shape[2:]) for a in qkv)  # [B * H, 1, d]
+    caches = tuple(
+        lax.dynamic_update_slice_in_dim(c, a.astype(c.dtype), q_start, axis=1)
+        for a, c in zip((k, v), state))
+    mask_fn = functools.partial(mask_self_attention, causal=self._causal,
+                                exclude_self=self._excludes_self())
+    kv_info = jnp.arange(caches[0].shape[1], dtype=jnp.int32)
+    attend_one = lambda q, k, v: attend_queries_scaled(
+        q, k, v, mask_fn=mask_fn, q_info=q_start + jnp.zeros(1, jnp.int32),
+        kv_info=kv_info)[0]
+    o = jax.vmap(attend_one)(q, *caches)
+    o = o.reshape(x.shape[:1] + (self._n_heads,) + o.shape[1:])
+    out = precision.einsum('bhsv,hvm->bsm', o, self._unpack_weights(weights)[3])
+    return out.astype(inputs[0].dtype), caches
 
   def _incremental_forward_unbatched(self, x, mask=None, *, q_start, q_len,
                                      weights, state, rng, update_state):

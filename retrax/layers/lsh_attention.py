@@ -400,9 +400,11 @@ class LSHSelfAttention(EfficientAttentionBase):
     The step's keys and values go into row `q_start` of the caches (one
     in-place update), and one batched attention reads them: `[units, 1, d]`
     queries over `[units, mem_len, d]` caches. Per unit this is
-    `_one_position_forward`, which the reference loop runs.
+    `_one_position_forward`, which the reference loop runs (and a subclass
+    overriding `_incremental_forward_unbatched`).
     """
-    if q_len != 1:
+    if q_len != 1 or (type(self)._incremental_forward_unbatched is not
+                      LSHSelfAttention._incremental_forward_unbatched):
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     per_head = jax.vmap(self._project_step, in_axes=(None, 0))

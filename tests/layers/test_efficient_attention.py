@@ -391,6 +391,38 @@ def test_self_attention_predict_caches_roll_with_the_memory(
                              atol=1e-5)
 
 
+@pytest.mark.parametrize('chunk_len,share_qk,bias', [
+    (None, False, True), (4, True, False)])
+def test_self_attention_predict_reference_loop_equals_batched_steps(
+    chunk_len, share_qk, bias):
+  """The per-example, per-head loop decodes like the batched decoding step.
+
+  Batch 2, a prompt, then single positions through two rolls of the memory:
+  the batched layer computes a step for all units at once
+  (`_all_units_step`), the reference loop runs `_incremental_forward_unbatched`
+  per unit. Outputs and caches agree.
+  """
+  x = _normal(3, (2, 14, 6))
+  weights = _weights(2, 6, 4, 3, share_qk, bias)
+  kwargs = (dict(predict_mem_len=8, predict_drop_len=4) if chunk_len is None
+            else dict(chunk_len=chunk_len, n_chunks_before=1))
+  layers = [ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, causal=True,
+                             share_qk=share_qk, bias=bias, mode='predict',
+                             use_reference_code=ref, **kwargs)
+            for ref in (False, True)]
+  states = [layer.init(signature(x[:, :1]))[1] for layer in layers]
+  rng = jax.random.PRNGKey(0)
+  for start, stop in [(0, 3)] + [(t, t + 1) for t in range(3, 14)]:
+    (y, s0), (y_ref, s1) = (
+        layer.pure_fn(x[:, start:stop], weights, state, rng)
+        for layer, state in zip(layers, states))
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    states = [s0, s1]
+  for a, b in zip(jax.tree_util.tree_leaves(states[0]),
+                  jax.tree_util.tree_leaves(states[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('share_qk', [False, True])
 def test_self_attention_decode_step_projects_only_new_positions(share_qk):
   """One decoding step projects only the new position, not the whole memory.
