@@ -63,7 +63,22 @@ def test_bf16_products_equal_rounded_operands_in_float64(bf16):
       _rounded(q) @ np.swapaxes(_rounded(k), -1, -2), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('rows', [24, 4096])  # 4096: the blocked weight gradient.
+def test_bf16_skips_matmuls_of_few_rows(bf16):
+  """A decoding step's matmuls (fewer than MIN_ROWS rows) stay float32."""
+  del bf16
+  for rows in (1, 8, precision.MIN_ROWS - 1):
+    a, b = _rand(0, (rows, 48)), _rand(1, (48, 32))
+    np.testing.assert_array_equal(precision.dot(a, b), jnp.dot(a, b))
+  q, k = _rand(2, (32, 1, 16)), _rand(3, (32, 256, 16))  # A step over a cache.
+  np.testing.assert_array_equal(precision.matmul(q, jnp.swapaxes(k, -1, -2)),
+                                jnp.matmul(q, jnp.swapaxes(k, -1, -2)))
+  a = _rand(0, (precision.MIN_ROWS, 48))
+  np.testing.assert_allclose(precision.dot(a, _rand(1, (48, 32))),
+                             _rounded(a) @ _rounded(_rand(1, (48, 32))),
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('rows', [40, 4096])  # 4096: the blocked weight gradient.
 def test_bf16_gradients_round_the_cotangent(bf16, rows):
   del bf16
   a, b, w = _rand(0, (2, rows, 16)), _rand(1, (16, 8)), _rand(2, (2, rows, 8))
@@ -78,8 +93,8 @@ def test_bf16_gradients_round_the_cotangent(bf16, rows):
 
 def test_bf16_batched_gradients_sum_over_broadcast_batches(bf16):
   del bf16
-  a, b = _rand(0, (3, 5, 4)), _rand(1, (1, 4, 6))
-  w = _rand(2, (3, 5, 6))
+  a, b = _rand(0, (3, 25, 4)), _rand(1, (1, 4, 6))
+  w = _rand(2, (3, 25, 6))
   da, db = jax.grad(lambda a, b: jnp.sum(precision.matmul(a, b) * w),
                     argnums=(0, 1))(a, b)
   assert da.shape == a.shape and db.shape == b.shape
@@ -91,7 +106,7 @@ def test_bf16_batched_gradients_sum_over_broadcast_batches(bf16):
 
 
 def test_jitted_functions_retrace_when_the_policy_changes():
-  a, b = _rand(0, (8, 32)), _rand(1, (32, 8))
+  a, b = _rand(0, (64, 32)), _rand(1, (32, 8))
   f = jax.jit(precision.dot)
   exact = np.asarray(f(a, b))
   with precision.matmul_precision('bfloat16'):
@@ -109,7 +124,7 @@ def test_bad_policy_names_are_refused():
   with pytest.raises(ValueError, match='summed within one operand'):
     with precision.matmul_precision('bfloat16'):
       jax.grad(lambda a: jnp.sum(precision.einsum('ij,jk->k', a, a)))(
-          _rand(0, (3, 3)))
+          _rand(0, (64, 64)))
   assert precision.matmul_dtype() == 'float32'
 
 
@@ -128,7 +143,7 @@ def test_environment_variable_sets_the_policy():
 def test_dense_keeps_float32_weights_and_gradients(bf16):
   del bf16
   layer = tl.Dense(8)
-  x = _rand(0, (4, 16))
+  x = _rand(0, (4, 16, 16))
   layer.init(shapes.signature(x))
   w, b = layer.weights
   y = layer(x)

@@ -9,7 +9,9 @@ and accumulate in float32 too. Weights, optimizer slots, activations between
 layers, softmax, normalisation, hashing and losses stay float32, so the
 reversible layers still reconstruct their inputs and checkpoints keep their
 dtypes. On CPUs with AMX or AVX512-BF16, and on GPUs, bfloat16 matmuls run
-several times faster than float32 ones.
+several times faster than float32 ones. Matmuls of fewer than 64 rows (a
+decoding step's) stay float32: rounding their operands, a whole key cache
+included, costs more than the bfloat16 product saves.
 
 The policy is read when a function is traced; changing it clears JAX's
 compilation caches so that jitted steps pick the new one up.
@@ -17,6 +19,7 @@ compilation caches so that jitted steps pick the new one up.
 
 import contextlib
 import functools
+import math
 import os
 
 import jax
@@ -28,6 +31,8 @@ from retrax.fastmath.backend import numpy as backend_numpy
 ENV_VAR = 'RETRAX_MATMUL_DTYPE'
 _DTYPES = {'float32': None, 'bfloat16': jnp.bfloat16}
 _current = {'name': 'float32'}
+# Matmuls whose first operand has fewer rows stay float32 (see above).
+MIN_ROWS = 64
 
 
 def _checked(name):
@@ -70,7 +75,8 @@ def _policy_dtype(a, b):
   dtype = _DTYPES[_current['name']]
   if dtype is None or is_numpy() or (
       jnp.result_type(a) != jnp.float32) or (
-      jnp.result_type(b) != jnp.float32):
+      jnp.result_type(b) != jnp.float32) or (
+      math.prod(jnp.shape(a)[:-1]) < MIN_ROWS):
     return None
   return dtype
 

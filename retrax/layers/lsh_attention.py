@@ -28,10 +28,10 @@ masked too; in predict mode `n_buckets=None` is derived from
 single tokens hashed into 2 buckets unlike the prompt), several positions
 appended after the start attend over the memory at their own place, and the
 memory's bucket index stays consistent after a prompt longer than the memory;
-a decoding step attends over the caches with the positions outside its key
-window masked (Trax sorted the memory and projected the `n_hashes *
-chunk_len * (1 + n_chunks_before)` rows it picked at every step), which is
-the same function up to float rounding.
+a decoding step gathers the cached keys and values of the `n_hashes *
+chunk_len * (1 + n_chunks_before)` positions it attends to (Trax sorted the
+memory and projected the rows it picked at every step), which is the same
+function up to float rounding.
 """
 
 import functools
@@ -428,8 +428,8 @@ class LSHSelfAttention(EfficientAttentionBase):
     """One unit's query `q [1, d]` over its caches; `(o [1, d_v], buckets)`.
 
     Its buckets go into the (rolled) stored ones at `q_start`; it attends
-    over the whole cache, positions outside its key window masked (info <
-    -1, as padding).
+    over the cache rows of its key window (all of them when the window
+    covers the memory).
     """
     buckets = jnp.reshape(self._roll_buckets(buckets, buckets_idx, q_start),
                           (self._n_hashes, -1))
@@ -441,10 +441,11 @@ class LSHSelfAttention(EfficientAttentionBase):
     mem_len = k_cache.shape[0]
     n_keys = self._n_hashes * self._chunk_len * (1 + self._n_chunks_before)
     kv_info = jnp.arange(mem_len, dtype=jnp.int32)
-    if n_keys < mem_len:
+    if n_keys < mem_len:  # Only the key window's rows, in position order.
       chosen = recent_matching_mask(jnp.any(buckets == q_buckets, axis=0),
                                     mem_len, q_start, 1, n_keys)
-      kv_info = jnp.where(chosen, kv_info, -kv_info - 2)
+      kv_info = jnp.nonzero(chosen, size=n_keys)[0].astype(jnp.int32)
+      k_cache, v_cache = k_cache[kv_info], v_cache[kv_info]
     mask_fn = functools.partial(mask_self_attention, causal=True, masked=True,
                                 exclude_self=True)
     # The queries are scaled, so the key cache is only read.
