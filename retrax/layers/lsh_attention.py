@@ -189,30 +189,33 @@ def recent_matching_mask(is_valid_target, seqlen, q_start, q_len, n_keys):
 
   Each position's rank within its class (bucket-mates up to the query, other
   positions up to it, later bucket-mates, later others) is a count of the
-  class's positions ranked before it: cumulative sums instead of a sort.
+  class's positions ranked before it, all read off one cumulative sum of
+  the bucket-mates.
   """
   positions = jnp.arange(seqlen, dtype=jnp.int32)
-  past = positions <= q_start + q_len
+  last = jnp.minimum(q_start + q_len, seqlen - 1)  # The last "past" position.
+  past = positions <= last
   matching = is_valid_target.astype(bool)
-  other = jnp.logical_not(matching)
-  later = jnp.logical_not(past)
-
-  def after(m):  # Positions of class `m` after each position.
-    m = m.astype(jnp.int32)
-    return jnp.cumsum(m[::-1])[::-1] - m
-
-  def before(m):
-    m = m.astype(jnp.int32)
-    return jnp.cumsum(m) - m
-
-  # Classes in rank order: the most recent first up to the query, the
-  # earliest first after it; bucket-mates before the others.
-  classes = ((matching & past, after), (other & past, after),
-             (matching & later, before), (other & later, before))
+  is_mate = matching.astype(jnp.int32)
+  count = jnp.cumsum(is_mate)  # Bucket-mates in [0, i].
+  n_matching_past = count[last]
+  # Ranks in rank order: up to the query the most recent first, after it
+  # the earliest first; bucket-mates before the others.
+  matching_past = n_matching_past - count  # Bucket-mates in (i, last].
+  other_past = (last - positions) - matching_past
+  matching_later = count - is_mate - n_matching_past  # In (last, i).
+  other_later = (positions - last - 1) - matching_later
+  sizes = (n_matching_past, last + 1 - n_matching_past,
+           count[-1] - n_matching_past)
+  classes = ((matching & past, matching_past),
+             (~matching & past, other_past),
+             (matching & ~past, matching_later),
+             (~matching & ~past, other_later))
   chosen, n_taken = jnp.zeros(seqlen, bool), 0
-  for members, rank in classes:
-    chosen = chosen | (members & (rank(members) < n_keys - n_taken))
-    n_taken = n_taken + jnp.sum(members)
+  for i, (members, rank) in enumerate(classes):
+    chosen = chosen | (members & (rank < n_keys - n_taken))
+    if i < len(sizes):
+      n_taken = n_taken + sizes[i]
   return chosen
 
 
