@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from retrax.fastmath import precision
 from retrax.layers import validation
+from retrax.layers.efficient_attention_base import defined_below
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import fit_to_memory
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
@@ -352,9 +353,8 @@ class SelfAttention(EfficientAttentionBase):
     read). Per unit this is `_incremental_forward_unbatched`, which the
     reference loop runs (and a subclass overriding it).
     """
-    if (q_len != 1 or inputs[0].shape[1] == 1 or
-        type(self)._incremental_forward_unbatched is not
-        SelfAttention._incremental_forward_unbatched):
+    if (q_len != 1 or inputs[0].shape[1] == 1 or defined_below(
+        self, SelfAttention, '_incremental_forward_unbatched')):
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     per_head = jax.vmap(self._step_projections, in_axes=(None, 0))

@@ -59,6 +59,16 @@ def fit_to_memory(rows, mem_len):
                  ((0, 0),) * (rows.ndim - 1))
 
 
+def defined_below(obj, owner, name):
+  """Whether a class of `obj` below `owner` in its MRO defines `name` (an override)."""
+  for klass in type(obj).__mro__:
+    if klass is owner:
+      return False
+    if name in vars(klass):
+      return True
+  return False
+
+
 def _forward_of(layer_ref):
   """`(inputs, weights, state, rng) -> (output, new_state)` of `layer_ref()`."""
   def forward(inputs, weights, state, rng):

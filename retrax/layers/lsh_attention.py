@@ -50,6 +50,7 @@ from retrax.layers.efficient_attention import check_predict
 from retrax.layers.efficient_attention import check_width
 from retrax.layers.efficient_attention import dropout_rngs
 from retrax.layers.efficient_attention import normalize_mask
+from retrax.layers.efficient_attention_base import defined_below
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_base import fit_to_memory
@@ -406,8 +407,8 @@ class LSHSelfAttention(EfficientAttentionBase):
     `_one_position_forward`, which the reference loop runs (and a subclass
     overriding `_incremental_forward_unbatched`).
     """
-    if q_len != 1 or (type(self)._incremental_forward_unbatched is not
-                      LSHSelfAttention._incremental_forward_unbatched):
+    if q_len != 1 or defined_below(self, LSHSelfAttention,
+                                   '_incremental_forward_unbatched'):
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     per_head = jax.vmap(self._project_step, in_axes=(None, 0))

@@ -11,6 +11,7 @@ import pytest
 from retrax.layers import efficient_attention as ea
 from retrax.layers import efficient_attention_groups as eag
 from retrax.layers import efficient_attention_ops as ops
+from retrax.layers import lsh_attention as lsh
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 
@@ -552,3 +553,24 @@ def test_self_attention_eager_predict_equals_jitted_and_compiles_once():
                            predict_drop_len=4)
   refs.eager_equals_jitted_without_recompiles(
       layer, _weights(2, 6, 4, 3), _normal(0, (2, 14, 6)))
+
+
+@pytest.mark.parametrize('layer_class,kwargs', [
+    (ea.SelfAttention, dict(chunk_len=4, n_chunks_before=1)),
+    (lsh.LSHSelfAttention, dict(chunk_len=4, n_hashes=2, n_buckets=4))])
+def test_subclass_decoding_step_override_is_used(layer_class, kwargs):
+  """A subclass overriding the per-unit predict step keeps it (no batched step)."""
+  calls = []
+
+  class Counting(layer_class):
+
+    def _incremental_forward_unbatched(self, *args, **kw):
+      calls.append(kw['q_len'])
+      return super()._incremental_forward_unbatched(*args, **kw)
+
+  layer = Counting(n_heads=2, d_qk=4, d_v=3, causal=True, mode='predict',
+                   **kwargs)
+  x = _normal(0, (1, 1, 6))
+  _, state = layer.init(signature(x))
+  layer.pure_fn(x, layer.weights, state, jax.random.PRNGKey(0))
+  assert calls == [1]
