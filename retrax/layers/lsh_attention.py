@@ -206,17 +206,17 @@ def recent_matching_mask(is_valid_target, seqlen, q_start, q_len, n_keys):
   other_past = (last - positions) - matching_past
   matching_later = count - is_mate - n_matching_past  # In (last, i).
   other_later = (positions - last - 1) - matching_later
-  sizes = (n_matching_past, last + 1 - n_matching_past,
-           count[-1] - n_matching_past)
+  # Keys left for a class once the classes ranked before it are taken.
+  n_matching_later = count[-1] - n_matching_past
+  budgets = (n_keys, n_keys - n_matching_past, n_keys - last - 1,
+             n_keys - last - 1 - n_matching_later)
   classes = ((matching & past, matching_past),
              (~matching & past, other_past),
              (matching & ~past, matching_later),
              (~matching & ~past, other_later))
-  chosen, n_taken = jnp.zeros(seqlen, bool), 0
-  for i, (members, rank) in enumerate(classes):
-    chosen = chosen | (members & (rank < n_keys - n_taken))
-    if i < len(sizes):
-      n_taken = n_taken + sizes[i]
+  chosen = jnp.zeros(seqlen, bool)
+  for (members, rank), budget in zip(classes, budgets):
+    chosen = chosen | (members & (rank < budget))
   return chosen
 
 
