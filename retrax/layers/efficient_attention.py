@@ -48,6 +48,7 @@ from retrax.layers.efficient_attention_ops import length_normalized
 from retrax.layers.efficient_attention_ops import look_adjacent as look_adjacent  # re-export
 from retrax.layers.efficient_attention_ops import MASK_PENALTY
 from retrax.layers.efficient_attention_ops import mask_self_attention
+from retrax.layers.efficient_attention_ops import project_step_heads
 from retrax.layers.efficient_attention_ops import permute_via_gather as permute_via_gather  # re-export
 from retrax.layers.efficient_attention_ops import permute_via_sort as permute_via_sort  # re-export
 
@@ -334,16 +335,13 @@ class SelfAttention(EfficientAttentionBase):
     w_vo = jnp.matmul(w_v, w_o)
     return precision.matmul(x, w_qk), x, precision.matmul(x, w_vo), None
 
-  def _step_projections(self, row, weights):
-    """`(q, k, v)` of a decoding step's row `[1, M]`, keys as cached.
-
-    The row is duplicated so that the matmul is the same computation as in
-    a longer call (Trax does this for float equality).
-    """
-    q, k, v = self._project(jnp.concatenate([row] * 2, 0), weights)
-    if self._share_qk:
-      k = length_normalized(q) if self.normalizes_shared_keys else q
-    return q[:1], k[:1], v[:1]
+  def _project_heads_step(self, x, weights):
+    """`(q, k, v)` of a decoding step's rows `x [B, 1, M]`, `[B * H, 1, d]` each (keys as cached)."""
+    w_q, w_k, w_v, _, b_q, b_k, b_v = self._unpack_weights(weights)
+    q, v = project_step_heads(x, w_q, b_q), project_step_heads(x, w_v, b_v)
+    if not self._share_qk:
+      return q, project_step_heads(x, w_k, b_k), v
+    return q, length_normalized(q) if self.normalizes_shared_keys else q, v
 
   def _all_units_step(self, inputs, weights, state, q_start, q_len):
     """A decoding step (one position) for all `[batch * n_heads]` units at once.
@@ -357,9 +355,7 @@ class SelfAttention(EfficientAttentionBase):
         self, SelfAttention, '_incremental_forward_unbatched')):
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
-    per_head = jax.vmap(self._step_projections, in_axes=(None, 0))
-    qkv = jax.vmap(per_head, in_axes=(0, None))(x, weights)  # [B, H, 1, d]
-    q, k, v = (a.reshape((-1,) + a.shape[2:]) for a in qkv)  # [B * H, 1, d]
+    q, k, v = self._project_heads_step(x, weights)  # [B * H, 1, d]
     caches = tuple(
         lax.dynamic_update_slice_in_dim(c, a.astype(c.dtype), q_start, axis=1)
         for a, c in zip((k, v), state))

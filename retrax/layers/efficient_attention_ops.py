@@ -4,7 +4,8 @@ These are the module-level helpers of `trax.layers.research.efficient_attention`
 (the Coursera LSH lab imports them from `trax.layers`): vector normalisation,
 random-rotation hashing, chunk neighbourhoods, additive masking, chunked
 dot-product attention that also returns the softmax normaliser, broadcast
-dropout and permutations whose gradient is a gather by the inverse permutation.
+dropout, permutations whose gradient is a gather by the inverse permutation,
+and a decoding step's projections for all heads at once.
 
 Shape glossary: `L` sequence length, `D` depth of query/key vectors, `V` depth of
 value vectors, `C` chunk length, `N` number of chunks (`L // C`), `W` window
@@ -260,6 +261,23 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
   out = precision.matmul(dots, v)  # [N, C, V]
   return (jnp.reshape(out, (-1, out.shape[-1])),
           jnp.reshape(dots_logsumexp, (-1,)))
+
+
+def project_step_heads(x, w, b=None):
+  """A decoding step's rows `x [B, 1, M]` times every head's `w [H, M, d]` (+ `b [H, d]`).
+
+  Returns `[B * H, 1, d]` (unit `example * H + head`). Heads are the batch
+  dimension of one matmul, so the weights are read in their `[H, M, d]`
+  layout (a per-head vmap made XLA transpose them at every step); each row
+  is duplicated so that the matmul is the same computation as in a longer
+  call (Trax does this for float equality).
+  """
+  n_heads, batch = w.shape[0], x.shape[0]
+  rows = jnp.concatenate([x] * 2, 1).reshape(1, -1, x.shape[-1])  # [1, 2B, M]
+  a = precision.matmul(jnp.broadcast_to(rows, (n_heads,) + rows.shape[1:]), w)
+  a = a if b is None else a + b[:, None]
+  a = a.reshape((n_heads, batch, 2) + a.shape[2:])[:, :, :1]  # [H, B, 1, d]
+  return jnp.swapaxes(a, 0, 1).reshape((-1, 1) + a.shape[3:])
 
 
 def merge_rounds(o, logits):

@@ -62,6 +62,7 @@ from retrax.layers.efficient_attention_ops import inverse_permutation
 from retrax.layers.efficient_attention_ops import length_normalized
 from retrax.layers.efficient_attention_ops import mask_self_attention
 from retrax.layers.efficient_attention_ops import merge_rounds
+from retrax.layers.efficient_attention_ops import project_step_heads
 from retrax.layers.efficient_attention_ops import permute_via_gather
 
 
@@ -411,10 +412,8 @@ class LSHSelfAttention(EfficientAttentionBase):
                                    '_incremental_forward_unbatched'):
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
-    per_head = jax.vmap(self._project_step, in_axes=(None, 0))
-    q, v = jax.vmap(per_head, in_axes=(0, None))(x, weights)  # [B, H, 1, d]
-    units = lambda a: a.reshape((-1,) + a.shape[2:])  # [B * H, 1, d]
-    q, v = units(q), units(v)
+    w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
+    q, v = project_step_heads(x, w_q, b_q), project_step_heads(x, w_v, b_v)
     buckets, buckets_idx, rng, k_cache, v_cache = state
     k_cache, v_cache = (
         lax.dynamic_update_slice_in_dim(c, a.astype(c.dtype), q_start, axis=1)
