@@ -36,7 +36,6 @@ import jax.numpy as jnp
 
 from retrax.fastmath import precision
 from retrax.layers import validation
-from retrax.layers.efficient_attention_base import defined_below
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import fit_to_memory
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
@@ -349,10 +348,9 @@ class SelfAttention(EfficientAttentionBase):
     One in-place write of the step's keys and values into the caches, one
     batched attention over them (queries scaled, so the caches are only
     read). Per unit this is `_incremental_forward_unbatched`, which the
-    reference loop runs (and a subclass overriding it).
+    reference loop runs.
     """
-    if (q_len != 1 or inputs[0].shape[1] == 1 or defined_below(
-        self, SelfAttention, '_incremental_forward_unbatched')):
+    if q_len != 1 or inputs[0].shape[1] == 1:
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     q, k, v = self._project_heads_step(x, weights)  # [B * H, 1, d]

@@ -50,7 +50,6 @@ from retrax.layers.efficient_attention import check_predict
 from retrax.layers.efficient_attention import check_width
 from retrax.layers.efficient_attention import dropout_rngs
 from retrax.layers.efficient_attention import normalize_mask
-from retrax.layers.efficient_attention_base import defined_below
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import EfficientAttentionBase
 from retrax.layers.efficient_attention_base import fit_to_memory
@@ -405,14 +404,12 @@ class LSHSelfAttention(EfficientAttentionBase):
     The step's keys and values go into row `q_start` of the caches (one
     in-place update), and one batched attention reads them: `[units, 1, d]`
     queries over `[units, mem_len, d]` caches. Per unit this is
-    `_one_position_forward`, which the reference loop runs (and a subclass
-    overriding `_incremental_forward_unbatched`).
+    `_one_position_forward`, which the reference loop runs.
     """
-    if q_len != 1 or defined_below(self, LSHSelfAttention,
-                                   '_incremental_forward_unbatched'):
+    if q_len != 1:
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
-    w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
+    w_q, w_v, w_o, b_q, b_v = self._unpack_weights(weights)
     q, v = project_step_heads(x, w_q, b_q), project_step_heads(x, w_v, b_v)
     buckets, buckets_idx, rng, k_cache, v_cache = state
     k_cache, v_cache = (
@@ -421,7 +418,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     step = jax.vmap(functools.partial(self._attend_step, q_start=q_start))
     o, buckets = step(q, buckets, buckets_idx, rng, k_cache, v_cache)
     o = o.reshape(x.shape[:1] + (self._n_heads,) + o.shape[1:])
-    out = precision.einsum('bhsv,hvm->bsm', o, self._unpack_weights(weights)[2])
+    out = precision.einsum('bhsv,hvm->bsm', o, w_o)
     new_idx = jnp.full_like(buckets_idx, q_start + 1)
     return out.astype(inputs[0].dtype), (buckets, new_idx, rng, k_cache,
                                          v_cache)

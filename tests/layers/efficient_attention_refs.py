@@ -158,6 +158,27 @@ def predict_outputs(layer, x, weights, rng, step=1):
   return np.concatenate(outs, axis=1)
 
 
+def assert_decodes_alike(layers, states, x, weights, prompt_len):
+  """Two predict-mode layers (batched, reference loop) decode `x` alike.
+
+  A prompt of `prompt_len` positions, then one position at a time; outputs
+  and final states agree (1e-5). Returns the first layer's final state.
+  """
+  rng = jax.random.PRNGKey(0)
+  calls = [(0, prompt_len)] + [(t, t + 1) for t in range(prompt_len,
+                                                         x.shape[1])]
+  for start, stop in calls:
+    (y, s0), (y_ref, s1) = (
+        layer.pure_fn(x[:, start:stop], weights, state, rng)
+        for layer, state in zip(layers, states))
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    states = [s0, s1]
+  for a, b in zip(jax.tree_util.tree_leaves(states[0]),
+                  jax.tree_util.tree_leaves(states[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  return states[0]
+
+
 # --- golden ReformerLM checkpoints ------------------------------------------------
 
 

@@ -412,16 +412,7 @@ def test_self_attention_predict_reference_loop_equals_batched_steps(
                              use_reference_code=ref, **kwargs)
             for ref in (False, True)]
   states = [layer.init(signature(x[:, :1]))[1] for layer in layers]
-  rng = jax.random.PRNGKey(0)
-  for start, stop in [(0, 3)] + [(t, t + 1) for t in range(3, 14)]:
-    (y, s0), (y_ref, s1) = (
-        layer.pure_fn(x[:, start:stop], weights, state, rng)
-        for layer, state in zip(layers, states))
-    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
-    states = [s0, s1]
-  for a, b in zip(jax.tree_util.tree_leaves(states[0]),
-                  jax.tree_util.tree_leaves(states[1])):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  refs.assert_decodes_alike(layers, states, x, weights, prompt_len=3)
 
 
 @pytest.mark.parametrize('share_qk', [False, True])

@@ -323,18 +323,9 @@ def test_predict_reference_loop_equals_batched_steps():
                    use_reference_code=ref) for ref in (False, True)]
   state = layers[0].init(signature(x[:, :1]))[1]
   layers[1].init(signature(x[:, :1]))
-  states = [state, state]  # The same hash rngs.
-  rng = jax.random.PRNGKey(0)
-  for start, stop in [(0, 5)] + [(t, t + 1) for t in range(5, 11)]:
-    (y, s0), (y_ref, s1) = (
-        layer.pure_fn(x[:, start:stop], weights, state, rng)
-        for layer, state in zip(layers, states))
-    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
-    states = [s0, s1]
-  for a, b in zip(jax.tree_util.tree_leaves(states[0]),
-                  jax.tree_util.tree_leaves(states[1])):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-  _assert_caches_project_memory(states[0], weights)
+  final = refs.assert_decodes_alike(layers, [state, state],  # Same rngs.
+                                    x, weights, prompt_len=5)
+  _assert_caches_project_memory(final, weights)
 
 
 def _assert_caches_project_memory(state, weights):
