@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -45,6 +46,38 @@ def test_off_by_default_and_identical_to_numpy_ops():
   with fastmath.use_backend('numpy'):
     out = precision.dot(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
   assert isinstance(out, np.ndarray)
+
+
+def _dot_contractions(fun, *args):
+  """The contracting dimensions of every dot_general in `fun`'s jaxpr."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == 'dot_general':
+        found.append(eqn.params['dimension_numbers'][0])
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jax.make_jaxpr(fun)(*args).jaxpr)
+  return found
+
+
+def test_float32_weight_gradients_contract_one_row_axis():
+  # A [batch, length, k] input's weight gradient is one contraction over
+  # the flattened rows (XLA:CPU runs one over (batch, length) through a
+  # transposed copy and a slower kernel), with the values of jnp.dot's.
+  x, w, ct = _rand(0, (2, 96, 8)), _rand(1, (8, 5)), _rand(2, (2, 96, 5))
+
+  def loss(dot, x, w):
+    return jnp.sum(dot(x, w) * ct)
+  for dot in (precision.dot, precision.matmul):
+    grads = jax.grad(functools.partial(loss, dot), argnums=(0, 1))
+    want = jax.grad(functools.partial(loss, jnp.dot), argnums=(0, 1))(x, w)
+    for got, expected in zip(grads(x, w), want):
+      np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    contractions = _dot_contractions(grads, x, w)
+    assert ((0,), (0,)) in contractions, contractions
+    assert all(len(lhs) == 1 for lhs, _ in contractions), contractions
 
 
 def test_bf16_products_equal_rounded_operands_in_float64(bf16):
