@@ -96,6 +96,27 @@ def lsh_buckets(vecs, rng, n_buckets, n_hashes, chunk_len, mask=None,
   return jnp.reshape(buckets + offsets[:, None], (-1,))
 
 
+def n_bucket_ids(n_buckets, n_hashes, chunk_len, length):
+  """A bound of the bucket ids (all rounds, padding's included) of `lsh_buckets`."""
+  if n_buckets is None:
+    n_buckets = default_n_buckets(length, chunk_len)
+  total = n_buckets if isinstance(n_buckets, int) else math.prod(n_buckets)
+  return n_hashes * (total + 1)
+
+
+def sort_by_bucket(buckets, n_ids=None):
+  """The stable argsort (int32) of bucket ids `buckets [N]` in `[0, n_ids)`.
+
+  When `n_ids * N` fits int32: one sort of the unique keys `bucket * N +
+  position`, which XLA:CPU runs 4x faster than an argsort's sort of (key,
+  index) pairs (32K ids: 1.3 vs 5.2 ms); the order is the same.
+  """
+  n = buckets.shape[-1]
+  if n_ids is None or n_ids * n > jnp.iinfo(jnp.int32).max:
+    return jnp.argsort(buckets, stable=True).astype(jnp.int32)
+  return lax.sort(buckets * n + jnp.arange(n, dtype=jnp.int32)) % n
+
+
 def check_n_buckets(name, n_buckets):
   factors = [n_buckets] if isinstance(n_buckets, int) else n_buckets
   if n_buckets is None:
@@ -107,7 +128,8 @@ def check_n_buckets(name, n_buckets):
 
 
 def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
-               n_chunks_before, n_chunks_after, causal, dropout=0.0, rng=None):
+               n_chunks_before, n_chunks_after, causal, dropout=0.0, rng=None,
+               n_ids=None):
   """Shared-QK attention of one head within LSH buckets: returns `o [L, V]`.
 
   `q [L, D]` are the queries (keys are their normalised copies), `v [L, V]`
@@ -116,13 +138,14 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   tokens) or None. Positions are sorted by (round, bucket, position), attend
   in chunks of `chunk_len` to `n_chunks_before`/`n_chunks_after` neighbouring
   chunks, are unsorted, and the rounds are merged weighted by their softmax
-  normalisers. The buckets get no gradient.
+  normalisers. The buckets get no gradient; `n_ids` bounds their ids (a
+  faster sort, see `sort_by_bucket`).
   """
   seqlen = q.shape[0]
   buckets = lax.stop_gradient(buckets)
   # A stable sort of the offset bucket ids keeps positions in order within a
   # bucket ("s" prefix = sorted order).
-  sticker = jnp.argsort(buckets, stable=True).astype(jnp.int32)  # [H*L]
+  sticker = sort_by_bucket(buckets, n_ids)  # [H*L]
   undo_sort = inverse_permutation(sticker)
   st = sticker % seqlen
   sq = permute_via_gather(jnp.tile(q, (n_hashes, 1)), sticker, undo_sort)
@@ -366,9 +389,18 @@ class LSHSelfAttention(EfficientAttentionBase):
     the count follows the length (in predict mode: `predict_mem_len`, so that
     all calls hash alike).
     """
-    length = self._predict_mem_len if self._incremental else vecs.shape[0]
     return lsh_buckets(vecs, rng, self._n_buckets, self._n_hashes,
-                       self._chunk_len, mask=mask, length=length)
+                       self._chunk_len, mask=mask,
+                       length=self.hash_length(vecs.shape[0]))
+
+  def hash_length(self, length):
+    """The length the bucket count follows (predict mode: the memory's)."""
+    return self._predict_mem_len if self._incremental else length
+
+  def n_bucket_ids(self, length):
+    """A bound of the bucket ids `hash_vectors` gives for inputs of `length`."""
+    return n_bucket_ids(self._n_buckets, self._n_hashes, self._chunk_len,
+                        self.hash_length(length))
 
   def forward_unbatched(self, x, mask=None, *, weights, state, rng,
                         update_state):
@@ -387,7 +419,8 @@ class LSHSelfAttention(EfficientAttentionBase):
                    chunk_len=self._chunk_len,
                    n_chunks_before=self._n_chunks_before,
                    n_chunks_after=self._n_chunks_after, causal=self._causal,
-                   dropout=self._attention_dropout, rng=attend_rng)
+                   dropout=self._attention_dropout, rng=attend_rng,
+                   n_ids=self.n_bucket_ids(x.shape[0]))
     out = precision.matmul(o, self._unpack_weights(weights)[2])
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state

@@ -142,6 +142,29 @@ def test_default_n_buckets_follows_trax():
   assert lsh.default_n_buckets(16384, 64) == [32, 16]
 
 
+@pytest.mark.parametrize('n_ids', [3, 512, 2**25, None])
+def test_sort_by_bucket_is_numpy_s_stable_argsort(n_ids):
+  # Many ties (a stable order is needed); 2**25 * 96 overflows int32 keys,
+  # so that bound and None take the argsort fallback.
+  buckets = jax.random.randint(jax.random.PRNGKey(n_ids or 1), (96,), 0,
+                               min(n_ids or 7, 7), jnp.int32)
+  got = jax.jit(lsh.sort_by_bucket, static_argnums=1)(buckets, n_ids)
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(
+      got, np.argsort(np.asarray(buckets), kind='stable'))
+
+
+def test_n_bucket_ids_bounds_the_hashed_ids():
+  vecs = jax.random.normal(jax.random.PRNGKey(0), (256, 8))
+  mask = jnp.arange(256) < 200
+  for n_buckets in (None, 6, [4, 6]):
+    bound = lsh.n_bucket_ids(n_buckets, 3, 16, 256)
+    ids = lsh.lsh_buckets(vecs, jax.random.PRNGKey(1), n_buckets, 3, 16,
+                          mask=mask)
+    assert 0 <= int(ids.min()) and int(ids.max()) < bound
+    assert int(ids.max()) >= bound - 3  # The last round's padding bucket.
+
+
 def test_check_grads_replaying_the_forward_buckets():
   """The custom backward (per-head recomputation with the buckets the forward
   stored) gives the gradient of the function the forward computed.

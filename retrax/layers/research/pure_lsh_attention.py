@@ -44,6 +44,7 @@ from retrax.layers.lsh_attention import buckets_and_state
 from retrax.layers.lsh_attention import check_n_buckets
 from retrax.layers.lsh_attention import lsh_attend
 from retrax.layers.lsh_attention import lsh_buckets
+from retrax.layers.lsh_attention import n_bucket_ids
 from retrax.layers.lsh_attention import recent_matching_keys
 from retrax.layers.lsh_attention import roll_buckets
 
@@ -161,9 +162,12 @@ class PureLSHSelfAttention(EfficientAttentionBase):
 
   def hash_vectors(self, vecs, rng, mask=None):
     """Bucket ids `[n_hashes * L]` of `vecs [L, D]` (see `lsh_attention.lsh_buckets`)."""
-    length = self._predict_mem_len if self._incremental else vecs.shape[0]
     return lsh_buckets(vecs, rng, self._n_buckets, self._n_hashes,
-                       self._chunk_len, mask=mask, length=length)
+                       self._chunk_len, mask=mask,
+                       length=self._hash_length(vecs.shape[0]))
+
+  def _hash_length(self, length):
+    return self._predict_mem_len if self._incremental else length
 
   def _attend(self, qk, v, buckets, mask, rng):
     attend_rng, _ = dropout_rngs(rng, self._attention_dropout, 0.0)
@@ -171,7 +175,10 @@ class PureLSHSelfAttention(EfficientAttentionBase):
                       chunk_len=self._chunk_len,
                       n_chunks_before=self._n_chunks_before,
                       n_chunks_after=self._n_chunks_after, causal=self._causal,
-                      dropout=self._attention_dropout, rng=attend_rng)
+                      dropout=self._attention_dropout, rng=attend_rng,
+                      n_ids=n_bucket_ids(self._n_buckets, self._n_hashes,
+                                         self._chunk_len,
+                                         self._hash_length(qk.shape[0])))
 
   def forward_unbatched(self, qk, v, mask=None, *, weights, state, rng,
                         update_state):
