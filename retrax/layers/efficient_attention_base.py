@@ -156,6 +156,10 @@ class EfficientAttentionBase(base.Layer):
     """(example, head) units computed at once (None: all of them)."""
     return self._n_parallel_heads
 
+  def hash_length(self, length):
+    """`length`, or in predict mode the memory's (what LSH bucket counts follow)."""
+    return self._predict_mem_len if self._incremental else length
+
   def predict_state_layout(self, state):
     """Per-unit leaves hold `n_heads` rows per example, the memory one; its end is shared.
 

@@ -393,10 +393,6 @@ class LSHSelfAttention(EfficientAttentionBase):
                        self._chunk_len, mask=mask,
                        length=self.hash_length(vecs.shape[0]))
 
-  def hash_length(self, length):
-    """The length the bucket count follows (predict mode: the memory's)."""
-    return self._predict_mem_len if self._incremental else length
-
   def n_bucket_ids(self, length):
     """A bound of the bucket ids `hash_vectors` gives for inputs of `length`."""
     return n_bucket_ids(self._n_buckets, self._n_hashes, self._chunk_len,

@@ -164,10 +164,7 @@ class PureLSHSelfAttention(EfficientAttentionBase):
     """Bucket ids `[n_hashes * L]` of `vecs [L, D]` (see `lsh_attention.lsh_buckets`)."""
     return lsh_buckets(vecs, rng, self._n_buckets, self._n_hashes,
                        self._chunk_len, mask=mask,
-                       length=self._hash_length(vecs.shape[0]))
-
-  def _hash_length(self, length):
-    return self._predict_mem_len if self._incremental else length
+                       length=self.hash_length(vecs.shape[0]))
 
   def _attend(self, qk, v, buckets, mask, rng):
     attend_rng, _ = dropout_rngs(rng, self._attention_dropout, 0.0)
@@ -178,7 +175,7 @@ class PureLSHSelfAttention(EfficientAttentionBase):
                       dropout=self._attention_dropout, rng=attend_rng,
                       n_ids=n_bucket_ids(self._n_buckets, self._n_hashes,
                                          self._chunk_len,
-                                         self._hash_length(qk.shape[0])))
+                                         self.hash_length(qk.shape[0])))
 
   def forward_unbatched(self, qk, v, mask=None, *, weights, state, rng,
                         update_state):
