@@ -122,7 +122,7 @@ def _rows_times(a, b):
   gradient contracted over several axes (batch and length) through a
   transposed copy and a slow kernel, 20-25% of a feed-forward block's time.
   """
-  rows = a.reshape(-1, a.shape[-1])
+  rows = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
   return backend_numpy.dot(rows, b).reshape(a.shape[:-1] + b.shape[-1:])
 
 
