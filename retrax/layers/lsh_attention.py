@@ -393,11 +393,6 @@ class LSHSelfAttention(EfficientAttentionBase):
                        self._chunk_len, mask=mask,
                        length=self.hash_length(vecs.shape[0]))
 
-  def n_bucket_ids(self, length):
-    """A bound of the bucket ids `hash_vectors` gives for inputs of `length`."""
-    return n_bucket_ids(self._n_buckets, self._n_hashes, self._chunk_len,
-                        self.hash_length(length))
-
   def forward_unbatched(self, x, mask=None, *, weights, state, rng,
                         update_state):
     """LSH attention of one head over one example `x [L, M]`."""
@@ -416,7 +411,9 @@ class LSHSelfAttention(EfficientAttentionBase):
                    n_chunks_before=self._n_chunks_before,
                    n_chunks_after=self._n_chunks_after, causal=self._causal,
                    dropout=self._attention_dropout, rng=attend_rng,
-                   n_ids=self.n_bucket_ids(x.shape[0]))
+                   n_ids=n_bucket_ids(self._n_buckets, self._n_hashes,
+                                      self._chunk_len,
+                                      self.hash_length(x.shape[0])))
     out = precision.matmul(o, self._unpack_weights(weights)[2])
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
