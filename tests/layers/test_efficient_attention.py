@@ -108,6 +108,48 @@ def test_attend_chunked_shared_qk_matches_reference():
     np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize('dropout', [0.0, 0.3])
+def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
+  # 11 chunks of 4 in blocks of 3 (a remainder of 2): the values match the
+  # NumPy reference, and values and gradients the whole-array computation.
+  q = np.asarray(_normal(0, (44, 4)))
+  v = np.asarray(_normal(1, (44, 3)))
+  info = np.asarray(jax.random.permutation(jax.random.PRNGKey(2), 44))
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True)
+
+  def attend(q, v):
+    return ops.attend(q, None, v, q_chunk_len=4, n_chunks_before=1,
+                      mask_fn=mask_fn, q_info=info, dropout=dropout,
+                      rng=jax.random.PRNGKey(3))
+
+  def loss(q, v):
+    out, lse = attend(q, v)
+    return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(lse))
+
+  whole = attend(q, v), jax.grad(loss, (0, 1))(q, v)
+  monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
+  monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
+  jaxpr = str(jax.make_jaxpr(attend)(q, v))
+  assert 'scan' in jaxpr or 'while' in jaxpr  # the blocks are a loop
+  blocked = attend(q, v), jax.grad(loss, (0, 1))(q, v)
+  for got, want in zip(jax.tree_util.tree_leaves(blocked),
+                       jax.tree_util.tree_leaves(whole)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  if dropout:
+    return
+  out, lse = blocked[0]
+  k = refs.rms_normalize(q.astype(np.float64)) / 2.0
+  for i in range(44):
+    c = i // 4
+    idx = np.concatenate([np.arange(4) + ((c - 1) % 11) * 4,
+                          np.arange(4) + c * 4])
+    o_i, lse_i = refs.attend_one(q[i], k[idx], v[idx], info[i], info[idx],
+                                 True, True)
+    np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+
+
 def test_attend_queries_scaled_matches_reference_and_attend():
   q = np.asarray(_normal(0, (2, 8)))
   k = np.asarray(_normal(1, (9, 8)))
