@@ -8,6 +8,7 @@ from jax.test_util import check_grads
 import numpy as np
 import pytest
 
+from retrax.fastmath import precision
 from retrax.layers import efficient_attention as ea
 from retrax.layers import efficient_attention_groups as eag
 from retrax.layers import efficient_attention_ops as ops
@@ -132,6 +133,9 @@ def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
   monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
   jaxpr = str(jax.make_jaxpr(attend)(q, v))
   assert 'scan' in jaxpr or 'while' in jaxpr  # the blocks are a loop
+  with precision.matmul_precision('bfloat16'):  # bfloat16: whole arrays
+    jaxpr = str(jax.make_jaxpr(attend)(q, v))
+  assert 'scan' not in jaxpr and 'while' not in jaxpr
   blocked = attend(q, v), jax.grad(loss, (0, 1))(q, v)
   for got, want in zip(jax.tree_util.tree_leaves(blocked),
                        jax.tree_util.tree_leaves(whole)):
