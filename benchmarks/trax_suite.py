@@ -93,22 +93,24 @@ def copy_tree(src, dst, retrax_side):
 
 def run_file(python, tree, rel, timeout):
   """{test id: outcome} of one test file, run in its own interpreter."""
-  xml_path = tempfile.mktemp(suffix='.xml')
-  cmd = [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-         '--import-mode=importlib', '--junitxml', xml_path, '-o',
-         'junit_family=xunit1', rel]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', JAX_PLATFORMS='cpu',
-             PYTHONWARNINGS='ignore')
-  try:
-    subprocess.run(cmd, cwd=tree, env=env, timeout=timeout,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   check=False)
-  except subprocess.TimeoutExpired:
-    return {f'{rel}::<file>': 'timeout'}
-  if not os.path.exists(xml_path):
-    return {f'{rel}::<file>': 'error'}
+  with tempfile.TemporaryDirectory(prefix='trax_suite_xml_') as folder:
+    xml_path = os.path.join(folder, 'report.xml')
+    cmd = [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+           '--import-mode=importlib', '--junitxml', xml_path, '-o',
+           'junit_family=xunit1', rel]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', JAX_PLATFORMS='cpu',
+               PYTHONWARNINGS='ignore')
+    try:
+      subprocess.run(cmd, cwd=tree, env=env, timeout=timeout,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     check=False)
+    except subprocess.TimeoutExpired:
+      return {f'{rel}::<file>': 'timeout'}
+    if not os.path.exists(xml_path):
+      return {f'{rel}::<file>': 'error'}
+    cases = list(ET.parse(xml_path).getroot().iter('testcase'))
   outcomes = {}
-  for case in ET.parse(xml_path).getroot().iter('testcase'):
+  for case in cases:
     name = f"{rel}::{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
     tags = {child.tag for child in case}
     if 'skipped' in tags:
@@ -117,7 +119,6 @@ def run_file(python, tree, rel, timeout):
       outcomes[name] = 'failed'
     else:
       outcomes[name] = 'passed'
-  os.unlink(xml_path)
   if not outcomes:
     outcomes[f'{rel}::<file>'] = 'error'
   return outcomes
