@@ -1,0 +1,180 @@
+"""Tests of the efficient-attention array functions: hashing, masks, attend, permutations."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from retrax.fastmath import precision
+from retrax.layers import efficient_attention as ea
+from retrax.layers import efficient_attention_ops as ops
+
+import efficient_attention_refs as refs
+
+
+def _normal(seed, shape):
+  return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)
+
+
+def test_length_normalized_gives_unit_rms():
+  x = np.asarray(_normal(0, (5, 7)))
+  got = ea.length_normalized(x)
+  want = x / np.sqrt(np.mean(x**2, -1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_look_adjacent_wraps_around():
+  x = np.arange(4 * 2).reshape(4, 2)  # 4 chunks of 2
+  got = np.asarray(ea.look_adjacent(x, 1, 1))
+  for c in range(4):
+    want = np.concatenate([x[(c - 1) % 4], x[c], x[(c + 1) % 4]])
+    np.testing.assert_array_equal(got[c], want)
+  assert ea.look_adjacent(x, 0, 0) is x
+
+
+@pytest.mark.parametrize('n_buckets', [6, [4, 6]])
+def test_hash_vecs_is_argmax_of_rotations(n_buckets):
+  vecs = np.asarray(_normal(0, (10, 5)))
+  rng = jax.random.PRNGKey(3)
+  buckets, total = ea.hash_vecs(vecs, n_buckets, 3, rng)
+  factors = [n_buckets] if isinstance(n_buckets, int) else n_buckets
+  rot = np.asarray(jax.random.normal(rng, (5, 3, sum(factors) // 2)))
+  want, start, radix = 0, 0, 1
+  for f in factors:
+    r = np.einsum('tf,fhb->htb', vecs, rot[..., start:start + f // 2])
+    want = want + radix * np.argmax(np.concatenate([r, -r], -1), -1)
+    start, radix = start + f // 2, radix * f
+  assert total == int(np.prod(factors))
+  assert buckets.shape == (3, 10) and buckets.dtype == jnp.int32
+  np.testing.assert_array_equal(buckets, want)
+
+
+def test_hash_vecs_rejects_odd_bucket_counts():
+  with pytest.raises(ValueError, match='even'):
+    ea.hash_vecs(np.ones((2, 3), np.float32), 5, 1, jax.random.PRNGKey(0))
+
+
+def test_mask_self_attention_penalties():
+  dots = np.zeros((1, 3), np.float32)
+  q_info = np.array([[1]])
+  kv_info = np.array([[0, 1, -2]])
+  got = np.asarray(ea.mask_self_attention(dots, q_info, kv_info, causal=True,
+                                          exclude_self=True, masked=True))
+  np.testing.assert_allclose(got, [[0., -1e5, -1e9]])
+  got = ea.mask_self_attention(dots, np.array([[0]]), np.array([[1, 0, 2]]))
+  np.testing.assert_allclose(got, [[-1e9, -1e5, -1e9]])
+
+
+def test_attend_chunked_shared_qk_matches_reference():
+  causal = True
+  q = np.asarray(_normal(0, (12, 4)))
+  v = np.asarray(_normal(1, (12, 3)))
+  mask_fn = functools.partial(ea.mask_self_attention, causal=causal,
+                              exclude_self=True)
+  out, lse = ea.attend(q, None, v, q_chunk_len=4, n_chunks_before=1,
+                       mask_fn=mask_fn)
+  k = refs.rms_normalize(q.astype(np.float64)) / 2.0
+  for i in range(12):
+    c = i // 4
+    idx = np.concatenate([np.arange(4) + ((c - 1) % 3) * 4,
+                          np.arange(4) + c * 4])
+    o_i, lse_i = refs.attend_one(q[i], k[idx], v[idx], i, idx, causal, True)
+    np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize('dropout', [0.0, 0.3])
+def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
+  # 11 chunks of 4 in blocks of 3 (a remainder of 2): the values match the
+  # NumPy reference, and values and gradients the whole-array computation.
+  q = np.asarray(_normal(0, (44, 4)))
+  v = np.asarray(_normal(1, (44, 3)))
+  info = np.asarray(jax.random.permutation(jax.random.PRNGKey(2), 44))
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True)
+
+  def attend(q, v):
+    return ops.attend(q, None, v, q_chunk_len=4, n_chunks_before=1,
+                      mask_fn=mask_fn, q_info=info, dropout=dropout,
+                      rng=jax.random.PRNGKey(3))
+
+  def loss(q, v):
+    out, lse = attend(q, v)
+    return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(lse))
+
+  whole = attend(q, v), jax.grad(loss, (0, 1))(q, v)
+  monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
+  monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
+  jaxpr = str(jax.make_jaxpr(attend)(q, v))
+  assert 'scan' in jaxpr or 'while' in jaxpr  # the blocks are a loop
+  with precision.matmul_precision('bfloat16'):  # bfloat16: whole arrays
+    jaxpr = str(jax.make_jaxpr(attend)(q, v))
+  assert 'scan' not in jaxpr and 'while' not in jaxpr
+  blocked = attend(q, v), jax.grad(loss, (0, 1))(q, v)
+  for got, want in zip(jax.tree_util.tree_leaves(blocked),
+                       jax.tree_util.tree_leaves(whole)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  if dropout:
+    return
+  out, lse = blocked[0]
+  k = refs.rms_normalize(q.astype(np.float64)) / 2.0
+  for i in range(44):
+    c = i // 4
+    idx = np.concatenate([np.arange(4) + ((c - 1) % 11) * 4,
+                          np.arange(4) + c * 4])
+    o_i, lse_i = refs.attend_one(q[i], k[idx], v[idx], info[i], info[idx],
+                                 True, True)
+    np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+
+
+def test_attend_queries_scaled_matches_reference_and_attend():
+  q = np.asarray(_normal(0, (2, 8)))
+  k = np.asarray(_normal(1, (9, 8)))
+  v = np.asarray(_normal(2, (9, 3)))
+  q_info = np.array([5, 6])
+  kv_info = np.array([0, 1, -4, 3, 4, 5, 6, 7, 8])  # -4: masked (padding).
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True, masked=True)
+  out, lse = ops.attend_queries_scaled(q, k, v, mask_fn=mask_fn,
+                                       q_info=q_info, kv_info=kv_info)
+  for i in range(2):
+    o_i, lse_i = refs.attend_one(q[i] / np.sqrt(8), k, v, q_info[i], kv_info,
+                                 True, True, k_valid=kv_info >= 0)
+    np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+  want = ea.attend(q, k, v, mask_fn=mask_fn, q_info=q_info, kv_info=kv_info)
+  np.testing.assert_allclose(out, want[0], rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match='keys `k` and values `v`'):
+    ops.attend_queries_scaled(q, None, v)
+
+
+def test_attend_rejects_bad_chunking():
+  with pytest.raises(ValueError, match='divisible'):
+    ea.attend(np.ones((5, 2)), np.ones((5, 2)), np.ones((5, 2)),
+              q_chunk_len=2, kv_chunk_len=2)
+
+
+def test_apply_broadcasted_dropout_shares_mask_across_rows():
+  x = np.ones((6, 50), np.float32)
+  y = np.asarray(ea.apply_broadcasted_dropout(x, 0.4, jax.random.PRNGKey(0)))
+  assert set(np.unique(y)) <= {0.0, np.float32(1 / 0.6)}
+  np.testing.assert_array_equal(y, np.broadcast_to(y[:1], y.shape))
+  assert ea.apply_broadcasted_dropout(x, 0.0, None) is x
+
+
+@pytest.mark.parametrize('permute', ['gather', 'sort'])
+def test_permutations_and_their_gradients(permute):
+  perm = np.array([2, 0, 3, 1], np.int32)
+  inv = np.argsort(perm).astype(np.int32)
+  val = np.asarray(_normal(0, (4, 3)))
+  w = np.asarray(_normal(1, (4, 3)))
+  if permute == 'gather':
+    f = lambda x: ea.permute_via_gather(x, perm, inv)
+  else:  # sorting by keys `inv` puts element perm[i] at i.
+    f = lambda x: ea.permute_via_sort(x.T, inv, perm, axis=-1).T
+  np.testing.assert_allclose(f(val), val[perm])
+  grad = jax.grad(lambda x: jnp.sum(w * f(x)))(val)
+  np.testing.assert_allclose(grad, w[inv])
