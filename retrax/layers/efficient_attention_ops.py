@@ -263,15 +263,18 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
     keep = jax.random.bernoulli(rng, keep_prob, q.shape[-2:-1] + k.shape[-2:-1])
 
   def attend_block(q, k, v, q_info, kv_info):
-    dots = precision.matmul(q, jnp.swapaxes(k, -1, -2))  # [N, C, W]
-    if mask_fn is not None:
-      dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])
-    dots_logsumexp = jax.nn.logsumexp(dots, axis=-1, keepdims=True)
+    # Logits keys-major, [N, W, C]: the softmax reduces over a non-minor axis,
+    # which XLA:CPU vectorises across queries (2x faster than over the
+    # minor axis, which it splits into windows).
+    dots = precision.einsum('...wd,...cd->...wc', k, q)
+    dots = _masked_keys_major(dots, mask_fn, q_info, kv_info)
+    dots_logsumexp = jax.nn.logsumexp(dots, axis=-2, keepdims=True)
     dots = jnp.exp(dots - dots_logsumexp)
     if keep is not None:
-      mask = jnp.reshape(keep, (1,) * (dots.ndim - 2) + keep.shape)
+      mask = jnp.reshape(keep.T, (1,) * (dots.ndim - 2) + keep.T.shape)
       dots = dots * (mask.astype(dots.dtype) / keep_prob)
-    return precision.matmul(dots, v), dots_logsumexp  # [N, C, V]
+    out = precision.einsum('...wc,...wv->...cv', dots, v)  # [N, C, V]
+    return out, jnp.swapaxes(dots_logsumexp, -1, -2)
 
   if (q.ndim == 3 and q.shape[0] > BLOCK_CHUNKS and
       precision.matmul_dtype() == 'float32' and
@@ -283,6 +286,21 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
     out, dots_logsumexp = attend_block(q, k, v, q_info, kv_info)
   return (jnp.reshape(out, (-1, out.shape[-1])),
           jnp.reshape(dots_logsumexp, (-1,)))
+
+
+def _masked_keys_major(dots, mask_fn, q_info, kv_info):
+  """`mask_fn` applied to keys-major logits `dots [..., W, C]`.
+
+  `mask_self_attention` is elementwise, so it takes the infos broadcast that
+  way; any other `mask_fn` sees Trax's query-major `[..., C, W]` layout.
+  """
+  if mask_fn is None:
+    return dots
+  if getattr(mask_fn, 'func', mask_fn) is mask_self_attention:
+    return mask_fn(dots, q_info[..., None, :], kv_info[..., :, None])
+  masked = mask_fn(jnp.swapaxes(dots, -1, -2), q_info[..., :, None],
+                   kv_info[..., None, :])
+  return jnp.swapaxes(masked, -1, -2)
 
 
 def project_step_heads(x, w, b=None):

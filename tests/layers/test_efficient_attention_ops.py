@@ -85,6 +85,27 @@ def test_attend_chunked_shared_qk_matches_reference():
     np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
 
 
+def test_attend_gives_a_custom_mask_fn_query_major_logits():
+  # A mask_fn that is not elementwise (it reads the layout: each query row
+  # keeps only its first key) still gets Trax's [chunks, C, W] logits.
+  q = np.asarray(_normal(0, (8, 4)))
+  k = np.asarray(_normal(1, (8, 4)))
+  v = np.asarray(_normal(2, (8, 3)))
+  seen = []
+
+  def first_key_only(dots, q_info, kv_info):
+    del q_info, kv_info
+    seen.append(dots.shape)
+    keys = jnp.arange(dots.shape[-1])
+    return jnp.where(keys == 0, dots, dots - 1e9)
+  out, _ = ea.attend(q, k, v, q_chunk_len=4, kv_chunk_len=4,
+                     n_chunks_before=1, mask_fn=first_key_only)
+  assert seen == [(2, 4, 8)]
+  # Chunk c's first key is the first of chunk c - 1 (wrapping): rows 4, 0.
+  want = np.concatenate([np.tile(v[4], (4, 1)), np.tile(v[0], (4, 1))])
+  np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
 @pytest.mark.parametrize('dropout', [0.0, 0.3])
 def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
   # 11 chunks of 4 in blocks of 3 (a remainder of 2): the values match the
