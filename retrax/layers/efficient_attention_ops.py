@@ -34,6 +34,8 @@ SELF_PENALTY = 1e5
 # 25.1 s), the loop's slicing and stacking cost more than the cache saves.
 BLOCK_CHUNKS = 64
 BLOCK_MIN_LOGITS = 2**23
+# Queries per chunk from which `attend` computes its logits keys-major.
+KEYS_MAJOR_MIN_QUERIES = 8
 
 
 def length_normalized(x, epsilon=1e-6):
@@ -263,17 +265,28 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
     keep = jax.random.bernoulli(rng, keep_prob, q.shape[-2:-1] + k.shape[-2:-1])
 
   def attend_block(q, k, v, q_info, kv_info):
-    # Logits keys-major, [N, W, C]: the softmax reduces over a non-minor axis,
-    # which XLA:CPU vectorises across queries (2x faster than over the
-    # minor axis, which it splits into windows).
-    dots = precision.einsum('...wd,...cd->...wc', k, q)
-    dots = _masked_keys_major(dots, mask_fn, q_info, kv_info)
-    dots_logsumexp = jax.nn.logsumexp(dots, axis=-2, keepdims=True)
+    # With many queries the logits are keys-major, [N, W, C]: the softmax
+    # then reduces over a non-minor axis, which XLA:CPU vectorises across
+    # queries (2x faster than over the minor axis, which it splits into
+    # windows). A decoding step's one query keeps them query-major.
+    keys_major = q.shape[-2] >= KEYS_MAJOR_MIN_QUERIES
+    if keys_major:
+      dots = precision.einsum('...wd,...cd->...wc', k, q)
+      dots = _masked_keys_major(dots, mask_fn, q_info, kv_info)
+    else:
+      dots = precision.matmul(q, jnp.swapaxes(k, -1, -2))  # [N, C, W]
+      if mask_fn is not None:
+        dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])
+    axis = -2 if keys_major else -1
+    dots_logsumexp = jax.nn.logsumexp(dots, axis=axis, keepdims=True)
     dots = jnp.exp(dots - dots_logsumexp)
     if keep is not None:
-      mask = jnp.reshape(keep.T, (1,) * (dots.ndim - 2) + keep.T.shape)
+      kept = keep.T if keys_major else keep
+      mask = jnp.reshape(kept, (1,) * (dots.ndim - 2) + kept.shape)
       dots = dots * (mask.astype(dots.dtype) / keep_prob)
-    out = precision.einsum('...wc,...wv->...cv', dots, v)  # [N, C, V]
+    if not keys_major:
+      return precision.matmul(dots, v), dots_logsumexp  # [N, C, V]
+    out = precision.einsum('...wc,...wv->...cv', dots, v)
     return out, jnp.swapaxes(dots_logsumexp, -1, -2)
 
   if (q.ndim == 3 and q.shape[0] > BLOCK_CHUNKS and

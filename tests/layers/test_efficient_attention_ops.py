@@ -67,7 +67,10 @@ def test_mask_self_attention_penalties():
   np.testing.assert_allclose(got, [[-1e9, -1e5, -1e9]])
 
 
-def test_attend_chunked_shared_qk_matches_reference():
+@pytest.mark.parametrize('keys_major_from', [1, 100])  # both logit layouts
+def test_attend_chunked_shared_qk_matches_reference(monkeypatch,
+                                                    keys_major_from):
+  monkeypatch.setattr(ops, 'KEYS_MAJOR_MIN_QUERIES', keys_major_from)
   causal = True
   q = np.asarray(_normal(0, (12, 4)))
   v = np.asarray(_normal(1, (12, 3)))
@@ -85,9 +88,12 @@ def test_attend_chunked_shared_qk_matches_reference():
     np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
 
 
-def test_attend_gives_a_custom_mask_fn_query_major_logits():
+@pytest.mark.parametrize('keys_major_from', [1, 100])  # both logit layouts
+def test_attend_gives_a_custom_mask_fn_query_major_logits(monkeypatch,
+                                                          keys_major_from):
   # A mask_fn that is not elementwise (it reads the layout: each query row
   # keeps only its first key) still gets Trax's [chunks, C, W] logits.
+  monkeypatch.setattr(ops, 'KEYS_MAJOR_MIN_QUERIES', keys_major_from)
   q = np.asarray(_normal(0, (8, 4)))
   k = np.asarray(_normal(1, (8, 4)))
   v = np.asarray(_normal(2, (8, 3)))
@@ -104,6 +110,33 @@ def test_attend_gives_a_custom_mask_fn_query_major_logits():
   # Chunk c's first key is the first of chunk c - 1 (wrapping): rows 4, 0.
   want = np.concatenate([np.tile(v[4], (4, 1)), np.tile(v[0], (4, 1))])
   np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+def test_attend_logit_layouts_agree_with_dropout(monkeypatch):
+  # Keys-major and query-major logits: the same dropout bits, values and
+  # gradients.
+  q = np.asarray(_normal(0, (24, 4)))
+  v = np.asarray(_normal(1, (24, 3)))
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True)
+
+  def value_and_grads(keys_major_from):
+    monkeypatch.setattr(ops, 'KEYS_MAJOR_MIN_QUERIES', keys_major_from)
+    def loss(q, v):
+      out, lse = ops.attend(q, None, v, q_chunk_len=4, n_chunks_before=1,
+                            mask_fn=mask_fn, dropout=0.4,
+                            rng=jax.random.PRNGKey(3))
+      return jnp.sum(out * out) + jnp.sum(lse), out
+    (_, out), grads = jax.value_and_grad(loss, (0, 1), has_aux=True)(q, v)
+    return out, grads
+  out_k, grads_k = value_and_grads(1)
+  out_q, grads_q = value_and_grads(100)
+  np.testing.assert_allclose(out_k, out_q, rtol=1e-5, atol=1e-6)
+  for a, b in zip(grads_k, grads_q):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  no_dropout, _ = ops.attend(q, None, v, q_chunk_len=4, n_chunks_before=1,
+                             mask_fn=mask_fn)
+  assert not np.allclose(out_k, no_dropout)  # The dropout did drop.
 
 
 @pytest.mark.parametrize('dropout', [0.0, 0.3])
