@@ -270,13 +270,7 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
     # queries (2x faster than over the minor axis, which it splits into
     # windows). A decoding step's one query keeps them query-major.
     keys_major = q.shape[-2] >= KEYS_MAJOR_MIN_QUERIES
-    if keys_major:
-      dots = precision.einsum('...wd,...cd->...wc', k, q)
-      dots = _masked_keys_major(dots, mask_fn, q_info, kv_info)
-    else:
-      dots = precision.matmul(q, jnp.swapaxes(k, -1, -2))  # [N, C, W]
-      if mask_fn is not None:
-        dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])
+    dots = _masked_logits(q, k, mask_fn, q_info, kv_info, keys_major)
     axis = -2 if keys_major else -1
     dots_logsumexp = jax.nn.logsumexp(dots, axis=axis, keepdims=True)
     dots = jnp.exp(dots - dots_logsumexp)
@@ -301,20 +295,22 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
           jnp.reshape(dots_logsumexp, (-1,)))
 
 
-def _masked_keys_major(dots, mask_fn, q_info, kv_info):
-  """`mask_fn` applied to keys-major logits `dots [..., W, C]`.
+def _masked_logits(q, k, mask_fn, q_info, kv_info, keys_major):
+  """Logits `[..., C, W]` of `q` and `k`, or keys-major `[..., W, C]`, masked.
 
-  `mask_self_attention` is elementwise, so it takes the infos broadcast that
-  way; any other `mask_fn` sees Trax's query-major `[..., C, W]` layout.
+  `mask_self_attention` is elementwise, so it takes the infos broadcast
+  keys-major; any other `mask_fn` sees Trax's query-major layout.
   """
-  if mask_fn is None:
-    return dots
-  if getattr(mask_fn, 'func', mask_fn) is mask_self_attention:
+  if keys_major and getattr(mask_fn, 'func', mask_fn) in (
+      None, mask_self_attention):
+    dots = precision.einsum('...wd,...cd->...wc', k, q)
+    if mask_fn is None:
+      return dots
     return mask_fn(dots, q_info[..., None, :], kv_info[..., :, None])
-  masked = mask_fn(jnp.swapaxes(dots, -1, -2), q_info[..., :, None],
-                   kv_info[..., None, :])
-  return jnp.swapaxes(masked, -1, -2)
-
+  dots = precision.matmul(q, jnp.swapaxes(k, -1, -2))
+  if mask_fn is not None:
+    dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])
+  return jnp.swapaxes(dots, -1, -2) if keys_major else dots
 
 def project_step_heads(x, w, b=None):
   """A decoding step's rows `x [B, 1, M]` times every head's `w [H, M, d]` (+ `b [H, d]`).
