@@ -138,6 +138,40 @@ def test_bf16_batched_gradients_sum_over_broadcast_batches(bf16):
                              rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize('policy', ['float32', 'bfloat16'])
+def test_attention_products_in_both_layouts(policy):
+  # Values and gradients against float64 NumPy on the policy's operands; the
+  # gradients of q and k each sum both logit layouts' cotangents.
+  rnd = _rounded if policy == 'bfloat16' else (lambda x: np.asarray(x, np.float64))
+  q, k, v = _rand(0, (3, 32, 8)), _rand(1, (3, 48, 8)), _rand(2, (3, 48, 5))
+  ct_km, ct_qm = _rand(3, (3, 48, 32)), _rand(4, (3, 32, 48))
+  p, ct = jax.nn.softmax(_rand(5, (3, 32, 48))), _rand(6, (3, 32, 5))
+  t = functools.partial(np.swapaxes, axis1=-1, axis2=-2)
+
+  def logits_loss(q, k):
+    s_km, s_qm = precision.logits_both_layouts(q, k)
+    return jnp.sum(s_km * ct_km) + jnp.sum(s_qm * ct_qm), (s_km, s_qm)
+
+  def values_loss(p, p_km, v):
+    return jnp.sum(precision.probs_times_values(p, p_km, v) * ct)
+  with precision.matmul_precision(policy):
+    (dq, dk), (s_km, s_qm) = jax.grad(logits_loss, (0, 1), has_aux=True)(q, k)
+    out = precision.probs_times_values(p, jnp.swapaxes(p, -1, -2), v)
+    dp, dp_km, dv = jax.grad(values_loss, (0, 1, 2))(
+        p, jnp.swapaxes(p, -1, -2), v)
+  close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5)
+  close(s_km, rnd(k) @ t(rnd(q)))
+  close(s_qm, rnd(q) @ t(rnd(k)))
+  close(dq, rnd(ct_qm + t(ct_km)) @ rnd(k))
+  close(dk, rnd(ct_km + t(ct_qm)) @ rnd(q))
+  close(out, rnd(p) @ rnd(v))
+  close(dp, rnd(ct) @ t(rnd(v)))
+  close(dv, rnd(t(p)) @ rnd(ct))
+  np.testing.assert_array_equal(dp_km, np.zeros(dp_km.shape))
+  if policy == 'bfloat16':  # The operands were rounded.
+    assert np.max(np.abs(np.asarray(out) - np.asarray(p, np.float64) @ v)) > 1e-4
+
 def test_jitted_functions_retrace_when_the_policy_changes():
   a, b = _rand(0, (64, 32)), _rand(1, (32, 8))
   f = jax.jit(precision.dot)

@@ -198,5 +198,91 @@ def _bwd(spec, dtype, residuals, ct):
 
 _low_precision_einsum.defvjp(_fwd, _bwd)
 
+
+# Attention blocks. Under the bfloat16 policy XLA:CPU runs a batched matmul
+# that contracts a non-minor axis of its first operand (`P^T v` for keys-major
+# probabilities `P^T [.., W, C]`, the queries' gradient `dS^T k`) through
+# float32 copies of both operands and a slow kernel: ~4x the time of one that
+# contracts a minor axis. The two functions below compute a block's logits in
+# both layouts, so that every product and gradient contracts minor axes.
+
+
+def _mm(spec, dtype, a, b):
+  """`einsum(spec, a, b)`, in `dtype` with float32 sums (None: as given)."""
+  if dtype is None:
+    return jnp.einsum(spec, a, b)
+  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def logits_both_layouts(q, k):
+  """`(k q^T, q k^T)`: logits keys-major `[..., W, C]` and query-major `[..., C, W]`.
+
+  `q [..., C, D]` and `k [..., W, D]` share their leading axes. Under the
+  policy both products, and the gradients, run in bfloat16 with float32 sums.
+  The queries' gradient contracts the query-major cotangent plus the
+  keys-major one transposed, the keys' gradient the other way round.
+  """
+  return _logits_both(_policy_dtype(q, k), q, k)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _logits_both(dtype, q, k):
+  return (_mm('...wd,...cd->...wc', dtype, k, q),
+          _mm('...cd,...wd->...cw', dtype, q, k))
+
+
+def _logits_both_fwd(dtype, q, k):
+  return _logits_both(dtype, q, k), (q, k)
+
+
+def _logits_both_bwd(dtype, residuals, cts):
+  q, k = residuals
+  ct_km, ct_qm = cts
+  ds_qm = ct_qm + jnp.swapaxes(ct_km, -1, -2)
+  ds_km = ct_km + jnp.swapaxes(ct_qm, -1, -2)
+  return (_mm('...cw,...wd->...cd', dtype, ds_qm, k).astype(q.dtype),
+          _mm('...wc,...cd->...wd', dtype, ds_km, q).astype(k.dtype))
+
+
+_logits_both.defvjp(_logits_both_fwd, _logits_both_bwd)
+
+
+def probs_times_values(p, p_keys_major, v):
+  """`p [..., C, W] @ v [..., W, V]`; the gradient of `v` is `p_keys_major @ ct`.
+
+  `p_keys_major` holds `p` transposed (`[..., W, C]`) and gets no gradient:
+  pass it through `jax.lax.stop_gradient`. Under the policy the product and
+  both gradients run in bfloat16 with float32 sums.
+  """
+  dtype = _policy_dtype(p, v)
+  if jnp.result_type(p_keys_major) != jnp.float32:
+    dtype = None
+  return _probs_values(dtype, p, p_keys_major, v)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _probs_values(dtype, p, p_keys_major, v):
+  del p_keys_major  # Only the gradient reads it.
+  return _mm('...cw,...wv->...cv', dtype, p, v)
+
+
+def _probs_values_fwd(dtype, p, p_keys_major, v):
+  low = p_keys_major if dtype is None else p_keys_major.astype(dtype)
+  return _probs_values(dtype, p, p_keys_major, v), (low, v)
+
+
+def _probs_values_bwd(dtype, residuals, ct):
+  p_keys_major, v = residuals
+  dp = _mm('...cv,...wv->...cw', dtype, ct, v)
+  dv = _mm('...wc,...cv->...wv', dtype, p_keys_major, ct).astype(v.dtype)
+  # Under the policy `p_keys_major` was float32 (see probs_times_values).
+  zero = jnp.zeros(p_keys_major.shape,
+                   p_keys_major.dtype if dtype is None else jnp.float32)
+  return dp, zero, dv
+
+
+_probs_values.defvjp(_probs_values_fwd, _probs_values_bwd)
+
 if os.environ.get(ENV_VAR):
   _current['name'] = _checked(os.environ[ENV_VAR])

@@ -1,6 +1,7 @@
 """Tests of the efficient-attention array functions: hashing, masks, attend, permutations."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -232,3 +233,49 @@ def test_permutations_and_their_gradients(permute):
   np.testing.assert_allclose(f(val), val[perm])
   grad = jax.grad(lambda x: jnp.sum(w * f(x)))(val)
   np.testing.assert_allclose(grad, w[inv])
+
+
+def _dots_contract_first_operands_minor_axis(fun, *args):
+  """Whether every dot XLA compiles `fun` to contracts its lhs's last axis.
+
+  Read from the optimised HLO, after XLA has folded transposes into dots.
+  """
+  hlo = jax.jit(lambda *a: fun(*a)).lower(*args).compile().as_text()  # no cache
+  ranks = {name: len(dims.split(',')) if dims else 0 for name, dims in
+           re.findall(r'(%[\w.-]+) = \w+\[([\d,]*)\]', hlo)}
+  dots = re.findall(r' dot\((%[\w.-]+), [^)]*\), lhs_batch_dims=\{[\d,]*\}, '
+                    r'lhs_contracting_dims=\{(\d+)\}', hlo)
+  assert dots, hlo
+  return all(int(axis) == ranks[lhs] - 1 for lhs, axis in dots)
+
+
+@pytest.mark.parametrize('dropout', [0.0, 0.3])
+def test_attend_bf16_logits_in_both_layouts(monkeypatch, dropout):
+  # With bfloat16 matmuls a block computes its logits keys-major and
+  # query-major, so that no matmul (forward or gradient) contracts a
+  # non-minor axis of its first operand. Values and gradients equal the
+  # one-layout computation's under the same policy (the same bfloat16
+  # roundings, with the same dropout bits).
+  q = np.asarray(_normal(0, (96, 8)))  # 12 chunks of 8: 96 rows, bf16.
+  v = np.asarray(_normal(1, (96, 4)))
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True)
+
+  def loss(q, v):
+    out, lse = ops.attend(q, None, v, q_chunk_len=8, n_chunks_before=1,
+                          mask_fn=mask_fn, dropout=dropout,
+                          rng=jax.random.PRNGKey(3))
+    return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(lse)), (out, lse)
+
+  grad = jax.grad(loss, (0, 1), has_aux=True)
+  float32 = jax.tree_util.tree_leaves(grad(q, v))
+  with precision.matmul_precision('bfloat16'):
+    assert _dots_contract_first_operands_minor_axis(grad, q, v)
+    both = jax.tree_util.tree_leaves(grad(q, v))
+    monkeypatch.setattr(ops, 'BOTH_LAYOUTS_POLICIES', ())
+    assert not _dots_contract_first_operands_minor_axis(grad, q, v)
+    one = jax.tree_util.tree_leaves(grad(q, v))
+  for a, b, c in zip(both, one, float32):
+    scale = np.median(np.abs(b))  # (lse has -1e5 where a query sees itself)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
+    assert np.max(np.abs(a - c)) > 1e-4 * scale  # bfloat16 did round.
