@@ -1,10 +1,15 @@
 """`ReversibleSerial`: a `Serial` of reversible layers whose backward pass stores no activations."""
 
 import jax
+import numpy as np
 
 from retrax.fastmath import numpy as jnp
 from retrax.layers import combinators as cb
 from retrax.layers.base import in_sublayer
+from retrax.layers.repeats import repeat_period
+from retrax.layers.repeats import stack_groups
+from retrax.layers.repeats import stackable
+from retrax.layers.repeats import unstack_groups
 from retrax.layers.reversible_layer import ReversibleLayer
 from retrax.layers.stack import check_arity
 from retrax.layers.stack import inputs_from_stack
@@ -25,6 +30,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   def __init__(self, *layers):
     super().__init__(*layers)
     self._predict_mode = None
+    self._period = False  # Not yet known (see `_scan_period`).
     for i, layer in enumerate(self.sublayers):
       if not isinstance(layer, ReversibleLayer):
         raise ValueError(
@@ -34,15 +40,59 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
             f'for stack moves.')
 
   def forward(self, xs):
-    """Runs the layers in order, each one's work tied to its inputs (see `_tie_to`)."""
+    """Runs the layers in order, each one's work tied to its inputs (see `_tie_to`).
+
+    Under tracing, a run of identical blocks becomes one `lax.scan` over
+    their stacked weights (see `_scan_period`).
+    """
     if not self.sublayers:
       return xs
     rngs = split_rngs(self.rng, len(self.sublayers))
+    period = self._scan_period(xs, self.weights, (self.state,), rngs)
+    if period:
+      block = self.sublayers[:period]
+
+      def run_block(stack, group):
+        return run_layers(self, block, stack, *group, use_cache=False)
+      outputs, states = jax.lax.scan(
+          run_block, xs, _groups(period, self.weights, self.state, rngs))
+      self.state = unstack_groups(states, len(self.sublayers) // period)
+      return outputs
     prepare = None if self._decodes() else (
         lambda w, r, stack: _tie_to((w, r), stack))
     outputs, self.state = run_layers(self, self.sublayers, xs, self.weights,
                                      self.state, rngs, prepare=prepare)
     return outputs
+
+  def _scan_period(self, stack, weights, states, rngs):
+    """The block length to scan over, or None to run the layers in a loop.
+
+    Scans when tracing (not decoding) a stack of `>= 2` copies of one block
+    (`repeats.repeat_period`) whose weights, states and keys stack, and the
+    block maps the stack to a stack of the same shapes and dtypes. Compile
+    time then stays flat in depth.
+    """
+    if self._period is False:
+      self._period = repeat_period(self.sublayers)
+    period = self._period
+    if (period is None or self._decodes() or rngs[0] is None or
+        not any(isinstance(x, jax.core.Tracer) for x in
+                jax.tree_util.tree_leaves((stack, weights, rngs))) or
+        not stackable(weights, period, floats=True) or
+        not all(stackable(s, period) for s in states)):
+      return None
+    block = self.sublayers[:period]
+    out, _ = jax.eval_shape(
+        lambda x, *group: run_layers(self, block, x, *group, use_cache=False),
+        stack, weights[:period], states[0][:period], tuple(rngs[:period]))
+    same = jax.tree_util.tree_map(
+        lambda a, b: np.shape(a) == np.shape(b) and a.dtype == b.dtype, out,
+        stack)
+    if (jax.tree_util.tree_structure(out) !=
+        jax.tree_util.tree_structure(stack) or
+        not all(jax.tree_util.tree_leaves(same))):
+      return None
+    return period
 
   def _decodes(self):
     """True if a sublayer is in 'predict' mode.
@@ -62,29 +112,22 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     if not n:
       return output, (grad, ())
     rngs = split_rngs(rng, n)
-    stack, stack_ct = output, grad
-    weights_ct = [None] * n
-    for i in reversed(range(n)):
-      layer = self.sublayers[i]
-      w, s, ns, r = weights[i], state[i], new_state[i], rngs[i]
-      if grad is not None:
-        # Layer i's recomputation may start only once layer i+1's gradients
-        # (inputs and weights) exist; otherwise XLA may run all
-        # reconstructions first and keep O(depth) activations alive.
-        prev_w_ct = weights_ct[i + 1] if i + 1 < n else ()
-        w, r = _tie_to((w, r), (stack, stack_ct, prev_w_ct))
-      with in_sublayer(self, i):
-        check_arity(layer, stack, layer.n_out, 'reverse',
-                    what='outputs to reverse')
-        y = inputs_from_stack(stack, layer.n_out)
-        if grad is None:
-          x = layer.reverse(y, w, s, ns, r)
-        else:
-          ct = inputs_from_stack(stack_ct, layer.n_out)
-          x, (x_ct, weights_ct[i]) = layer.reverse_and_grad(y, ct, w, s, ns, r)
-          stack_ct = outputs_onto_stack(x_ct, stack_ct, layer.n_out)
-      stack = outputs_onto_stack(x, stack, layer.n_out)
-    return stack, (stack_ct, tuple(weights_ct))
+    period = self._scan_period(output, weights, (state, new_state), rngs)
+    if not period:
+      return _walk_back_layers(self, self.sublayers, output, grad, weights,
+                               state, new_state, rngs)
+    block = self.sublayers[:period]
+
+    def back_block(carry, group):
+      stack, (stack_ct, weights_ct) = _walk_back_layers(self, block, *carry,
+                                                        *group)
+      return (stack, stack_ct), weights_ct
+    (stack, stack_ct), weights_ct = jax.lax.scan(
+        back_block, (output, grad),
+        _groups(period, weights, state, new_state, rngs), reverse=True)
+    if grad is None:
+      return stack, (None, ())
+    return stack, (stack_ct, unstack_groups(weights_ct, n // period))
 
   def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
     return self._walk_back(output, None, weights, state, new_state, rng)[0]
@@ -95,6 +138,43 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
       raise ValueError('ReversibleSerial.reverse_and_grad needs a gradient; '
                        'got None (use reverse() to only reconstruct).')
     return self._walk_back(output, grad, weights, state, new_state, rng)
+
+
+def _walk_back_layers(parent, layers, stack, stack_ct, weights, state,
+                      new_state, rngs):
+  """Walks `layers` last to first from their output `stack`.
+
+  Returns `(input stack, (input cotangents, weight cotangents))`; with
+  `stack_ct` None it only reconstructs (`(stack, (None, (None, ...)))`).
+  """
+  n = len(layers)
+  weights_ct = [None] * n
+  for i in reversed(range(n)):
+    layer = layers[i]
+    w, s, ns, r = weights[i], state[i], new_state[i], rngs[i]
+    if stack_ct is not None:
+      # Layer i's recomputation may start only once layer i+1's gradients
+      # (inputs and weights) exist; otherwise XLA may run all
+      # reconstructions first and keep O(depth) activations alive.
+      prev_w_ct = weights_ct[i + 1] if i + 1 < n else ()
+      w, r = _tie_to((w, r), (stack, stack_ct, prev_w_ct))
+    with in_sublayer(parent, i):
+      check_arity(layer, stack, layer.n_out, 'reverse',
+                  what='outputs to reverse')
+      y = inputs_from_stack(stack, layer.n_out)
+      if stack_ct is None:
+        x = layer.reverse(y, w, s, ns, r)
+      else:
+        ct = inputs_from_stack(stack_ct, layer.n_out)
+        x, (x_ct, weights_ct[i]) = layer.reverse_and_grad(y, ct, w, s, ns, r)
+        stack_ct = outputs_onto_stack(x_ct, stack_ct, layer.n_out)
+    stack = outputs_onto_stack(x, stack, layer.n_out)
+  return stack, (stack_ct, tuple(weights_ct))
+
+
+def _groups(period, *per_layer):
+  """Each per-layer tuple (keys: an array) stacked into `period` groups."""
+  return tuple(stack_groups(tuple(trees), period) for trees in per_layer)
 
 
 def _tie_to(tree, data):

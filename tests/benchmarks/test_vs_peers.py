@@ -32,16 +32,17 @@ def test_bucket_count_is_retrax_default():
 
 
 def test_forward_flops_close_to_xla_cost_analysis():
-  # All heads in one group: no lax.scan, so XLA counts every op once. XLA
-  # also counts elementwise work, which the matmul-only closed form omits.
-  cfg = dict(vocab=64, d_model=64, d_ff=256, n_heads=2, d_head=32, n_layers=2,
+  # All heads in one group and one layer: no lax.scan (over heads, or over
+  # repeated layers), so XLA counts every op once. XLA also counts
+  # elementwise work, which the matmul-only closed form omits.
+  cfg = dict(vocab=64, d_model=64, d_ff=256, n_heads=2, d_head=32, n_layers=1,
              n_hashes=2, chunk_len=16)
   length = 256
   attention = functools.partial(tl.LSHSelfAttention, n_hashes=2, chunk_len=16,
                                 n_parallel_heads=None)
   model = models.ReformerLM(
       vocab_size=64, d_model=64, d_ff=256, d_attention_key=32,
-      d_attention_value=32, n_layers=2, n_heads=2, dropout=0.0,
+      d_attention_value=32, n_layers=1, n_heads=2, dropout=0.0,
       max_len=length, attention_type=attention, mode='eval')
   x = np.zeros((1, length), np.int32)
   # The model's own broadcasting is not this test's subject (conftest.py
