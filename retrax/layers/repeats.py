@@ -17,10 +17,12 @@ import numpy as np
 from retrax.fastmath import numpy as jnp
 from retrax.layers.base import Layer
 
-# Per-instance bookkeeping that does not change what a layer computes.
+# Per-instance bookkeeping that does not change what a layer computes (the
+# last two: `ReversibleSerial`'s caches of its mode and its block length).
 _RUNTIME_ATTRS = frozenset({
     '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
-    '_path_element_fn', '_name', '_sublayers_to_print'})
+    '_path_element_fn', '_name', '_sublayers_to_print', '_predict_mode',
+    '_period'})
 
 
 def same_layer(a, b):

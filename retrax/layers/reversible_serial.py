@@ -125,8 +125,6 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     (stack, stack_ct), weights_ct = jax.lax.scan(
         back_block, (output, grad),
         _groups(period, weights, state, new_state, rngs), reverse=True)
-    if grad is None:
-      return stack, (None, ())
     return stack, (stack_ct, unstack_groups(weights_ct, n // period))
 
   def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
