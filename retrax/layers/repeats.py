@@ -91,6 +91,12 @@ def repeat_period(layers):
   return None
 
 
+def tree_spec(tree):
+  """A tree's structure with its leaves' shapes and dtypes: equal specs stack."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves)
+
+
 def stackable(trees, period, floats=False):
   """True if the per-layer `trees` (one per layer) stack into `period` groups.
 
@@ -98,15 +104,12 @@ def stackable(trees, period, floats=False):
   gradients stack too), and the layers `period` apart must have trees of the
   same structure, shapes and dtypes.
   """
-  def spec(tree):
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves)
   leaves = jax.tree_util.tree_leaves(trees)
   if not all(isinstance(x, (np.ndarray, jax.Array)) and
              (not floats or jnp.issubdtype(x.dtype, jnp.floating))
              for x in leaves):
     return False
-  return all(spec(trees[i]) == spec(trees[i % period])
+  return all(tree_spec(trees[i]) == tree_spec(trees[i % period])
              for i in range(period, len(trees)))
 
 

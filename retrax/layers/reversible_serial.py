@@ -1,7 +1,6 @@
 """`ReversibleSerial`: a `Serial` of reversible layers whose backward pass stores no activations."""
 
 import jax
-import numpy as np
 
 from retrax.fastmath import numpy as jnp
 from retrax.layers import combinators as cb
@@ -9,6 +8,7 @@ from retrax.layers.base import in_sublayer
 from retrax.layers.repeats import repeat_period
 from retrax.layers.repeats import stack_groups
 from retrax.layers.repeats import stackable
+from retrax.layers.repeats import tree_spec
 from retrax.layers.repeats import unstack_groups
 from retrax.layers.reversible_layer import ReversibleLayer
 from retrax.layers.stack import check_arity
@@ -50,12 +50,9 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     rngs = split_rngs(self.rng, len(self.sublayers))
     period = self._scan_period(xs, self.weights, (self.state,), rngs)
     if period:
-      block = self.sublayers[:period]
-
-      def run_block(stack, group):
-        return run_layers(self, block, stack, *group, use_cache=False)
       outputs, states = jax.lax.scan(
-          run_block, xs, _groups(period, self.weights, self.state, rngs))
+          self._block_fn(period), xs,
+          _groups(period, self.weights, self.state, rngs))
       self.state = unstack_groups(states, len(self.sublayers) // period)
       return outputs
     prepare = None if self._decodes() else (
@@ -81,18 +78,15 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
         not stackable(weights, period, floats=True) or
         not all(stackable(s, period) for s in states)):
       return None
+    out, _ = jax.eval_shape(self._block_fn(period), stack, (
+        weights[:period], states[0][:period], tuple(rngs[:period])))
+    return period if tree_spec(out) == tree_spec(stack) else None
+
+  def _block_fn(self, period):
+    """`(stack, (weights, state, keys)) -> (stack, new_state)` of the first block."""
     block = self.sublayers[:period]
-    out, _ = jax.eval_shape(
-        lambda x, *group: run_layers(self, block, x, *group, use_cache=False),
-        stack, weights[:period], states[0][:period], tuple(rngs[:period]))
-    same = jax.tree_util.tree_map(
-        lambda a, b: np.shape(a) == np.shape(b) and a.dtype == b.dtype, out,
-        stack)
-    if (jax.tree_util.tree_structure(out) !=
-        jax.tree_util.tree_structure(stack) or
-        not all(jax.tree_util.tree_leaves(same))):
-      return None
-    return period
+    return lambda stack, group: run_layers(self, block, stack, *group,
+                                           use_cache=False)
 
   def _decodes(self):
     """True if a sublayer is in 'predict' mode.

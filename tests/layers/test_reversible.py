@@ -74,6 +74,21 @@ def loss_of(outputs):
   return jnp.sum(y1 * y1) + jnp.sum(jnp.sin(y2) * y1)
 
 
+def assert_grads_equal_plain(model, x, weights, state, rng):
+  """`model`'s loss and gradients (jitted) equal `plain_stack`'s; returns them."""
+  def rev_loss(w, x):
+    return loss_of(model.pure_fn(x, w, state, rng)[0])
+
+  def ref_loss(w, x):
+    return loss_of(plain_stack(model.sublayers, x, w, state, rng))
+
+  got = jax.jit(jax.value_and_grad(rev_loss, argnums=(0, 1)))(weights, x)
+  want = jax.value_and_grad(ref_loss, argnums=(0, 1))(weights, x)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+  assert_trees_close(got[1], want[1])
+  return got
+
+
 def assert_trees_close(got, want, rtol=1e-4, atol=1e-6):
   """Leafwise allclose; fp32 round-off is judged against each leaf's scale."""
   got_leaves, got_def = jax.tree_util.tree_flatten(got)
@@ -220,18 +235,8 @@ def test_grads_equal_plain_residual_network(dropout):
   model = rv.ReversibleSerial(rev_blocks(1, dropout=dropout))
   x = random_pair(4)
   weights, state = model.init(signature(x), rng=jax.random.PRNGKey(5))
-  rng = jax.random.PRNGKey(6)
-
-  def rev_loss(w, x):
-    return loss_of(model.pure_fn(x, w, state, rng)[0])
-
-  def ref_loss(w, x):
-    return loss_of(plain_stack(model.sublayers, x, w, state, rng))
-
-  got = jax.jit(jax.value_and_grad(rev_loss, argnums=(0, 1)))(weights, x)
-  want = jax.value_and_grad(ref_loss, argnums=(0, 1))(weights, x)
-  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
-  assert_trees_close(got[1], want[1])
+  got = assert_grads_equal_plain(model, x, weights, state,
+                                 jax.random.PRNGKey(6))
   if dropout:  # the masks are really there: another rng, another loss
     value2 = loss_of(model.pure_fn(x, weights, state,
                                    jax.random.PRNGKey(7))[0])

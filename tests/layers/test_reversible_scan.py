@@ -9,7 +9,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from retrax.layers import core
@@ -18,10 +17,10 @@ from retrax.layers import reversible as rv
 from retrax.layers import reversible_serial
 from retrax.shapes import signature
 
+from test_reversible import assert_grads_equal_plain
 from test_reversible import assert_trees_close
 from test_reversible import ff
 from test_reversible import loss_of
-from test_reversible import plain_stack
 from test_reversible import random_pair
 from test_reversible import rev_blocks
 
@@ -40,17 +39,7 @@ def test_scanned_blocks_have_the_plain_networks_values_and_grads(dropout):
   weights, state = model.init(signature(x), rng=jax.random.PRNGKey(12))
   rng = jax.random.PRNGKey(13)
   assert _uses_scan(model, x, weights, state, rng)
-
-  def rev_loss(w, x):
-    return loss_of(model.pure_fn(x, w, state, rng)[0])
-
-  def ref_loss(w, x):
-    return loss_of(plain_stack(model.sublayers, x, w, state, rng))
-
-  got = jax.jit(jax.value_and_grad(rev_loss, argnums=(0, 1)))(weights, x)
-  want = jax.value_and_grad(ref_loss, argnums=(0, 1))(weights, x)
-  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
-  assert_trees_close(got[1], want[1])
+  assert_grads_equal_plain(model, x, weights, state, rng)
 
 
 def test_scanned_reverse_recovers_inputs_and_state_matches_the_loop():
@@ -96,8 +85,9 @@ def test_repeat_period_compares_configuration_not_weights():
   assert repeats.repeat_period(block() + block(d_ff=32)) is None
   assert repeats.repeat_period(block(dropout=0.1) + block(dropout=0.2)) is None
   assert repeats.repeat_period(block()) is None
-  gelu = functools.partial(jnp.tanh)
-  assert repeats.same_layer(core.Fn('F', gelu), core.Fn('F', gelu))
+  partial_tanh = functools.partial(jnp.tanh)
+  assert repeats.same_layer(core.Fn('F', partial_tanh),
+                            core.Fn('F', partial_tanh))
   assert not repeats.same_layer(core.Fn('F', jnp.tanh), core.Fn('F', jnp.sin))
 
 
