@@ -5,7 +5,8 @@ untrusted place can run any code. `RestrictedUnpickler` resolves globals from
 a fixed table instead: numpy array/scalar/dtype reconstruction (under both the
 numpy 1.x `numpy.core` and numpy 2.x `numpy._core` paths), jax's
 `_reconstruct_array`, `collections.defaultdict`/`OrderedDict`, plain builtin
-types, ml_dtypes scalar types, and Trax's `ShapeDtype` and `History`, which
+types, numpy's and ml_dtypes' numeric scalar types (a `ShapeDtype` made with
+`np.int32` pickles the type), and Trax's `ShapeDtype` and `History`, which
 become the records of `retrax.checkpoints.records`. Each table entry is a
 small function written here that validates its arguments (no object dtypes,
 no structured dtypes, raw bytes only), so even an admitted name cannot be
@@ -154,6 +155,25 @@ def _dtype(obj, align=False, copy=True):
   return check_dtype(dtype)
 
 
+# numpy's numeric scalar types, named as `pickle` names them (`numpy.int32`).
+_NUMPY_SCALAR_TYPE_NAMES = (
+    'bool_', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32',
+    'uint64', 'float16', 'float32', 'float64', 'longdouble', 'complex64',
+    'complex128', 'clongdouble')
+
+
+def _numpy_scalar_types():
+  """Maps `('numpy', name)` of each numeric scalar type to its dtype."""
+  types = {('numpy', name): np.dtype(getattr(np, name))
+           for name in _NUMPY_SCALAR_TYPE_NAMES}
+  # numpy 1.x pickles bool_ as `numpy.bool_`, numpy 2.x as `numpy.bool`.
+  types[('numpy', 'bool')] = types[('numpy', 'bool_')]
+  return types
+
+
+_SCALAR_TYPES = _numpy_scalar_types()
+
+
 def _jax_reconstruct_array(fun, args, arr_state, aval_state=None):
   """Safe `jax._src.array._reconstruct_array`: returns a numpy array."""
   del aval_state  # weak_type etc.: irrelevant for stored values.
@@ -234,13 +254,18 @@ def _allowed_globals():
 
 
 _TABLE, _SAFE_RECONSTRUCT = _allowed_globals()
-ALLOWED_GLOBALS = frozenset(_TABLE)
+ALLOWED_GLOBALS = frozenset(_TABLE) | frozenset(_SCALAR_TYPES)
 
 
 class RestrictedUnpickler(pickle.Unpickler):
   """`pickle.Unpickler` that resolves only the globals in `ALLOWED_GLOBALS`."""
 
   def find_class(self, module, name):
+    if (module, name) in _SCALAR_TYPES:
+      # The dtype, not the type: a type is callable, so a pickle could feed it
+      # arguments; a fresh dtype copy is inert, equals the type
+      # (`np.dtype('int32') == np.int32`), and is what `ShapeDtype` holds.
+      return np.dtype(_SCALAR_TYPES[(module, name)], copy=True)
     try:
       return _TABLE[(module, name)]
     except KeyError:
