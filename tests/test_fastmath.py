@@ -4,7 +4,12 @@ The NumPy backend runs layers eagerly.
 """
 
 import collections
+import importlib
 import math
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import jax
@@ -45,6 +50,47 @@ def test_use_backend_switches_and_restores():
     with fastmath.use_backend(fastmath.Backend.NUMPY):
       raise RuntimeError('boom')
   assert fastmath.backend_name() == 'jax'
+
+
+def test_fastmath_numpy_is_an_importable_module_that_follows_the_backend():
+  # Trax has a module trax/fastmath/numpy.py: `import trax.fastmath.numpy as
+  # np` binds jax.numpy's names, NumPy's under the numpy backend.
+  fnp = importlib.import_module('retrax.fastmath.numpy')
+  assert fnp is fastmath.numpy is sys.modules['retrax.fastmath.numpy']
+  assert fnp.zeros is jnp.zeros and fnp.float32 is jnp.float32
+  with fastmath.use_backend('numpy'):
+    assert fnp.zeros is np.zeros
+  assert 'einsum' in dir(fnp)
+  # The tree functions Trax's module defines, importable by name from it.
+  from retrax.fastmath.numpy import nested_map
+  assert nested_map is fastmath.nested_map
+  # Not a package: `fnp.__path__` would let `import retrax.fastmath.numpy.X`
+  # reach into jax.numpy.
+  assert not hasattr(fnp, '__path__')
+  with pytest.raises(AttributeError):
+    fnp.not_a_numpy_name  # noqa: B018
+
+
+_COMPAT_FASTMATH_NUMPY = textwrap.dedent('''
+    from retrax import compat
+    compat.install()
+    import trax.fastmath.numpy as np
+    from trax import fastmath
+    import jax.numpy as jnp
+    assert np.zeros is jnp.zeros and fastmath.numpy.ones is jnp.ones
+    assert float(np.sum(np.arange(4.))) == 6.
+    print('OK')
+''')
+
+
+def test_trax_fastmath_numpy_imports_under_compat():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.pathsep.join(
+      [root, os.environ.get('PYTHONPATH', '')]))
+  proc = subprocess.run([sys.executable, '-c', _COMPAT_FASTMATH_NUMPY],
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and proc.stdout.strip().endswith('OK'), (
+      proc.stdout[-2000:] + proc.stderr[-4000:])
 
 
 def test_set_backend_and_reset():

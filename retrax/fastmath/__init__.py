@@ -1,12 +1,12 @@
 """Fast math on JAX under Trax's `fastmath` names; `use_backend('numpy')` runs layers eagerly on NumPy."""
 
+from retrax.fastmath import numpy as numpy
 from retrax.fastmath import precision as precision
 from retrax.fastmath import random as random
 from retrax.fastmath.backend import Backend as Backend
 from retrax.fastmath.backend import backend as backend
 from retrax.fastmath.backend import backend_name as backend_name
 from retrax.fastmath.backend import is_backend as is_backend
-from retrax.fastmath.backend import numpy as numpy
 from retrax.fastmath.backend import set_backend as set_backend
 from retrax.fastmath.backend import use_backend as use_backend
 from retrax.fastmath.ops import abstract_eval as abstract_eval
