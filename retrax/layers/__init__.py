@@ -1,5 +1,9 @@
 """retrax.layers: Trax's layers and combinators (`from retrax import layers as tl`)."""
 
+# Trax's star imports carry the modules its layer files import, so notebooks
+# call `tl.shapes.signature(...)` and `tl.fastmath.numpy`.
+from retrax import fastmath as fastmath
+from retrax import shapes as shapes
 from retrax.layers.acceleration import Accelerate as Accelerate
 from retrax.layers.acceleration import for_n_devices as for_n_devices
 from retrax.layers.acceleration import jit_forward as jit_forward

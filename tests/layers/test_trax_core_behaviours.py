@@ -120,3 +120,12 @@ def test_fastmath_backend_table_matches_backend():
     assert table[b]['name'] == b.value
     with fastmath.use_backend(b):
       assert fastmath.backend()['np'] is table[b]['np']
+
+
+def test_layers_namespace_carries_shapes_and_fastmath():
+  # In Trax, `from trax.layers.base import *` exports the modules base.py
+  # imports: notebooks call `tl.shapes.signature(...)`.
+  assert tl.shapes is shapes and tl.fastmath is fastmath
+  sig = tl.shapes.signature((np.zeros((2, 3), np.int32), np.ones(4)))
+  assert sig == (shapes.ShapeDtype((2, 3), np.int32),
+                 shapes.ShapeDtype((4,), np.float64))
