@@ -11,16 +11,19 @@ them, never by name alone:
 * an unreadable checkpoint (damaged files, no step) is skipped and reported,
   and never deleted;
 * an incomplete one (no `metadata.json`, only files a killed save leaves)
-  holds nothing loadable: rotation removes it.
+  holds nothing loadable: rotation removes it;
+* rotation deletes only the files a save writes (`metadata.json`, the arrays
+  file, temporaries), then the emptied directory; never through a symlink
+  or outside `directory`, and never another file put in a checkpoint.
 """
 
 import contextlib
 import os
 import re
-import shutil
 import typing
 import warnings
 
+from retrax.checkpoints import ownership
 from retrax.checkpoints.atomic import fsync_dir
 from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
@@ -162,21 +165,41 @@ def scan_checkpoints(directory, prefixes=(DEFAULT_PREFIX,), full=True,
                  key=lambda e: (-e.name_step, e.path)))
 
 
+def _removable(directory, path):
+  """Why rotation must keep checkpoint `path` of `directory` (None: it may go)."""
+  if os.path.islink(path) or not ownership.is_inside(directory, path):
+    return ('it is a symbolic link (or leads out of the directory); rotation '
+            'never deletes through a link')
+  try:
+    names = os.listdir(path)
+  except OSError as e:
+    return f'it cannot be listed ({e})'
+  foreign = [n for n in names if n != METADATA_FILE and not (
+      _PARTIAL_FILE_RE.match(n))]
+  if foreign:
+    return (f'it holds files no save writes ({", ".join(sorted(foreign)[:3])}'
+            '); rotation deletes only what a save wrote')
+  return None
+
+
 def _remove_checkpoint(path):
-  # Metadata first: a half-removed directory then reads as incomplete.
-  with contextlib.suppress(FileNotFoundError):
-    os.remove(os.path.join(path, METADATA_FILE))
-  shutil.rmtree(path, ignore_errors=True)
+  """Deletes a checkpoint's own files, metadata first (a half-removed one
+  then reads as incomplete), then the empty directory."""
+  names = sorted(os.listdir(path), key=lambda n: n != METADATA_FILE)
+  for name in names:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(os.path.join(path, name))
+  with contextlib.suppress(OSError):
+    os.rmdir(path)
 
 
 _REPORTED = set()
 
 
-def _report_once(entry, report):
-  if (entry.path, entry.error) not in _REPORTED:
-    _REPORTED.add((entry.path, entry.error))
-    report(f'checkpoint {entry.path} is unusable and is kept as it is: '
-           f'{entry.error}')
+def _report_once(path, why, report, state='is unusable and '):
+  if (path, why) not in _REPORTED:
+    _REPORTED.add((path, why))
+    report(f'checkpoint {path} {state}is kept as it is: {why}')
 
 
 def _warn(message):
@@ -188,7 +211,8 @@ def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX, report=None):
 
   "Newest" is by recorded step. Unusable checkpoints are not counted, never
   deleted and reported (once per process) through `report` (default: a
-  warning); incomplete ones (saves that never committed) are removed.
+  warning); incomplete ones (saves that never committed) are removed. One
+  that is a symlink or holds files no save writes is kept and reported.
 
   Raises:
     ValueError: bad `keep`.
@@ -198,14 +222,19 @@ def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX, report=None):
     raise ValueError(f'keep must be an int >= 1; got {keep!r}.')
   entries = scan_checkpoints(directory, (prefix,), cached=True)
   usable = [e for e in entries if e.error is None]
-  removed = [e.path for e in usable[:-keep]]
-  removed += [e.path for e in entries if e.incomplete]
+  doomed = usable[:-keep] + [e for e in entries if e.incomplete]
   for e in entries:
     if e.error is not None and not e.incomplete:
-      _report_once(e, report or _warn)
-  for p in removed:
-    _remove_checkpoint(p)
-    _VERIFIED.pop(os.path.abspath(p), None)
+      _report_once(e.path, e.error, report or _warn)
+  removed = []
+  for e in doomed:
+    why = _removable(directory, e.path)
+    if why is not None:
+      _report_once(e.path, why, report or _warn, state='')
+      continue
+    _remove_checkpoint(e.path)
+    _VERIFIED.pop(os.path.abspath(e.path), None)
+    removed.append(e.path)
   if removed:
     fsync_dir(os.fspath(directory))
   return removed

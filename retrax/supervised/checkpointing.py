@@ -38,6 +38,7 @@ import typing
 import numpy as np
 
 from retrax import checkpoints as ckpt_lib
+from retrax.checkpoints import ownership
 from retrax.shapes import ShapeDtype
 from retrax.supervised.batch_checks import NonFiniteLossError
 from retrax.supervised.train_state import TrainState
@@ -366,30 +367,35 @@ def save_in_dir(output_dir, host_state, basename=None, permanent=False, *,
       `history`, `batches`, `kind`, `loss_sums`).
   """
   step = host_state.step
-  path = save_path(output_dir, step, basename, permanent)
+  path = ownership.check_inside(output_dir, save_path(output_dir, step,
+                                                      basename, permanent))
+  trax_base = ownership.check_inside(output_dir, os.path.join(
+      output_dir, trax_basename(step, basename, permanent)))
   save_state(path, host_state, **state_info)
   if basename is None and not permanent:
     ckpt_lib.rotate_checkpoints(output_dir, keep, ROLLING_PREFIX,
                                 report=report)
   if write_trax_files:
-    save_trax_state(
-        os.path.join(output_dir, trax_basename(step, basename, permanent)),
-        host_state, state_info['history'], state_info['input_signature'])
+    save_trax_state(trax_base, host_state, state_info['history'],
+                    state_info['input_signature'])
   return path
 
 
 def remove_orphans(output_dir, log_files=()):
   """Removes the temporary files that killed writes left in `output_dir`, its
   checkpoint directories and beside the run's `log_files` (only names of
-  retrax's own temporary files)."""
+  retrax's own temporary files, only inside `output_dir`: never through a
+  symlink)."""
   removed = ckpt_lib.remove_orphan_temps(output_dir)
   for path in log_files:
+    ownership.check_inside(output_dir, path, 'clean up beside')
     removed += ckpt_lib.remove_orphan_temps(os.path.dirname(path),
                                             {os.path.basename(path)})
   removed += ckpt_lib.remove_orphan_staged_sidecars(output_dir)
   for prefix in (ROLLING_PREFIX, PERMANENT_PREFIX):
     for _, path in ckpt_lib.list_checkpoints(output_dir, prefix):
-      removed += ckpt_lib.remove_orphan_temps(path)
+      if not os.path.islink(path) and ownership.is_inside(output_dir, path):
+        removed += ckpt_lib.remove_orphan_temps(path)
   for path in removed:
     _log.info('Removed %s, left by an interrupted write.', path)
   return removed

@@ -23,7 +23,9 @@ import time
 import google_crc32c
 import numpy as np
 
+from retrax.checkpoints import ownership
 from retrax.checkpoints.atomic import atomic_write
+from retrax.errors import UserInputError
 from retrax.supervised import progress
 
 METRICS_FILE = 'metrics.jsonl'
@@ -38,7 +40,9 @@ class RunFiles:
   """The log files (paths relative to `output_dir`) that runs there created.
 
   A file is claimed (recorded, atomically) before it is created, so the list
-  holds every log file the runs wrote, and nothing else.
+  holds every log file the runs wrote, and nothing else. Every entry must lie
+  inside `output_dir` (`ownership.check_entry`): a crafted `../x` or absolute
+  path is refused, never opened.
   """
 
   def __init__(self, output_dir):
@@ -47,17 +51,20 @@ class RunFiles:
     self._files = []
     self.existed = os.path.exists(self._path)
     if self.existed:
-      try:
-        with open(self._path, 'rb') as f:
-          doc = json.loads(f.read().decode('utf-8'))
-      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f'{self._path}: unreadable ({e}); it lists the log '
-                         'files of the run in this directory.') from None
-      files = doc.get('files') if isinstance(doc, dict) else None
-      if (doc.get('format') != _RUN_FILES_FORMAT or not isinstance(files, list)
-          or not all(isinstance(f, str) for f in files)):
-        raise ValueError(f'{self._path} is not a retrax {RUN_FILES} file.')
-      self._files = files
+      self._files = self._read()
+
+  def _read(self):
+    try:
+      with open(self._path, 'rb') as f:
+        doc = json.loads(f.read().decode('utf-8'))
+    except (OSError, ValueError) as e:  # Bad UTF-8 and JSON are ValueErrors.
+      raise UserInputError(f'{self._path}: unreadable ({e}); it lists the log '
+                           'files of the run in this directory.') from None
+    files = doc.get('files') if isinstance(doc, dict) else None
+    if (not isinstance(doc, dict) or doc.get('format') != _RUN_FILES_FORMAT or
+        not isinstance(files, list)):
+      raise UserInputError(f'{self._path} is not a retrax {RUN_FILES} file.')
+    return [ownership.check_entry(self._dir, f, self._path) for f in files]
 
   def owns(self, relpath):
     return os.path.normpath(relpath) in self._files

@@ -1,17 +1,21 @@
 """A `Loop`'s output directory: its log files, and cutting them back on resume.
 
-`RunDir(output_dir, is_chief)` owns what a run writes beside its checkpoints:
+`RunDir(output_dir, is_chief)` owns what a run writes beside its checkpoints
+and, on the chief, the directory's lock (`ownership.RunLock`: one writer at a
+time):
 `run_files.json` (the log files runs there created, claimed before they are
 created), `metrics.jsonl` and the TensorBoard writers (`<dir>/train`,
 `<dir>/eval`, per task under `<dir>/<export_prefix or index>` when there are
 several). Only those files are ever cut back (to a restored step) or have
-orphan temporary files removed; on hosts other than the chief nothing is
+orphan temporary files removed, and only inside the directory (symlinks
+resolved, `ownership.check_inside`); on hosts other than the chief nothing is
 written.
 """
 
 import os
 
 from retrax import local_paths
+from retrax.checkpoints import ownership
 from retrax.supervised import checkpointing
 from retrax.supervised import metrics_log
 
@@ -25,10 +29,12 @@ class RunDir:
     self.jsonl = None
     self._writers = None
     self._run_files = None
+    self._lock = None
     if self.path is None:
       return
     os.makedirs(self.path, exist_ok=True)
     if is_chief:
+      self._lock = ownership.RunLock(self.path)
       self._run_files = metrics_log.RunFiles(self.path)
       self.jsonl = metrics_log.JsonlWriter(
           os.path.join(self.path, metrics_log.METRICS_FILE),
@@ -36,10 +42,17 @@ class RunDir:
 
   @property
   def writes(self):
-    """True if this host writes the run's files (an output dir, the chief)."""
+    """True if this host writes the run's files (an output dir, the chief).
+
+    Raises:
+      RunDirInUseError: a newer Loop of this process took the directory over.
+    """
+    if self._lock is not None:
+      self._lock.check()
     return self._run_files is not None
 
   def _claim(self, path):
+    ownership.check_inside(self.path, path)  # A log file behind a symlink.
     self._run_files.claim(os.path.relpath(path, self.path))
 
   def remove_orphans(self):
@@ -72,8 +85,9 @@ class RunDir:
       if len(tasks) > 1:
         task_dir = os.path.join(self.path,
                                 tasks[index].export_prefix or str(index))
+      log_dir = ownership.check_inside(self.path, os.path.join(task_dir, kind))
       self._writers[kind, index] = metrics_log.EventWriter(
-          os.path.join(task_dir, kind), on_create=self._claim)
+          log_dir, on_create=self._claim)
     return self._writers[kind, index]
 
   def record(self, writer, step, mode, name, value):
@@ -112,6 +126,7 @@ class RunDir:
     for path in self._run_files.files():
       if not os.path.exists(path):
         continue
+      ownership.check_inside(self.path, path, 'truncate')
       if path == metrics:
         self.jsonl.truncate(step)
       elif os.path.basename(path).startswith('events.out.tfevents.'):

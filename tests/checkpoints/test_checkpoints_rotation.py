@@ -87,3 +87,25 @@ def test_name_and_recorded_step_mismatch_is_refused(tmp_path):
   with pytest.raises(CheckpointFormatError, match='ckpt_000000999'):
     rotation.rotate_checkpoints(tmp_path, keep=1)
   assert len(rotation.list_checkpoints(tmp_path)) == 2  # Nothing deleted.
+
+
+def test_rotation_deletes_only_what_a_save_wrote_never_through_a_link(
+    tmp_path):
+  """Issue 29 item 2: a symlinked checkpoint and one holding a user's file
+  are kept (and reported); the others go, file by file."""
+  run, elsewhere = tmp_path / 'run', tmp_path / 'elsewhere'
+  run.mkdir()
+  _save(elsewhere, 1)
+  os.symlink(rotation.checkpoint_path(elsewhere, 1),
+             rotation.checkpoint_path(run, 1))
+  for step in (2, 3, 4):
+    _save(run, step)
+  (tmp_path / 'run' / 'ckpt_000000002' / 'notes.txt').write_text('mine')
+  messages = []
+  removed = rotation.rotate_checkpoints(run, keep=1, report=messages.append)
+  assert removed == [rotation.checkpoint_path(run, 3)]
+  assert native.verify_native(rotation.checkpoint_path(elsewhere, 1))
+  assert (run / 'ckpt_000000002' / 'notes.txt').read_text() == 'mine'
+  assert native.verify_native(rotation.checkpoint_path(run, 2))['step'] == 2
+  assert any('symbolic link' in m for m in messages)
+  assert any('notes.txt' in m for m in messages)
