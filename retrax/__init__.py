@@ -10,6 +10,7 @@ from retrax import optimizers as optimizers
 from retrax import shapes as shapes
 from retrax.checkpoints import layer_io as _layer_io
 from retrax.checkpoints import tree as _checkpoint_tree
+from retrax import trax_gin as _trax_gin
 
 # The layers read and write weights files through the checkpoint package.
 layers.base.install_weights_files(_layer_io.init_layer_from_file,
@@ -17,6 +18,10 @@ layers.base.install_weights_files(_layer_io.init_layer_from_file,
                                   _checkpoint_tree.unflatten_weights_and_state)
 
 __version__ = '0.1.0'
+
+# Trax's gin configurables, registered once the program imports gin (an
+# optional extra): Trax's `.gin` files and bindings then work.
+_trax_gin.install()
 
 
 def __getattr__(name):

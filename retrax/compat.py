@@ -60,6 +60,33 @@ class _TraxFinder(importlib.abc.MetaPathFinder):
     return importlib.util.spec_from_loader(fullname, _AliasLoader(name))
 
 
+def alias_trax_modules():
+  """Makes `import trax` (and `trax.*`) import retrax. Idempotent.
+
+  Only the module names: `install` also restores JAX's removed names and
+  imports gin with `trax`, as Trax did.
+  """
+  if not any(isinstance(f, _TraxFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _TraxFinder())
+
+
+class _GinWithTrax(importlib.abc.MetaPathFinder):
+  """Imports gin, when installed, as `import trax` does in Trax.
+
+  Trax's modules import gin and register their configurables on import, so a
+  Trax program may take `trax.models.ReformerLM` before it imports gin and
+  still see gin's bindings; importing gin with `trax` keeps that true here.
+  """
+
+  def find_spec(self, fullname, path=None, target=None):
+    if fullname != 'trax':
+      return None
+    sys.meta_path.remove(self)  # Once. The import system skips the finder
+    if importlib.util.find_spec('gin') is not None:  # after a removed one,
+      importlib.import_module('gin')  # so this one answers for it.
+    return _TraxFinder().find_spec(fullname, path, target)
+
+
 def _module_alias(name, **attrs):
   """A module `name` in `sys.modules` with `attrs`, unless `name` imports."""
   try:
@@ -132,14 +159,15 @@ def _patch_jax():
 def install():
   """Makes `import trax` (and `trax.*`) import retrax. Idempotent.
 
-  Once the program imports gin, gin's `backend.name` also selects the
-  default backend, as in Trax (`retrax.compat_gin`).
+  When gin-config is installed, `import trax` imports gin too and Trax's
+  configurable names are registered (`retrax.trax_gin`), so Trax's gin files
+  and bindings work as in Trax.
   """
   _patch_jax()
-  from retrax import compat_gin
-  compat_gin.install()
-  if not any(isinstance(f, _TraxFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _TraxFinder())
+  alias_trax_modules()
+  if 'trax' not in sys.modules and not any(
+      isinstance(f, _GinWithTrax) for f in sys.meta_path):
+    sys.meta_path.insert(0, _GinWithTrax())  # Before the alias finder.
 
 
 def main(argv=None):

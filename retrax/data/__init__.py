@@ -59,6 +59,8 @@ from retrax.data.counters import UniformlySeek as UniformlySeek
 from retrax.data.inputs import batcher as batcher
 from retrax.data.inputs import Inputs as Inputs
 from retrax.data.inputs import make_inputs as make_inputs
+from retrax.data.inputs import make_additional_stream as make_additional_stream
+from retrax.data.inputs import make_parallel_stream as make_parallel_stream
 from retrax.data.lm import ConcatenateToLMInput as ConcatenateToLMInput
 from retrax.data.lm import consume_noise_mask as consume_noise_mask
 from retrax.data.lm import generate_random_noise_mask as generate_random_noise_mask
@@ -73,6 +75,7 @@ from retrax.data.sources import NumpyArrays as NumpyArrays
 from retrax.data.sources import TextChunks as TextChunks
 from retrax.data.sources import TextLines as TextLines
 from retrax.data.subword import SubwordTextEncoder as SubwordTextEncoder
+from retrax.data.tasks import addition_input_stream as addition_input_stream
 from retrax.data.tasks import addition_inputs as addition_inputs
 from retrax.data.tasks import duplication_inputs as duplication_inputs
 from retrax.data.tasks import random_inputs as random_inputs

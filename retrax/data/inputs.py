@@ -149,6 +149,22 @@ def make_inputs(train_stream: Any, eval_stream: Any = None) -> Inputs:
   return Inputs(train_stream=lambda _: train_stream, eval_stream=eval_fn)
 
 
+def make_additional_stream(stream: Any) -> Iterator[Any]:
+  """The iterator of a pipeline given as a list of stream functions.
+
+  Gin configs build the streams of extra train or eval tasks with it
+  (`make_additional_stream.stream = [@data.TFDS(), @data.Tokenize(), ...]`).
+  """
+  return Serial(stream)()
+
+
+def make_parallel_stream(streams: Sequence[Any],
+                         counters: Optional[Sequence[int]] = None
+                         ) -> Iterator[Any]:
+  """The iterator interleaving `streams` (`Parallel(streams, counters)`)."""
+  return Parallel(streams, counters=counters)()
+
+
 def _buckets_for_length(bucket_length, batch_size, max_eval_length, n_devices,
                         training):
   """Trax's heuristic buckets around `bucket_length`; see `batcher`."""
@@ -196,7 +212,7 @@ def batch_fn(dataset, training, n_devices, variable_shapes,
   return add_loss_weights(dataset, id_to_mask)
 
 
-def batcher(data_streams: Any,
+def batcher(data_streams: Any = None,
             variable_shapes: bool = True,
             batch_size_per_device: int = 32,
             batch_size: Optional[int] = None,
@@ -236,6 +252,10 @@ def batcher(data_streams: Any,
     `Inputs` whose streams take ``n_devices`` (batch sizes are rounded to
     multiples of it).
   """
+  if data_streams is None:
+    raise ValueError(
+        'batcher needs data_streams = (train_fn, eval_fn), or a function '
+        'returning them (in gin: `batcher.data_streams = @data.data_streams`).')
   if callable(data_streams):
     data_streams = data_streams()
   if not isinstance(data_streams, (tuple, list)) or len(data_streams) != 2:

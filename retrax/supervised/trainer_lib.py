@@ -28,6 +28,7 @@ import numpy as np
 from retrax import layers as tl
 from retrax import lr as lr_lib
 from retrax import optimizers as trax_opt
+from retrax.data import inputs as data_inputs
 from retrax.layers import base
 from retrax.shapes import ShapeDtype  # Trax programs use trainer_lib.ShapeDtype.
 from retrax.supervised import history as trax_history
@@ -443,7 +444,8 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
   Args (Trax's):
     output_dir: checkpoints and metrics; training resumes from it.
     model: function `mode -> layer` (or a layer).
-    inputs: an `Inputs` or a function returning one (required: no gin).
+    inputs: an `Inputs` or a function returning one; by default
+      `data.batcher` (whose `data_streams` a gin config binds).
     loss_fn, optimizer, lr_schedule_fn, metrics: by default
       `WeightedCategoryCrossEntropy()`, `Adafactor`, `lr.multifactor` (a
       function returning a schedule), `default_metrics()` (`{name: layer}`).
@@ -504,8 +506,9 @@ def _checked_train_args(inputs, loss_fn, optimizer, lr_schedule_fn,
   """`train`'s checks: `(Inputs, loss_fn, optimizer, lr_schedule_fn)`, each
   given or the default (an inputs factory called)."""
   if inputs is None:
-    raise ValueError('train() needs inputs= (an Inputs or a function '
-                     'returning one); retrax has no gin defaults.')
+    # Trax's default, looked up now: under gin it is the configured batcher
+    # (`batcher.data_streams = ...`); without gin, batcher says what it needs.
+    inputs = data_inputs.batcher
   if n_weights_shards != 1:
     raise ValueError(
         f'n_weights_shards={n_weights_shards}: retrax replicates weights on '
