@@ -30,6 +30,7 @@ from retrax.optimizers import placement
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised import history as trax_history
+from retrax.supervised import loop_internals
 from retrax.supervised import loop_steps
 from retrax.supervised import progress
 from retrax.supervised import run_dir
@@ -70,7 +71,7 @@ def _schedules(task, checkpoint_at, permanent_checkpoint_at, eval_at):
           eval_at or default_at)
 
 
-class Loop:
+class Loop(loop_internals.TraxLoopInternals):
   """Runs supervised training for a number of steps, with evals and checkpoints.
 
   Args (Trax's):
@@ -107,6 +108,10 @@ class Loop:
   `.weights.npy.gz` and `.opt_slots{i}.npy.gz`; `model_<step>.pkl.gz` for
   permanent checkpoints), so Trax programs and Trax itself can read them.
 
+  Subclasses may rewrite `run` from Trax's underscore methods
+  (`_open_summary_writers`, `_run_one_step`, `_log_training_progress`, ...;
+  see `loop_internals`), as Trax's notebooks do.
+
   Args (retrax's, keyword-only):
     keep_checkpoints: rolling checkpoints kept (permanent ones never deleted).
     progress_bar: True/False, or None for a bar on terminals for long runs.
@@ -140,6 +145,7 @@ class Loop:
     self._model = model
     self._eval_model = model if (eval_model is None or
                                  use_memory_efficient_trainer) else eval_model
+    self._use_memory_efficient_trainer = use_memory_efficient_trainer
     self._opt_step_offset = opt_step_offset
     self._checkpoint_kind = checkpoint_kind
     self._checkpoint_at, self._permanent_checkpoint_at, self._eval_at = (
@@ -287,7 +293,7 @@ class Loop:
         # so a resumed run has the step's eval results and eval stream
         # position, exactly as an uninterrupted run.
         if self._eval_at(self.step):
-          self._log_training_progress(task_index, time.time() - start_time)
+          self._log_progress(task_index, time.time() - start_time)
           self.run_evals()
           start_time = time.time()
         self._save_scheduled_checkpoints()
@@ -324,11 +330,9 @@ class Loop:
     if self._permanent_checkpoint_at(self.step):
       self.save_checkpoint(f'{checkpointing.TRAX_BASENAME}_{self.step}')
     if at_checkpoint:
-      if self._checkpoint_low_metric is not None and self._at_best(
-          self._checkpoint_low_metric, min):
+      if self._checkpoint_low_metric is not None and self._at_lowest():
         self.save_checkpoint(f'lowest_{self._checkpoint_low_metric}')
-      if self._checkpoint_high_metric is not None and self._at_best(
-          self._checkpoint_high_metric, max):
+      if self._checkpoint_high_metric is not None and self._at_highest():
         self.save_checkpoint(f'highest_{self._checkpoint_high_metric}')
 
   def _save_newest(self):
@@ -352,7 +356,11 @@ class Loop:
             else f'the last checkpoint is from step {self._last_saved_step}')
 
   def _train_on_batch(self, task_index, batch):
-    """One optimizer step of task `task_index` on `batch`; loss checked lazily."""
+    """One optimizer step of task `task_index` on `batch`; loss checked lazily.
+
+    Returns:
+      The step's `(loss, stats)` (device values).
+    """
     step = self.step
     if self._checkers[task_index] is not None:
       self._checkers[task_index].check(batch, step)
@@ -372,11 +380,7 @@ class Loop:
     self._pending.push(step, task_index, loss, stats)
     self._pending.check(keep=1)  # The previous step's: one stays queued.
     self._bar.update(batch, self._pending.last_loss)
-
-  def _at_best(self, metric, best):
-    values = [float(v) for _, v in self._history.get('eval',
-                                                     f'metrics/{metric}')]
-    return bool(values) and values[-1] == best(values)
+    return loss, stats
 
   # --- evals -------------------------------------------------------------------
 
@@ -396,24 +400,6 @@ class Loop:
       writer = (summary_writers[index] if summary_writers is not None else
                 self._run_dir.writer('eval', index, self._eval_tasks))
       self.log_summary(self.evaluate_task(index), writer, 'metrics/', 'eval')
-
-  def _log_training_progress(self, task_index, elapsed_time):
-    """Logs the mean loss and optimizer stats of the steps since the last log."""
-    self._pending.check()
-    task = self._tasks[task_index]
-    n_steps, mean_loss, stats = self._loss_sums.means()
-    self._log('')
-    if self.step == 1:
-      self.log_step(f'Total number of trainable weights: {self.n_weights()}')
-    self.log_step(f'Ran {n_steps} train steps in {elapsed_time:0.2f} secs')
-    writer = self._run_dir.writer('train', task_index, self._tasks)
-    self.log_summary({task.loss_name: mean_loss}, writer, 'metrics/', 'train')
-    params = {'steps per second': n_steps / max(elapsed_time, 1e-9)}
-    learning_rate = task.learning_rate(self._opt_step())
-    if learning_rate is not None:
-      params['learning_rate'] = float(learning_rate)
-    params.update(stats)
-    self.log_summary(params, writer, 'training/', 'train', stdout=False)
 
   def n_weights(self):
     """Total number of trainable weight values of the model."""

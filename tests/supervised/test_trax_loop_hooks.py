@@ -1,18 +1,25 @@
 """Trax's Loop behaviours: save_checkpoint as a hook with Trax's names, the
 files kept per step, training/loss in the history; trainer._history; Trax's
-body-and-tail schedules; the trax.tf_numpy path."""
+body-and-tail schedules; the trax.tf_numpy path; a subclass driving the loop
+with Trax's underscore methods."""
 
+import collections
+import functools
+import glob
 import math
 import os
+import time
 
 import jax
 import numpy as np
 import pytest
 
+from retrax import fastmath
 from retrax import layers as tl
 from retrax import optimizers
 from retrax.supervised import checkpointing
 from retrax.supervised import lr_schedules
+from retrax.supervised import metrics_log
 from retrax.supervised import training
 
 
@@ -168,3 +175,109 @@ def test_tf_numpy_path_runs_on_jax():
     assert tf_np.array(1.0, dtype='float64').dtype == np.float64
   finally:
     tf_np.set_allow_float64(old)
+
+
+class TraxStyleLoop(training.Loop):
+  """Rewrites `run` from Trax's own Loop internals, as Trax notebooks do
+  (trax/examples/earlystopping.ipynb): low/high checkpoints aside."""
+
+  def run(self, n_steps=1):
+    self.events = []
+    with self._open_summary_writers() as (train_writers, eval_writers):
+      self.writers = (train_writers, eval_writers)
+      loss_acc, step_acc, start_time = 0.0, 0, time.time()
+      metrics_acc = collections.defaultdict(float)
+      for _ in range(n_steps):
+        prev_task_index = self._which_task(self._step)
+        self._step += 1
+        task_index = self._which_task(self._step)
+        loss, metrics = self._run_one_step(task_index,
+                                           task_index != prev_task_index)
+        metrics, loss = fastmath.nested_map(
+            functools.partial(tl.mean_or_pmean, self._n_devices),
+            (metrics, loss))
+        loss_acc += loss
+        step_acc += 1
+        self._log_step('Loss: %.4f' % loss, stdout=False)
+        for name, value in metrics.items():
+          metrics_acc[name] += value
+        if self._checkpoint_at(self.step):
+          self.save_checkpoint('model')
+        if self._eval_at(self.step):
+          self._log_training_progress(
+              task=self._tasks[task_index], total_loss=loss_acc,
+              n_steps=step_acc, elapsed_time=time.time() - start_time,
+              optimizer_metrics=metrics_acc,
+              summary_writer=train_writers[task_index])
+          self.run_evals(eval_writers)
+          loss_acc, step_acc, start_time = 0.0, 0, time.time()
+          metrics_acc = collections.defaultdict(float)
+        self.events.append((self.step, self._at_lowest(), self._at_highest()))
+    self._eval_model.weights = self._model.weights
+
+
+class StepRecorder:
+  """A Trax callback (any class taking the loop) recording its calls."""
+
+  calls = []
+
+  def __init__(self, loop):
+    self._loop = loop
+
+  def call_at(self, step):
+    return step % 2 == 0
+
+  def on_step_begin(self, step):
+    self.calls.append(('begin', step))
+
+  def on_step_end(self, step):
+    self.calls.append(('end', step))
+
+
+def test_subclass_runs_with_trax_loop_internals(tmp_path):
+  kwargs = dict(eval_at=lambda s: s in (1, 3, 4),
+                checkpoint_at=lambda s: s == 4, checkpoint_low_metric='l2',
+                checkpoint_high_metric='l2')
+  StepRecorder.calls = []
+  ours = TraxStyleLoop(
+      tl.Serial(tl.Dense(1)),
+      [training.TrainTask(_linear_data(), tl.L2Loss(), optimizers.SGD(0.01))],
+      eval_tasks=[training.EvalTask(_linear_data(), [tl.L2Loss()],
+                                    metric_names=['l2'])],
+      output_dir=str(tmp_path), random_seed=0, callbacks=[StepRecorder],
+      **kwargs)
+  assert ours._output_dir == str(tmp_path)
+  assert ours._use_memory_efficient_trainer is False
+  ours.run(4)
+  plain = _loop(**kwargs)
+  plain.run(4)
+  # The same training as Loop.run: steps, weights, eval and train metrics.
+  assert ours.step == 4
+  np.testing.assert_allclose(ours.model.weights[0][0], plain.model.weights[0][0],
+                             rtol=1e-6)
+  for mode, metric in (('eval', 'metrics/l2'), ('train', 'metrics/L2Loss'),
+                       ('train', 'training/gradients_l2')):
+    got, want = ours.history.get(mode, metric), plain.history.get(mode, metric)
+    assert [s for s, _ in got] == [s for s, _ in want] == [1, 3, 4]
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in want],
+                               rtol=1e-5)
+  # The eval L2 loss falls at every eval: a new low each time.
+  assert ours.events == [(1, True, True), (2, True, True), (3, True, False),
+                         (4, True, False)]
+  assert StepRecorder.calls == [('begin', 2), ('end', 2), ('begin', 4),
+                                ('end', 4)]
+  assert os.path.exists(tmp_path / 'model.pkl.gz')
+  # One TensorBoard writer per task, each holding its metrics.
+  train_writers, eval_writers = ours.writers
+  assert len(train_writers) == len(eval_writers) == 1
+  tags = {tag for kind in ('train', 'eval')
+          for path in glob.glob(str(tmp_path / kind / 'events.*'))
+          for event in metrics_log.read_events(path)
+          for tag, _ in event['scalars']}
+  assert {'metrics/L2Loss', 'metrics/l2', 'training/learning_rate'} <= tags
+
+
+def test_summary_writers_are_nones_without_output_dir():
+  loop = _loop()
+  with loop._open_summary_writers() as (train_writers, eval_writers):
+    assert train_writers == [None] and eval_writers == [None]
