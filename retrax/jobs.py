@@ -94,8 +94,7 @@ def _check_run_dir(config):
   path = os.path.join(config.train.output_dir, CONFIG_FILE)
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    old = json.load(f)
+  old = _read_config_file(path)
   model_keys = [k.name for k in config_lib.KEYS.values()
                 if k.section == 'model' and k.name != 'dropout']
   model_keys.append('tokenizer')
@@ -201,6 +200,21 @@ def print_next_steps(config, step):
         f'retrax plot {d}  |  tensorboard --logdir {d}')
 
 
+def _read_config_file(path):
+  """The flat keys of a run's `run_config.json` (a dict), or a one-line error."""
+  try:
+    with open(path, 'rb') as f:
+      values = json.loads(f.read().decode('utf-8'))
+  except (ValueError, RecursionError) as e:  # Bad UTF-8 or JSON.
+    raise config_lib.ConfigError(
+        f'{path} is unreadable ({" ".join(str(e).split())[:200]}); it holds '
+        'the run\'s settings: restore it, or train into a new directory.'
+    ) from None
+  if not isinstance(values, dict):
+    raise config_lib.ConfigError(f'{path} does not hold a dict of settings.')
+  return values
+
+
 def config_of_run(output_dir):
   """The RunConfig saved in a run directory (its `output_dir` set to that directory).
 
@@ -212,8 +226,7 @@ def config_of_run(output_dir):
     raise FileNotFoundError(f'{output_dir} is not a retrax run directory (no '
                             f'{CONFIG_FILE}); train one with `retrax train '
                             f'--output_dir {output_dir}`.')
-  with open(path) as f:
-    values = json.load(f)
+  values = _read_config_file(path)
   unknown = sorted(set(values) - set(config_lib.KEYS))
   if unknown:
     raise config_lib.ConfigError(f'{path} has unknown keys {unknown}.')

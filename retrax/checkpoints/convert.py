@@ -28,6 +28,8 @@ import os
 
 from retrax import local_paths
 from retrax.checkpoints import native
+from retrax.checkpoints.errors import CheckpointFormatError
+from retrax.checkpoints.errors import malformed_is_format_error
 from retrax.checkpoints import trax_format
 from retrax.checkpoints.tree import tree_leaves
 from retrax.shapes import ShapeDtype
@@ -60,13 +62,16 @@ def native_to_trax(src, dst):
   ckpt = native.load_native(src, shape_dtype_factory=_shape_dtype())
   trees, meta = ckpt.trees, ckpt.metadata
   if 'weights' not in trees:
-    raise ValueError(f'{src} has no "weights" tree; trees: {sorted(trees)}.')
+    raise CheckpointFormatError(
+        f'{src} has no "weights" tree; trees: {sorted(trees)}.')
   state = tree_leaves(trees.get('state', ()))
   eval_state = tree_leaves(trees['eval_state']) if 'eval_state' in trees else (
       state)
   slots = [[x for x in tree_leaves(s) if x is not None]
            for s in trees.get('trax_slots', trees.get('slots', []))]
   step = meta.get('step')
+  if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+    raise CheckpointFormatError(f'{src}: step {step!r:.40} is not an int.')
   return trax_format.write_trax_loop_checkpoint(
       dst, 0 if step is None else step, tree_leaves(trees['weights']), state,
       eval_state, meta.get('history') or {}, slots,
@@ -144,8 +149,8 @@ def convert(src, dst, to=None, force=False):
   if to == source:
     raise ValueError(f'{src} is already a {source} checkpoint.')
   target = check_destination(dst, to, force)
-  if to == 'native':
-    return trax_to_native(src, target)
-  parent = os.path.dirname(os.path.abspath(target))
-  os.makedirs(parent, exist_ok=True)
-  return native_to_trax(src, target)
+  with malformed_is_format_error(src):
+    if to == 'native':
+      return trax_to_native(src, target)
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    return native_to_trax(src, target)

@@ -1,5 +1,7 @@
 """Errors raised while reading or writing checkpoints."""
 
+import contextlib
+
 
 class CheckpointError(Exception):
   """Base class of every checkpoint error."""
@@ -37,3 +39,25 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class CheckpointLimitError(CheckpointFormatError):
   """A file or array is larger than the reading limit (see `limits`)."""
+
+
+# What Python raises on a malformed file's content (a wrong type where a list
+# should be, an unhashable key, a 5,000-digit number, bad base64, a cycle).
+_MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError,
+              OverflowError, RecursionError)
+
+
+@contextlib.contextmanager
+def malformed_is_format_error(path):
+  """Turns what malformed content makes Python raise while reading `path`
+  into one `CheckpointFormatError` naming it (checkpoint errors pass)."""
+  try:
+    yield
+  except CheckpointError:
+    raise
+  except _MALFORMED as e:
+    detail = ' '.join(str(e).split())[:200]
+    raise CheckpointFormatError(
+        f'{path}: malformed checkpoint content ({type(e).__name__}: '
+        f'{detail}); the file was not written by retrax or Trax, or was '
+        'altered.') from e

@@ -57,6 +57,7 @@ from retrax.checkpoints.atomic import set_default_permissions
 from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
+from retrax.checkpoints.errors import malformed_is_format_error
 from retrax.checkpoints.records import convert_shape_dtypes
 from retrax.checkpoints.records import is_shape_dtype
 from retrax.checkpoints.records import TraxShapeDtype
@@ -331,9 +332,10 @@ def _read_metadata_doc(path):
   try:
     with open(meta_path, 'rb') as f:
       doc = json.loads(f.read().decode('utf-8'))
-  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+  except (ValueError, RecursionError) as e:  # Bad UTF-8, JSON, huge ints.
+    detail = ' '.join(str(e).split())[:200]
     raise CheckpointCorruptedError(
-        f'{meta_path}: unreadable JSON ({e}); the file is truncated or '
+        f'{meta_path}: unreadable JSON ({detail}); the file is truncated or '
         f'corrupted.') from None
   if not isinstance(doc, dict) or doc.get('format') != FORMAT_NAME:
     raise CheckpointFormatError(f'{meta_path}: not a {FORMAT_NAME} checkpoint.')
@@ -345,6 +347,8 @@ def _read_metadata_doc(path):
   if hashlib.sha256(_canonical(body)).hexdigest() != doc.get('checksum'):
     raise CheckpointCorruptedError(
         f'{meta_path}: metadata checksum mismatch; the file is corrupted.')
+  if not isinstance(doc.get('metadata', {}), dict):
+    raise CheckpointFormatError(f'{meta_path}: its metadata is not a dict.')
   return doc
 
 
@@ -451,7 +455,10 @@ class _Decoder:
       except (TypeError, ValueError):
         raise CheckpointFormatError(f'{where}: bad float.') from None
     if t == 'bytes':
-      return base64.b64decode(node.get('v', ''))
+      try:
+        return base64.b64decode(node.get('v', ''), validate=True)
+      except (TypeError, ValueError):  # binascii.Error is a ValueError.
+        raise CheckpointFormatError(f'{where}: bad base64 bytes.') from None
     if t == 'array':
       return self._array(node, where)
     if t == 'scalar':
@@ -477,6 +484,8 @@ class _Decoder:
       keys = node.get('keys')
       if not isinstance(keys, list) or len(keys) != len(items):
         raise CheckpointFormatError(f'{where}: dict keys do not match items.')
+      if not all(isinstance(k, str) for k in keys):
+        raise CheckpointFormatError(f'{where}: dict keys must be strings.')
       return {k: self.node(c, f'{where}[{k!r}]') for k, c in zip(keys, items)}
     raise CheckpointFormatError(f'{where}: unknown node type {t!r}.')
 
@@ -510,5 +519,7 @@ def load_native(path, shape_dtype_factory=None):
   nodes = doc.get('trees')
   if not isinstance(nodes, dict):
     raise CheckpointFormatError(f'{path}: metadata has no trees.')
-  trees = {name: decoder.node(node, name) for name, node in nodes.items()}
+  with malformed_is_format_error(os.path.join(path, METADATA_FILE)):
+    trees = {name: decoder.node(node, f'{path}: {name}')
+             for name, node in nodes.items()}
   return NativeCheckpoint(trees=trees, metadata=doc.get('metadata', {}))

@@ -51,6 +51,7 @@ from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
 from retrax.checkpoints.errors import CheckpointNotFoundError
+from retrax.checkpoints.errors import malformed_is_format_error
 from retrax.checkpoints.records import TraxHistory
 from retrax.checkpoints.records import convert_shape_dtypes
 from retrax.checkpoints.records import is_shape_dtype
@@ -81,10 +82,33 @@ def load_trax_pickle(path, max_bytes=None):
         if size > limit:
           raise limits.too_big(path, f'the file ({size} bytes)', limit)
         f.seek(0)
-        return safe_load(f)
+        return _acyclic(safe_load(f), path)
   except FileNotFoundError:
     raise CheckpointNotFoundError(f'checkpoint not found: {path}') from None
-  return safe_loads(limits.read_gzip(path, limit))
+  return _acyclic(safe_loads(limits.read_gzip(path, limit)), path)
+
+
+def _acyclic(obj, path):
+  """`obj`, if no container in it holds itself (a crafted pickle can build
+  such cycles; every later walk over them would recurse forever)."""
+  stack, on_path, done = [(obj, False)], set(), set()
+  while stack:  # Depth first, without recursion; shared parts walked once.
+    x, leaving = stack.pop()
+    if leaving:
+      on_path.discard(id(x))
+      done.add(id(x))
+      continue
+    if not isinstance(x, (list, tuple, dict)) or id(x) in done:
+      continue
+    if id(x) in on_path:
+      raise CheckpointFormatError(
+          f'{path}: the pickle holds a container that contains itself; '
+          'no checkpoint does.')
+    on_path.add(id(x))
+    stack.append((x, True))
+    children = x.values() if isinstance(x, dict) else x
+    stack.extend((c, False) for c in children)
+  return obj
 
 
 def _base_of(path):
@@ -294,10 +318,26 @@ def read_trax_checkpoint(path, *, restore_bfloat16=False,
   if not isinstance(d, dict):
     raise CheckpointFormatError(
         f'{path}: a Trax checkpoint pickles a dict; got {type(d).__name__}.')
-  fmt = _detect_format(d)
-  out = {'format': fmt, 'step': d.get('step'), 'opt_params': d.get(
-      'opt_params'), 'version_timestamp': d.get('version_timestamp')}
+  with malformed_is_format_error(path):
+    return _normalized(d, path, restore_bfloat16, shape_dtype_factory,
+                       max_bytes, with_slots)
 
+
+def _step_of(d, path):
+  step = d.get('step')
+  if isinstance(step, np.integer):
+    step = int(step)
+  if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+    raise CheckpointFormatError(f'{path}: step {step!r:.40} is not an int.')
+  return step
+
+
+def _normalized(d, path, restore_bfloat16, shape_dtype_factory, max_bytes,
+                with_slots):
+  """`read_trax_checkpoint`'s dict of the unpickled `d`."""
+  fmt = _detect_format(d)
+  out = {'format': fmt, 'step': _step_of(d, path), 'opt_params': d.get(
+      'opt_params'), 'version_timestamp': d.get('version_timestamp')}
   if fmt == 'legacy_pkl':
     out['flat_weights'] = tree_leaves(d['weights'])
     state = d['model_state'][0] if 'model_state' in d else d.get('state')

@@ -135,7 +135,9 @@ def restore_state(path, template):
   """
   loaded = ckpt_lib.load_native(path)
   trees, meta = loaded.trees, loaded.metadata
-  if meta.get('kind') not in ('Loop', 'Trainer') or 'step' not in meta:
+  step = meta.get('step')
+  if meta.get('kind') not in ('Loop', 'Trainer') or isinstance(
+      step, bool) or not isinstance(step, int):
     raise ckpt_lib.CheckpointFormatError(
         f'{path} is a native checkpoint but not a training checkpoint (it has '
         f'no training step); load it with Layer.init_from_file instead.')
