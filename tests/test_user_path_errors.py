@@ -13,6 +13,7 @@ from retrax import shapes
 from retrax.checkpoints import convert
 from retrax.checkpoints.errors import CheckpointNotFoundError
 from retrax.data import tensorflow_only
+from retrax.errors import UserInputError
 from retrax.supervised import training
 
 
@@ -102,31 +103,37 @@ def test_local_paths_pass_through(tmp_path):
   assert local_paths.url_scheme('GS://b/x') == 'gs'
 
 
-def test_tf_inputs_attribute_path_says_what_to_use_instead():
+def test_tf_inputs_attribute_path_says_what_to_use_instead(tmp_path):
   # Whether or not the module was imported before (the package's __getattr__
-  # or the module's answers).
+  # or the module's answers). TFDS reads prepared datasets without TF.
+  with pytest.raises((tensorflow_only.TensorFlowOnlyError, UserInputError),
+                     match='TextLines'):
+    trax.data.tf_inputs.TFDS('mnist', data_dir=str(tmp_path))
   with pytest.raises(tensorflow_only.TensorFlowOnlyError, match='TextLines'):
-    trax.data.tf_inputs.TFDS('mnist')
+    trax.data.tf_inputs.CreateBertInputs()
 
 
-@pytest.mark.parametrize('name', ['TFDS', 'data_streams', 'CreateBertInputs'])
+@pytest.mark.parametrize('name', ['CreateBertInputs', 'CorpusToRandomChunks',
+                                  't5_data'])
 def test_tfds_names_say_what_to_use_instead(name):
   with pytest.raises(tensorflow_only.TensorFlowOnlyError) as e:
     getattr(trax.data, name)
   text = _one_line(e)
   assert 'retrax does not use' in text and 'TextLines' in text
-  assert 'NumpyArrays' in text
+  assert 'NumpyArrays' in text and 'trax.data.TFDS' in text
   with pytest.raises(ImportError, match='needs TensorFlow'):
     exec(f'from retrax.data import {name}', {})
 
 
 def test_tf_inputs_module_names_raise_with_the_fix():
   module = importlib.import_module('retrax.data.tf_inputs')
-  with pytest.raises(ImportError, match=r'trax\.data\.TFDS \(from trax'):
-    exec('from retrax.data.tf_inputs import TFDS', {})
+  with pytest.raises(ImportError, match=r'trax\.data\.CreateBertInputs \(from trax'):
+    exec('from retrax.data.tf_inputs import CreateBertInputs', {})
   with pytest.raises(tensorflow_only.TensorFlowOnlyError, match='TextLines'):
-    module.data_streams('wmt')
+    module.data_streams('t2t_translate_ende_wmt32k')
   # Unknown names still raise a plain AttributeError (hasattr stays usable).
   assert not hasattr(trax.data, 'NoSuchThing')
+  assert not hasattr(module, 'NoSuchThing')
   # Provided tf_inputs names are not refused.
+  assert module.TFDS is trax.data.TFDS and callable(module.lm1b_preprocess)
   assert callable(trax.data.Tokenize) and callable(trax.data.vocab_size)

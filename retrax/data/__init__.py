@@ -22,9 +22,14 @@ shuffle queue and the current batches.
 
 Differences from Trax (same names, arguments and outputs otherwise):
 
-* No TensorFlow: `TextLines`/`TextChunks`/`NumpyArrays` replace TFDS;
-  vocab files are read from local paths only (no ``gs://``), and the
-  ``'bert'`` vocab types are not provided.
+* No TensorFlow: `TFDS`, `data_streams` and the preprocess functions of
+  Trax's ``tf_inputs`` read prepared TensorFlow Datasets through the
+  array_record reader of `tensorflow-datasets` (``pip install
+  "retrax[tfds]"``) and never download (see `retrax.data.tfds`);
+  `TextLines`/`TextChunks`/`NumpyArrays` read local files. T2T, T5, BERT
+  and MathQA inputs raise `TensorFlowOnlyError`. Vocab files are read from
+  local paths only (no ``gs://``), and the ``'bert'`` vocab types are not
+  provided.
 * Randomness: `Shuffle` and the synthetic tasks take an optional ``seed``;
   without it they use numpy's global generator exactly as Trax does.
 * `Prefetch` runs a thread, re-raises producer errors in the consumer and
@@ -68,8 +73,27 @@ from retrax.data.lm import generate_sequential_chunks as generate_sequential_chu
 from retrax.data.lm import MLM as MLM
 from retrax.data.lm import PrefixLM as PrefixLM
 from retrax.data.lm import random_spans_noise_mask as random_spans_noise_mask
+from retrax.data.lm_streams import text_streams as text_streams
 from retrax.data.prefetch import Prefetch as Prefetch
 from retrax.data.prefetch import prefetch as prefetch
+from retrax.data.preprocessing import add_eos_to_output_features as add_eos_to_output_features
+from retrax.data.preprocessing import bair_robot_pushing_hparams as bair_robot_pushing_hparams
+from retrax.data.preprocessing import bair_robot_pushing_preprocess as bair_robot_pushing_preprocess
+from retrax.data.preprocessing import c4_preprocess as c4_preprocess
+from retrax.data.preprocessing import cifar10_augmentation_flatten_preprocess as cifar10_augmentation_flatten_preprocess
+from retrax.data.preprocessing import cifar10_augmentation_preprocess as cifar10_augmentation_preprocess
+from retrax.data.preprocessing import cifar10_no_augmentation_preprocess as cifar10_no_augmentation_preprocess
+from retrax.data.preprocessing import concat_preprocess as concat_preprocess
+from retrax.data.preprocessing import downsampled_imagenet_flatten_bare_preprocess as downsampled_imagenet_flatten_bare_preprocess
+from retrax.data.preprocessing import filter_dataset_on_len as filter_dataset_on_len
+from retrax.data.preprocessing import lm1b_preprocess as lm1b_preprocess
+from retrax.data.preprocessing import lm_token_preprocessing as lm_token_preprocessing
+from retrax.data.preprocessing import no_preprocess as no_preprocess
+from retrax.data.preprocessing import pad_dataset_to_length as pad_dataset_to_length
+from retrax.data.preprocessing import squeeze_targets_preprocess as squeeze_targets_preprocess
+from retrax.data.preprocessing import truncate_dataset_on_len as truncate_dataset_on_len
+from retrax.data.preprocessing import wmt_concat_preprocess as wmt_concat_preprocess
+from retrax.data.preprocessing import wmt_preprocess as wmt_preprocess
 from retrax.data.sources import list_files as list_files
 from retrax.data.sources import NumpyArrays as NumpyArrays
 from retrax.data.sources import TextChunks as TextChunks
@@ -82,6 +106,9 @@ from retrax.data.tasks import random_inputs as random_inputs
 from retrax.data.tasks import sequence_copy_inputs as sequence_copy_inputs
 from retrax.data.tasks import simple_sequence_copy_inputs as simple_sequence_copy_inputs
 from retrax.data.tasks import sine_inputs as sine_inputs
+from retrax.data.tfds import data_streams as data_streams
+from retrax.data.tfds import dataset_to_stream as dataset_to_stream
+from retrax.data.tfds import TFDS as TFDS
 from retrax.data.tokenizers import ByteTextEncoder as ByteTextEncoder
 from retrax.data.tokenizers import CharTextEncoder as CharTextEncoder
 from retrax.data.tokenizers import ConvertToUnicode as ConvertToUnicode
@@ -107,10 +134,11 @@ from retrax.data.transforms import shuffle as shuffle
 from retrax.data.transforms import Shuffle as Shuffle
 from retrax.data.transforms import TruncateToLength as TruncateToLength
 from retrax.data import tensorflow_only as _tensorflow_only
+from retrax.data import tf_inputs as tf_inputs
 
 
 def __getattr__(name):
-  # `trax.data.TFDS` and the rest of Trax's tf_inputs: say what to use instead.
+  # Trax's T2T/T5/BERT inputs (tf_inputs): say what to use instead.
   if name in _tensorflow_only.TF_ONLY_NAMES:
     raise _tensorflow_only.error(name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
