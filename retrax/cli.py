@@ -4,10 +4,13 @@ Parses arguments once, into a typed `config.RunConfig` (its model, data,
 train and sample sections) for `train`, and calls the library. Errors in what
 the user supplied (`retrax.errors.UserInputError`, checkpoint, argument and
 training errors, missing files) exit with code 2 and a one-line message
-saying what to do; any other exception is a bug and keeps its traceback.
+saying what to do, as do disk errors (full, read-only, no permission: the
+path, what was kept, what to do); any other exception is a bug and keeps its
+traceback.
 """
 
 import argparse
+import errno
 import platform
 import sys
 
@@ -24,6 +27,7 @@ from retrax.checkpoints import convert
 from retrax.checkpoints.errors import CheckpointError
 from retrax.errors import UserInputError
 from retrax.layers.validation import ArgumentError
+from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised.batch_checks import TrainingError
 
@@ -238,11 +242,41 @@ def build_parser():
 
 
 # Errors that mean the user asked for something that cannot be done (a bad
-# argument, config key, path, checkpoint or data): one line, exit 2. Anything
-# else is a bug and keeps its traceback.
+# argument, config key, path, checkpoint or data): one line, exit 2. A disk
+# that is full, read-only or not writable (`_DISK_ERRNOS`) is too, saying what
+# was kept. Anything else is a bug and keeps its traceback.
 _USER_ERRORS = (UserInputError, CheckpointError, ArgumentError, TrainingError,
                 FileNotFoundError, FileExistsError, NotADirectoryError,
-                IsADirectoryError, PermissionError)
+                IsADirectoryError)
+_DISK_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                          errno.EPERM, errno.EFBIG, errno.EIO))
+
+
+def _kept(args):
+  """After a disk error in command `args`: (what was kept, what to do)."""
+  if args.command == 'train':
+    out = _load_config(args).train.output_dir
+    step = checkpointing.saved_step(out)
+    return ('no checkpoint had been saved' if step is None else
+            f'the run keeps its checkpoints up to step {step}',
+            f'free space (or make {out} writable) and run the same command '
+            'again to resume')
+  if args.command == 'convert':
+    return (f'{args.src} is unchanged',
+            'free space or choose a writable destination')
+  if args.command == 'plot':
+    return ('the run is unchanged and no PNG was written',
+            'free space or pass --out with a writable path')
+  return 'nothing was changed', "check the path's disk and permissions"
+
+
+def _disk_error(args, e):
+  """The one line for `OSError` `e` of the disk in command `args`."""
+  kept, todo = _kept(args)
+  code = errno.errorcode.get(e.errno, str(e.errno))
+  where = e.filename if e.filename is not None else 'a file of the run'
+  return (f'{e.strerror or e} ({code}): {where}. Nothing half-written is '
+          f'left; {kept}. To go on, {todo}.')
 
 
 def main(argv=None):
@@ -256,6 +290,12 @@ def main(argv=None):
   except _USER_ERRORS as e:
     message = ' '.join(str(e).split())
     print(f'retrax {args.command}: error: {message}', file=sys.stderr)
+    return 2
+  except OSError as e:
+    if e.errno not in _DISK_ERRNOS:
+      raise
+    print(f'retrax {args.command}: error: {_disk_error(args, e)}',
+          file=sys.stderr)
     return 2
   return rc or 0
 

@@ -10,6 +10,7 @@ import collections
 import math
 import os
 
+from retrax.checkpoints.atomic import atomic_write
 from retrax.supervised import metrics_log
 
 
@@ -84,6 +85,9 @@ def plot_metrics(output_dir, out_png=None, metrics=None):
   if out_png is None:
     out_png = os.path.join(os.path.expanduser(os.fspath(output_dir)),
                            'metrics.png')
-  fig.savefig(out_png, dpi=100)
-  plt.close(fig)
+  try:  # Atomically: a full or read-only disk leaves no partial PNG.
+    with atomic_write(out_png) as f:
+      fig.savefig(f, format='png', dpi=100)
+  finally:
+    plt.close(fig)
   return out_png

@@ -2,7 +2,9 @@
 
 A reader sees either the old file or the complete new one, never a partial
 write, even if the process is killed mid-write; after `atomic_write` returns,
-the new file survives a power loss.
+the new file survives a power loss. An `OSError` of the disk (full, read-only,
+no permission) leaves the old file as it was and names the file meant.
+`append` adds records to a log the same way: all of them, or none.
 """
 
 import contextlib
@@ -50,8 +52,11 @@ def atomic_write(path):
   """
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(
-      dir=directory, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+  try:
+    fd, tmp = tempfile.mkstemp(
+        dir=directory, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+  except OSError as e:  # A read-only or full disk: name the file meant.
+    raise naming(e, path) from None
   try:
     with os.fdopen(fd, 'wb') as f:
       set_default_permissions(f.fileno())
@@ -59,11 +64,40 @@ def atomic_write(path):
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     with contextlib.suppress(OSError):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.filename in (None, tmp):
+      raise naming(e, path) from None
     raise
   fsync_dir(directory)
+
+
+def naming(error, path):
+  """`error` (an OSError) naming `path`, the file it was written for (an
+  error of `write` or `fsync` names none, one of a temporary file the wrong
+  one); its subclass follows its errno, as `OSError(errno, ...)` picks it."""
+  if error.errno is None:
+    return error
+  return OSError(error.errno, error.strerror, os.fspath(path))
+
+
+def append(path, data):
+  """Appends bytes to `path` (created if missing); on an error the file is
+  cut back to its old length, so a full disk leaves no torn record."""
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+  try:
+    start = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+      while view:
+        view = view[os.write(fd, view):]
+    except OSError as e:
+      with contextlib.suppress(OSError):
+        os.ftruncate(fd, start)
+      raise naming(e, path) from None
+  finally:
+    os.close(fd)
 
 
 # `atomic_write`'s temporary names: `.<target>.<8 of mkstemp's letters>.tmp`.

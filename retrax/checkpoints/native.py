@@ -53,6 +53,7 @@ import safetensors.numpy as st_numpy
 from retrax.checkpoints import limits
 from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints.atomic import fsync_dir
+from retrax.checkpoints.atomic import naming
 from retrax.checkpoints.atomic import set_default_permissions
 from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError
@@ -237,13 +238,29 @@ def _file_sha256(path):
   return h.hexdigest()
 
 
+def _save_file(arrays, tmp, path):
+  """safetensors' `save_file`, whose I/O errors (a full disk) become the
+  `OSError`s they are, naming checkpoint `path`."""
+  try:
+    st_numpy.save_file(arrays, tmp)
+  except safetensors.SafetensorError as e:
+    m = re.search(r'os error (\d+)', str(e))
+    if m is None:
+      raise
+    code = int(m.group(1))
+    raise OSError(code, os.strerror(code), path) from None
+
+
 def _write_arrays_file(path, arrays):
   """Writes `arrays` into checkpoint directory `path` under a name derived
   from their sha256 (fsynced, renamed into place); `(name, sha256, size)`."""
-  fd, tmp = tempfile.mkstemp(dir=path, prefix='.arrays.', suffix='.tmp')
+  try:
+    fd, tmp = tempfile.mkstemp(dir=path, prefix='.arrays.', suffix='.tmp')
+  except OSError as e:
+    raise naming(e, path) from None
   os.close(fd)
   try:
-    st_numpy.save_file(arrays, tmp)
+    _save_file(arrays, tmp, path)
     with open(tmp, 'rb+') as f:
       set_default_permissions(f.fileno())
       os.fsync(f.fileno())
@@ -251,12 +268,39 @@ def _write_arrays_file(path, arrays):
     size = os.path.getsize(tmp)
     arrays_file = f'arrays.{digest[:16]}.safetensors'
     os.replace(tmp, os.path.join(path, arrays_file))
-  except BaseException:
+  except BaseException as e:
     with contextlib.suppress(OSError):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.filename in (None, tmp):
+      raise naming(e, path) from None
     raise
   fsync_dir(path)
   return arrays_file, digest, size
+
+
+def _write_files(path, arrays, nodes, user_metadata):
+  """The arrays file, then `metadata.json` (the commit point); then the old
+  arrays file, no longer referenced, goes."""
+  arrays_file, digest, size = _write_arrays_file(path, arrays)
+  doc = {'format': FORMAT_NAME, 'version': FORMAT_VERSION,
+         'arrays_file': arrays_file, 'arrays_sha256': digest,
+         'arrays_size': size, 'trees': nodes, 'metadata': user_metadata}
+  doc['checksum'] = hashlib.sha256(_canonical(doc)).hexdigest()
+  with atomic_write(os.path.join(path, METADATA_FILE)) as f:
+    f.write(json.dumps(doc, indent=1).encode('utf-8'))
+  for name in os.listdir(path):
+    if _ARRAYS_FILE_RE.match(name) and name != arrays_file:
+      with contextlib.suppress(OSError):
+        os.remove(os.path.join(path, name))
+
+
+def _discard(path):
+  """Removes a checkpoint directory this save created and could not finish
+  (everything in it is the save's own)."""
+  with contextlib.suppress(OSError):
+    for name in os.listdir(path):
+      os.remove(os.path.join(path, name))
+    os.rmdir(path)
 
 
 def save_native(path, trees, metadata=None):
@@ -276,6 +320,8 @@ def save_native(path, trees, metadata=None):
   Raises:
     TypeError: a leaf or metadata value that the format cannot hold; the
       message names its path.
+    OSError: the disk is full, read-only, ... (naming the file or `path`);
+      the previous checkpoint at `path` is intact, a new directory removed.
   """
   path = os.fspath(path)
   if not isinstance(trees, dict):
@@ -289,23 +335,16 @@ def save_native(path, trees, metadata=None):
   nodes = {name: encoder.encode(tree, name) for name, tree in trees.items()}
   user_metadata = _jsonable(dict(metadata or {}), 'metadata')
 
-  parent = os.path.dirname(os.path.abspath(path))
   created = not os.path.isdir(path)
   os.makedirs(path, exist_ok=True)
-  if created:
-    fsync_dir(parent)
-  arrays_file, digest, size = _write_arrays_file(path, encoder.arrays)
-  doc = {'format': FORMAT_NAME, 'version': FORMAT_VERSION,
-         'arrays_file': arrays_file, 'arrays_sha256': digest,
-         'arrays_size': size, 'trees': nodes, 'metadata': user_metadata}
-  doc['checksum'] = hashlib.sha256(_canonical(doc)).hexdigest()
-  with atomic_write(os.path.join(path, METADATA_FILE)) as f:
-    f.write(json.dumps(doc, indent=1).encode('utf-8'))
-  # The old arrays file (if any) is no longer referenced.
-  for name in os.listdir(path):
-    if _ARRAYS_FILE_RE.match(name) and name != arrays_file:
-      with contextlib.suppress(OSError):
-        os.remove(os.path.join(path, name))
+  try:
+    if created:
+      fsync_dir(os.path.dirname(os.path.abspath(path)))
+    _write_files(path, encoder.arrays, nodes, user_metadata)
+  except BaseException:
+    if created:  # A full disk leaves no empty checkpoint directory behind.
+      _discard(path)
+    raise
   return path
 
 

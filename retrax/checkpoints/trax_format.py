@@ -47,6 +47,7 @@ from retrax.checkpoints import npy_stream
 from retrax.checkpoints import pickle_writer
 from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints.atomic import fsync_dir
+from retrax.checkpoints.atomic import naming
 from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
@@ -456,25 +457,38 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
   sidecars = [(f'opt_slots{i}', _arrays(slots, f'slots_per_task[{i}]'))
               for i, slots in enumerate(slots_per_task)]
   sidecars.append(('weights', _arrays(flat_weights, 'flat_weights')))
-  records = _stage_sidecars(base, step, token, sidecars, compresslevel)
-  d = {
-      'step': step,
-      'flat_weights': compresslevel,
-      'flat_state': _arrays(flat_state, 'flat_state'),
-      'flat_eval_state': _arrays(flat_eval_state, 'flat_eval_state'),
-      'history': _trax_history(history_dict),
-      'slots_per_task': compresslevel if slots_per_task else [],
-      'input_signature': _signature(input_signature),
-      'version_timestamp': LOOP_VERSION_TIMESTAMP,
-      _SIDECARS_KEY: records,
-  }
+  d = _loop_dict(step, compresslevel, flat_state, flat_eval_state,
+                 history_dict, bool(slots_per_task), input_signature)
   pkl_path = base + _PICKLE_SUFFIX
-  _write_pickle_gz(pkl_path, d)  # The commit point.
+  try:  # A save failing before its commit (a full disk) leaves no staged file.
+    d[_SIDECARS_KEY] = _stage_sidecars(base, step, token, sidecars,
+                                       compresslevel)
+    _write_pickle_gz(pkl_path, d)  # The commit point.
+  except BaseException as e:
+    _remove_staged(base, step, token, sidecars)
+    if isinstance(e, OSError):  # Name the checkpoint, not a staged file.
+      raise naming(e, pkl_path) from None
+    raise
   for kind, _ in sidecars:
     os.replace(_staged_name(base, kind, step, token), f'{base}.{kind}.npy.gz')
   fsync_dir(os.path.dirname(os.path.abspath(base)))
   remove_staged_sidecars(base, keep=())
   return pkl_path
+
+
+def _loop_dict(step, compresslevel, flat_state, flat_eval_state, history_dict,
+               has_slots, input_signature):
+  """The dict Trax's `Loop` pickles, but for the sidecars' records."""
+  return {
+      'step': step,
+      'flat_weights': compresslevel,
+      'flat_state': _arrays(flat_state, 'flat_state'),
+      'flat_eval_state': _arrays(flat_eval_state, 'flat_eval_state'),
+      'history': _trax_history(history_dict),
+      'slots_per_task': compresslevel if has_slots else [],
+      'input_signature': _signature(input_signature),
+      'version_timestamp': LOOP_VERSION_TIMESTAMP,
+  }
 
 
 def _stage_sidecars(base, step, token, sidecars, compresslevel):
@@ -487,6 +501,13 @@ def _stage_sidecars(base, step, token, sidecars, compresslevel):
                      'sha256': npy_stream.write_npy_gz(
                          staged, arrays, compresslevel=compresslevel)}
   return records
+
+
+def _remove_staged(base, step, token, sidecars):
+  """Removes the staged files of a save that failed before its commit point."""
+  for kind, _ in sidecars:
+    with contextlib.suppress(OSError):
+      os.remove(_staged_name(base, kind, step, token))
 
 
 def remove_staged_sidecars(base, keep=None):

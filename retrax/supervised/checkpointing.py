@@ -427,6 +427,18 @@ def find_latest_valid(directory, report=None):
   return _newest_usable(directory, report)[0]
 
 
+def saved_step(directory):
+  """The highest step a checkpoint in `directory` records (its metadata
+  verified), or None: what a run there has kept."""
+  try:
+    usable = [e for e in ckpt_lib.scan_checkpoints(
+        directory, (ROLLING_PREFIX, PERMANENT_PREFIX), full=False)
+              if e.error is None]
+  except (ckpt_lib.CheckpointError, OSError):
+    return None
+  return usable[-1].step if usable else None
+
+
 def find_resume_checkpoint(directory, report=None):
   """What a loop in `directory` resumes from: `('native', path)`,
   `('trax', path)` (Trax's `model.pkl.gz`, when no native checkpoint is

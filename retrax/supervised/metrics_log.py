@@ -24,6 +24,7 @@ import google_crc32c
 import numpy as np
 
 from retrax.checkpoints import ownership
+from retrax.checkpoints.atomic import append
 from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import UserInputError
 from retrax.supervised import progress
@@ -105,8 +106,9 @@ def read_jsonl(path):
 class JsonlWriter:
   """Appends metric records to a JSON-lines file.
 
-  Records are held until `flush` (or `close`) appends them; no file stays
-  open in between, so a writer that is never closed leaks nothing. With
+  Records are held until `flush` (or `close`) appends them, all or none
+  (`atomic.append`: a full disk leaves no torn line); no file stays open in
+  between, so a writer that is never closed leaks nothing. With
   `on_create`, that is called (with the path) before the file is first
   written (e.g. `RunFiles.claim`).
   """
@@ -146,8 +148,7 @@ class JsonlWriter:
     if self._on_create is not None:
       self._on_create(self._path)
       self._on_create = None
-    with open(self._path, 'a', encoding='utf-8') as f:
-      f.write(''.join(self._pending))
+    append(self._path, ''.join(self._pending).encode('utf-8'))
     self._pending = []
 
   close = flush
@@ -243,8 +244,7 @@ class EventWriter:
   def flush(self):
     """Appends the events recorded since the last flush."""
     if self._pending:
-      with open(self._path, 'ab') as f:
-        f.write(b''.join(self._pending))
+      append(self._path, b''.join(self._pending))
       self._pending = []
 
   close = flush
