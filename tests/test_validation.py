@@ -1,6 +1,7 @@
 """Constructor arguments are checked.
 
-Wrong types and ranges raise an ArgumentError naming the argument.
+Wrong types and ranges raise an ArgumentError naming the argument. (Models'
+vocabulary sizes are checked at init, as Trax: tests/models/test_vocab_layers.py.)
 """
 
 import functools
@@ -49,24 +50,18 @@ BAD = {
                               'attention_dropout'),
     'LSH n_heads': (lambda: LSH(n_heads=1.5), 'n_heads'),
     'LSH d_v': (lambda: LSH(d_v=0), 'd_v'),
-    'TransformerLM vocab_size': (
-        lambda: models.TransformerLM(vocab_size=1.5, **TINY), 'vocab_size'),
     'TransformerLM n_layers': (
         lambda: models.TransformerLM(32, n_layers=-1, **TINY), 'n_layers'),
     'TransformerLM dropout': (
         lambda: models.TransformerLM(32, dropout=1.5, **TINY), 'dropout'),
     'TransformerLM d_model': (
         lambda: models.TransformerLM(32, d_model=0, n_heads=1), 'd_model'),
-    'Transformer vocab_size': (
-        lambda: models.Transformer(1.5, **TINY), 'input_vocab_size'),
     'Transformer n_encoder_layers': (
         lambda: models.Transformer(32, n_encoder_layers=-1, **TINY),
         'n_encoder_layers'),
     'TransformerEncoder n_classes': (
         lambda: models.TransformerEncoder(32, n_classes=0, **TINY),
         'n_classes'),
-    'ReformerLM vocab_size': (
-        lambda: models.ReformerLM(vocab_size=1.5, **TINY), 'vocab_size'),
     'ReformerLM n_layers': (
         lambda: models.ReformerLM(32, n_layers=-1, **TINY), 'n_layers'),
     'ReformerLM dropout': (
@@ -76,9 +71,6 @@ BAD = {
     'ReformerLM attention n_heads': (
         lambda: models.ReformerLM(32, attention_type=functools.partial(
             LSH, chunk_len='4'), **TINY), 'chunk_len'),
-    'Reformer vocab_size': (
-        lambda: models.Reformer(input_vocab_size='32', **TINY),
-        'input_vocab_size'),
     'Reformer n_decoder_layers': (
         lambda: models.Reformer(32, n_decoder_layers=-2, **TINY),
         'n_decoder_layers'),

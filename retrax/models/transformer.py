@@ -1,10 +1,13 @@
 """Transformer models (Vaswani et al. 2017): encoder, decoder, language model, encoder-decoder.
 
 Layer trees equal Trax 1.4.1's, so Trax checkpoints load leaf for leaf.
+Vocabulary sizes are checked at init, where Trax first uses them (see
+`vocab_layers`): a model built with a wrong one still prints.
 """
 
 from retrax import layers as tl
 from retrax.layers import validation
+from retrax.models import vocab_layers
 
 
 def _dropout(dropout, dropout_shared_axes, mode):
@@ -75,9 +78,9 @@ def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,
                        dropout_shared_axes=None, mode='train',
                        ff_activation=None):
   """Token ids (0 = padding) -> `n_classes` raw activations (mean over positions)."""
-  validation.check_sizes('TransformerEncoder', vocab_size=vocab_size,
-                         n_classes=n_classes, d_model=d_model, d_ff=d_ff,
-                         n_heads=n_heads, max_len=max_len)
+  validation.check_sizes('TransformerEncoder', n_classes=n_classes,
+                         d_model=d_model, d_ff=d_ff, n_heads=n_heads,
+                         max_len=max_len)
   validation.check_counts('TransformerEncoder', n_layers=n_layers)
   validation.check_rates('TransformerEncoder', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
@@ -85,7 +88,8 @@ def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,
                           mode, ff_activation) for _ in range(n_layers)]
   return tl.Serial(
       tl.Branch([], tl.PaddingMask()),
-      tl.Embedding(vocab_size, d_model),
+      vocab_layers.Embedding('TransformerEncoder', 'vocab_size', vocab_size,
+                             d_model),
       _dropout(dropout, dropout_shared_axes, mode),
       tl.PositionalEncoding(max_len=max_len),
       blocks,
@@ -101,14 +105,14 @@ def TransformerDecoder(vocab_size=None, d_model=512, d_ff=2048, n_layers=6,
                        dropout_shared_axes=None, mode='train',
                        ff_activation=None):
   """Causal decoder (no shift): ids (or vectors if `vocab_size` is None) -> d_model vectors."""
-  validation.check_sizes('TransformerDecoder', vocab_size=vocab_size,
-                         d_model=d_model, d_ff=d_ff, n_heads=n_heads,
-                         max_len=max_len)
+  validation.check_sizes('TransformerDecoder', d_model=d_model, d_ff=d_ff,
+                         n_heads=n_heads, max_len=max_len)
   validation.check_counts('TransformerDecoder', n_layers=n_layers)
   validation.check_rates('TransformerDecoder', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
-  embed = (tl.Embedding(vocab_size, d_model) if vocab_size is not None
-           else tl.Dense(d_model))
+  embed = (vocab_layers.Embedding('TransformerDecoder', 'vocab_size',
+                                  vocab_size, d_model)
+           if vocab_size is not None else tl.Dense(d_model))
   blocks = [_DecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                           mode, ff_activation) for _ in range(n_layers)]
   return tl.Serial(
@@ -124,9 +128,8 @@ def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,
                   max_len=2048, dropout=0.1, dropout_shared_axes=None,
                   mode='train', ff_activation=None):
   """Autoregressive language model: ids -> logits over `vocab_size` (input shifted right)."""
-  validation.check_sizes('TransformerLM', vocab_size=vocab_size,
-                         d_model=d_model, d_ff=d_ff, n_heads=n_heads,
-                         max_len=max_len)
+  validation.check_sizes('TransformerLM', d_model=d_model, d_ff=d_ff,
+                         n_heads=n_heads, max_len=max_len)
   validation.check_counts('TransformerLM', n_layers=n_layers)
   validation.check_rates('TransformerLM', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
@@ -134,12 +137,13 @@ def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,
                           mode, ff_activation) for _ in range(n_layers)]
   return tl.Serial(
       tl.ShiftRight(mode=mode),
-      tl.Embedding(vocab_size, d_model),
+      vocab_layers.Embedding('TransformerLM', 'vocab_size', vocab_size,
+                             d_model),
       _dropout(dropout, dropout_shared_axes, mode),
       tl.PositionalEncoding(max_len=max_len, mode=mode),
       blocks,
       tl.LayerNorm(),
-      tl.Dense(vocab_size),
+      vocab_layers.Dense('TransformerLM', 'vocab_size', vocab_size),
   )
 
 
@@ -148,20 +152,22 @@ def Transformer(input_vocab_size, output_vocab_size=None, d_model=512,
                 max_len=2048, dropout=0.1, dropout_shared_axes=None,
                 mode='train', ff_activation=None):
   """Encoder-decoder: (source ids, target ids) -> target logits; encoder cached in predict mode."""
-  validation.check_sizes('Transformer', input_vocab_size=input_vocab_size,
-                         output_vocab_size=output_vocab_size, d_model=d_model,
-                         d_ff=d_ff, n_heads=n_heads, max_len=max_len)
+  validation.check_sizes('Transformer', d_model=d_model, d_ff=d_ff,
+                         n_heads=n_heads, max_len=max_len)
   validation.check_counts('Transformer', n_encoder_layers=n_encoder_layers,
                           n_decoder_layers=n_decoder_layers)
   validation.check_rates('Transformer', dropout=dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
   encoder_mode = 'eval' if mode == 'predict' else mode
-  in_embedder = tl.Embedding(input_vocab_size, d_model)
+  in_embedder = vocab_layers.Embedding('Transformer', 'input_vocab_size',
+                                       input_vocab_size, d_model)
+  output_arg = 'output_vocab_size'
   if output_vocab_size is None:
     out_embedder = in_embedder
-    output_vocab_size = input_vocab_size
+    output_arg, output_vocab_size = 'input_vocab_size', input_vocab_size
   else:
-    out_embedder = tl.Embedding(output_vocab_size, d_model)
+    out_embedder = vocab_layers.Embedding('Transformer', output_arg,
+                                          output_vocab_size, d_model)
   encoder = tl.Serial(
       in_embedder,
       _dropout(dropout, dropout_shared_axes, mode),
@@ -188,5 +194,5 @@ def Transformer(input_vocab_size, output_vocab_size=None, d_model=512,
       blocks,
       tl.LayerNorm(),
       tl.Select([0], n_in=3),
-      tl.Dense(output_vocab_size),
+      vocab_layers.Dense('Transformer', output_arg, output_vocab_size),
   )

@@ -3,12 +3,14 @@
 Each builds the same layer tree as Trax 1.4.1, so Trax checkpoints map leaf for
 leaf. The residual stream is split in two halves of width `d_model` that run
 through reversible blocks; LSH attention is chosen with
-`attention_type=tl.LSHSelfAttention`.
+`attention_type=tl.LSHSelfAttention`. Vocabulary sizes are checked at init,
+where Trax first uses them (see `vocab_layers`).
 """
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.layers import validation
+from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
 
 # Trax 1.2 exported the half-residual layer from this module (the RevNet lab imports it).
@@ -73,7 +75,8 @@ def _check_lm_args(sizes, n_layers, dropout):
 def _positional_embedder(vocab_size, d_model, dropout, mode, max_len,
                          pos_args):
   """Embedding, Dropout and `PositionalEncoder(mode, dropout, max_len, *pos_args)`."""
-  return [tl.Embedding(vocab_size, d_model),
+  return [vocab_layers.Embedding('ReformerLM', 'vocab_size', vocab_size,
+                                 d_model),
           tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
           ct.PositionalEncoder(mode, dropout, max_len, *pos_args)]
 
@@ -107,7 +110,7 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
     attention_chunk_size: if > 0, attention runs over batch chunks.
     mode: 'train', 'eval' or 'predict'.
   """
-  _check_lm_args(dict(vocab_size=vocab_size, d_model=d_model, d_ff=d_ff,
+  _check_lm_args(dict(d_model=d_model, d_ff=d_ff,
                       d_attention_key=d_attention_key,
                       d_attention_value=d_attention_value, n_heads=n_heads,
                       max_len=max_len), n_layers, dropout)
@@ -135,7 +138,8 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
       tl.Concatenate(),
       tl.LayerNorm(),
       tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
-      tl.AssertFunction('...a->...b', tl.Dense(vocab_size)),
+      tl.AssertFunction('...a->...b', vocab_layers.Dense(
+          'ReformerLM', 'vocab_size', vocab_size)),
   )
 
 
@@ -156,7 +160,8 @@ def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,
   attention_type = tl.SelfAttention if attention_type is None else attention_type
   ff_activation = tl.FastGelu if ff_activation is None else ff_activation
   positional_embedder = [
-      tl.Embedding(vocab_size, d_embedding),
+      vocab_layers.Embedding('ReformerShortenLM', 'vocab_size', vocab_size,
+                             d_embedding),
       tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
       ct.PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
                            pos_d_axial_embs),
@@ -189,7 +194,7 @@ def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,
       tl.CausalConv(d_embedding),
       tl.Relu(),
       tl.SRU(d_embedding),
-      tl.Dense(vocab_size),
+      vocab_layers.Dense('ReformerShortenLM', 'vocab_size', vocab_size),
   )
 
 
@@ -259,13 +264,13 @@ def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
   In predict mode the encoder runs once (`tl.Cache`) and the decoder decodes
   one token per call.
   """
-  validation.check_sizes('Reformer', input_vocab_size=input_vocab_size,
-                         output_vocab_size=output_vocab_size, d_model=d_model,
-                         d_ff=d_ff, n_heads=n_heads, max_len=max_len)
+  validation.check_sizes('Reformer', d_model=d_model, d_ff=d_ff,
+                         n_heads=n_heads, max_len=max_len)
   validation.check_counts('Reformer', n_encoder_layers=n_encoder_layers,
                           n_decoder_layers=n_decoder_layers)
   validation.check_rates('Reformer', dropout=dropout, ff_dropout=ff_dropout)
   ff_activation = tl.Relu if ff_activation is None else ff_activation
+  output_arg = vocab_layers.output_arg(output_vocab_size)
   in_encoder, out_encoder, output_vocab_size = (
       ct.EmbeddingAndPositionalEncodings(
           input_vocab_size, d_model, mode, dropout, [-2], max_len,
@@ -297,7 +302,7 @@ def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
       _XYAvg(),
       tl.LayerNorm(),
       tl.Select([0], n_in=3),                                  # vec_d .....
-      tl.Dense(output_vocab_size),
+      vocab_layers.Dense('Reformer', output_arg, output_vocab_size),
   )
 
 

@@ -10,6 +10,7 @@ arguments their layer and weight trees are Trax's, leaf for leaf.
 from retrax import layers as tl
 from retrax.layers.research import sparsity as research_sparsity
 from retrax.layers import validation
+from retrax.models import vocab_layers
 
 
 def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16,
@@ -210,9 +211,11 @@ def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,
                                     pos_time_bin_length=None):
   """Input and output embedders (embedding, dropout, positions) for encoder-decoders."""
 
-  def embedder(vocab_size, embedding_mode):
-    if vocab_size is not None:
-      embedding = tl.Embedding(vocab_size, d_model, use_bfloat16=use_bfloat16)
+  def embedder(vocab_size, embedding_mode, arg):
+    if vocab_size is not None:  # Checked at init, as in Trax (vocab_layers).
+      embedding = vocab_layers.Embedding(
+          'EmbeddingAndPositionalEncodings', arg, vocab_size, d_model,
+          use_bfloat16=use_bfloat16)
     else:
       embedding = tl.Dense(d_model, use_bfloat16=use_bfloat16)
     return [embedding, tl.Dropout(rate=embedding_dropout,
@@ -229,12 +232,12 @@ def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,
         pos_time_bin_length=pos_time_bin_length)
 
   encoder_mode = 'eval' if mode == 'predict' else mode
-  in_embedder = embedder(input_vocab_size, encoder_mode)
+  in_embedder = embedder(input_vocab_size, encoder_mode, 'input_vocab_size')
   in_encoder = in_embedder + [positions(encoder_mode)]
   if not (input_vocab_size or output_vocab_size):
     raise ValueError('Give input_vocab_size or output_vocab_size.')
   out_embedder = (in_embedder if output_vocab_size is None
-                  else embedder(output_vocab_size, mode))
+                  else embedder(output_vocab_size, mode, 'output_vocab_size'))
   out_encoder = out_embedder + [positions(mode)]
   if output_vocab_size is None:
     output_vocab_size = input_vocab_size
@@ -363,7 +366,8 @@ def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,
   """
   _check_heads('ConfigurableTransformerEncoder', d_model, n_heads)
   positional_encoder = tl.AssertFunction('...->...d', [
-      tl.Embedding(vocab_size, d_model),
+      vocab_layers.Embedding('ConfigurableTransformerEncoder', 'vocab_size',
+                             vocab_size, d_model),
       tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode),
       PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
                         pos_d_axial_embs,
@@ -408,7 +412,8 @@ def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
   """
   _check_heads('ConfigurableTransformerLM', d_model, n_heads)
   positional_encoder = [
-      tl.Embedding(vocab_size, d_model),
+      vocab_layers.Embedding('ConfigurableTransformerLM', 'vocab_size',
+                             vocab_size, d_model),
       tl.Dropout(rate=dropout, shared_axes=dropout_shared_axes, mode=mode),
       PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
                         pos_d_axial_embs, pos_start_from_zero_prob,
@@ -424,18 +429,23 @@ def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
       positional_encoder,
       decoder_blocks,
       tl.LayerNorm(),
-      _output_layer(vocab_size, d_model, mode, loss_sparsity_type,
-                    loss_sparsity, loss_d_lowrank, loss_sparsity_prob),
+      _output_layer('ConfigurableTransformerLM', 'vocab_size', vocab_size,
+                    d_model, mode, loss_sparsity_type, loss_sparsity,
+                    loss_d_lowrank, loss_sparsity_prob),
   )
 
 
-def _output_layer(vocab_size, d_model, mode, sparsity_type, sparsity,
-                  d_lowrank, prob_sparse):
-  """The logits layer: `SparseDenseWithOptions` (a Dense for the defaults)."""
-  return research_sparsity.SparseDenseWithOptions(
-      vocab_size, d_input=d_model, sparsity_type=sparsity_type,
-      sparsity=sparsity, d_lowrank=d_lowrank, prob_sparse=prob_sparse,
-      mode=mode)
+def _output_layer(owner, arg, vocab_size, d_model, mode, sparsity_type,
+                  sparsity, d_lowrank, prob_sparse):
+  """The logits layer: `SparseDenseWithOptions` (a Dense for the defaults);
+  `vocab_size` (argument `arg` of model `owner`) checked at init."""
+  return vocab_layers.checked_at_init(
+      owner, arg, vocab_size,
+      lambda: research_sparsity.SparseDenseWithOptions(
+          vocab_size, d_input=d_model, sparsity_type=sparsity_type,
+          sparsity=sparsity, d_lowrank=d_lowrank, prob_sparse=prob_sparse,
+          mode=mode), f'Dense_{vocab_size}',
+      in_serial=True)  # SparseDenseWithOptions comes in a shape check.
 
 
 def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
@@ -462,6 +472,7 @@ def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
   is `SparseDenseWithOptions` as in ConfigurableTransformerLM.
   """
   _check_heads('ConfigurableTransformer', d_model, n_heads)
+  output_arg = vocab_layers.output_arg(output_vocab_size)
   in_encoder, out_encoder, output_vocab_size = EmbeddingAndPositionalEncodings(
       input_vocab_size, d_model, mode, dropout, dropout_shared_axes, max_len,
       output_vocab_size=output_vocab_size, pos_type=pos_type,
@@ -493,6 +504,7 @@ def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
       encoder_decoder_blocks,
       tl.LayerNorm(),
       tl.Select([0], n_in=3),               # vec_d tok_d
-      _output_layer(output_vocab_size, d_model, mode, loss_sparsity_type,
-                    loss_sparsity, loss_d_lowrank, loss_sparsity_prob),
+      _output_layer('ConfigurableTransformer', output_arg, output_vocab_size,
+                    d_model, mode, loss_sparsity_type, loss_sparsity,
+                    loss_d_lowrank, loss_sparsity_prob),
   )

@@ -26,6 +26,7 @@ from retrax.layers import kv_cache
 from retrax.layers import predict_state
 from retrax.layers import rnn
 from retrax.layers import validation
+from retrax.models import vocab_layers
 from retrax.models.reformer import reformer
 from retrax.models.research import configurable_transformer as ct
 from retrax.models.research import transformer2 as t2
@@ -235,6 +236,7 @@ def ConfigurableTerraformer(
                        d_attention_value or d_model // n_heads,
                        half_before_layer, double_after_layer)
   (d_model1, d_ff1), d_model2 = sizes[0][:2], sizes[2][0]
+  output_arg = vocab_layers.output_arg(output_vocab_size)
   in_encoder, out_encoder, output_vocab_size = (
       ct.EmbeddingAndPositionalEncodings(
           input_vocab_size, d_model1, mode, dropout, [-2], max_len,
@@ -260,13 +262,26 @@ def ConfigurableTerraformer(
         half_before_layer, double_after_layer,
         dict(n_heads=n_heads, n_attention_layers=n_decoder_attention_layers,
              **block_args)), d_model2, n_layers_forget, forget_dense)
-  loss = tl.SparseDenseWithOptions(
-      output_vocab_size, d_input=d_model2, sparsity_type=loss_sparsity_type,
-      sparsity=loss_sparsity, d_lowrank=loss_d_lowrank,
-      prob_sparse=loss_sparsity_prob, use_bfloat16=use_bfloat16, mode=mode)
+  loss = _loss_layer(output_arg, output_vocab_size, d_model2,
+                     (loss_sparsity_type, loss_sparsity, loss_d_lowrank,
+                      loss_sparsity_prob), use_bfloat16, mode)
   return _assemble(_inputs(input_vocab_size, in_encoder), portal_mask,
                    out_encoder, encoder, reversible_encoder, decoder, loss,
                    mode)
+
+
+def _loss_layer(output_arg, vocab_size, d_model, sparsity_args, use_bfloat16,
+                mode):
+  """The logits layer, `SparseDenseWithOptions(vocab_size, d_model,
+  *sparsity_args)`; `vocab_size` (argument `output_arg`) checked at init."""
+  sparsity_type, sparsity, d_lowrank, prob_sparse = sparsity_args
+  return vocab_layers.checked_at_init(
+      'ConfigurableTerraformer', output_arg, vocab_size,
+      lambda: tl.SparseDenseWithOptions(
+          vocab_size, d_input=d_model, sparsity_type=sparsity_type,
+          sparsity=sparsity, d_lowrank=d_lowrank, prob_sparse=prob_sparse,
+          use_bfloat16=use_bfloat16, mode=mode), f'Dense_{vocab_size}',
+      in_serial=True)  # SparseDenseWithOptions comes in a shape check.
 
 
 def _assemble(inputs, portal_mask, out_encoder, encoder, reversible_encoder,
