@@ -82,8 +82,10 @@ class _GinWithTrax(importlib.abc.MetaPathFinder):
     if fullname != 'trax':
       return None
     sys.meta_path.remove(self)  # Once. The import system skips the finder
-    if importlib.util.find_spec('gin') is not None:  # after a removed one,
-      importlib.import_module('gin')  # so this one answers for it.
+    try:  # after a removed one, so this one answers for it.
+      importlib.import_module('gin')  # retrax.trax_gin registers on import.
+    except ImportError:
+      pass  # gin-config is an optional extra.
     return _TraxFinder().find_spec(fullname, path, target)
 
 

@@ -16,6 +16,7 @@ keys of `retrax train --help`; `--config KEY=VALUE` overrides one).
 import argparse
 import datetime
 import os
+import re
 import sys
 
 from retrax import cli
@@ -80,9 +81,12 @@ def parse_gin_configs(config_files, bindings):
   try:
     gin.parse_config_files_and_bindings(config_files, bindings)
   except ModuleNotFoundError as e:
+    # gin re-raises the import's error with the file and line appended.
+    missing = re.search(r"No module named '([^']+)'", str(e))
     raise UserInputError(
-        f'the config imports {e.name!r}, which is not installed (Trax\'s T5 '
-        f'and BERT configs need the t5 package and TensorFlow): {e}') from None
+        f'the config imports {missing.group(1) if missing else e.name!r}, '
+        'which is not installed (Trax\'s T5 and BERT configs need the t5 '
+        f'package and TensorFlow): {e}') from None
   except (ValueError, SyntaxError, OSError) as e:
     raise UserInputError(f'gin config: {" ".join(str(e).split())}') from None
   return gin

@@ -91,6 +91,7 @@ _TRAX_CONFIGURABLES = (
      'train', ('output_dir',)),
     ('trax.supervised.training', ('retrax.supervised.training',),
      'EvalTask TrainTask', ()),
+    # With retrax's `text_streams`, the local stand-in for T2T text problems.
     ('trax.data', _DATA, '''
         AddLossWeights AppendValue Batch BucketByLength CastTo
         ConcatenateToLMInput ConvertToUnicode CountAndSkip Dup FilterByLength
@@ -99,7 +100,8 @@ _TRAX_CONFIGURABLES = (
         UniformlySeek addition_input_stream addition_inputs batcher
         consume_noise_mask generate_random_noise_mask generate_sequential_chunks
         make_additional_stream make_inputs make_parallel_stream random_inputs
-        sequence_copy_inputs simple_sequence_copy_inputs sine_inputs''', ()),
+        sequence_copy_inputs simple_sequence_copy_inputs sine_inputs
+        text_streams''', ()),
     # Trax's TensorFlow inputs: retrax reads TFDS without TensorFlow where it
     # can (`retrax.data`); the others raise `TensorFlowOnlyError` when called.
     ('trax.data', _DATA, '''
@@ -183,6 +185,8 @@ def register(gin):
   if _registered:
     return
   _registered = True
+  sys.meta_path[:] = [f for f in sys.meta_path
+                      if not isinstance(f, _GinImportWatcher)]
   from retrax import compat
   compat.alias_trax_modules()  # Trax's gin files `import trax.models` etc.
   set_default_source(gin.external_configurable(
@@ -215,7 +219,8 @@ class _GinImportWatcher(importlib.abc.MetaPathFinder):
   def find_spec(self, fullname, path=None, target=None):
     if fullname != 'gin':
       return None
-    sys.meta_path.remove(self)  # One import only; also avoids recursion.
+    # Not through sys.meta_path: that would come back here. The watcher
+    # stays until gin is loaded (a bare `find_spec('gin')` loads nothing).
     spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
     if spec is not None and spec.loader is not None:
       spec.loader = _RegisteringLoader(spec.loader)

@@ -252,15 +252,13 @@ def batcher(data_streams: Any = None,
     `Inputs` whose streams take ``n_devices`` (batch sizes are rounded to
     multiples of it).
   """
-  if data_streams is None:
-    raise ValueError(
-        'batcher needs data_streams = (train_fn, eval_fn), or a function '
-        'returning them (in gin: `batcher.data_streams = @data.data_streams`).')
   if callable(data_streams):
     data_streams = data_streams()
   if not isinstance(data_streams, (tuple, list)) or len(data_streams) != 2:
-    raise ValueError('batcher needs data_streams = (train_fn, eval_fn), '
-                     f'got {data_streams!r}.')
+    raise ValueError(
+        'batcher needs data_streams = (train_fn, eval_fn) or a function '
+        'returning them (gin: `batcher.data_streams = @data.data_streams`), '
+        f'got {data_streams!r}.')
   train_fn, eval_fn = data_streams
   kwargs = dict(
       variable_shapes=variable_shapes,

@@ -1,0 +1,172 @@
+"""Trax's gin configs on retrax (`retrax.trax_gin`, `python -m retrax.trainer`).
+
+Registering rebinds public names for the rest of a process, so each check
+runs in a fresh interpreter. The gin files are tests/fixtures/gin/, written
+with the configurable names Trax's experiment configs use.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip('gin')
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_GIN_DIR = os.path.join(_ROOT, 'tests', 'fixtures', 'gin')
+
+
+def _python(code, *args, cwd=_ROOT):
+  """Runs `code` in a fresh interpreter; its completed process."""
+  return subprocess.run([sys.executable, '-c', textwrap.dedent(code), *args],
+                        cwd=cwd, capture_output=True, text=True, timeout=600,
+                        check=False)
+
+
+def _ok(code, *args):
+  out = _python(code, *args)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return out.stdout
+
+
+def test_every_configurable_trax_registers_is_registered():
+  with open(os.path.join(_GIN_DIR, 'trax_configurables.txt')) as f:
+    trax_names = [line for line in f.read().splitlines() if line[0] != '#']
+  out = _ok('''
+      import json, sys
+      import gin
+      import retrax
+      from retrax.data import tensorflow_only
+      names = json.loads(sys.argv[1])
+      missing, stand_ins = [], []
+      for name in names:
+        found = gin.config._REGISTRY.get_match(name)
+        if found is None or found.selector != name:
+          missing.append(name)
+        elif (found.wrapped.__module__ == 'retrax.trax_gin' and
+              name != 'trax.fastmath.ops.backend'):
+          stand_ins.append(name.split('.')[-1])
+      print(json.dumps([missing, stand_ins,
+                        sorted(tensorflow_only.TF_ONLY_NAMES)]))
+  ''', json.dumps(trax_names))
+  missing, stand_ins, tf_only = json.loads(out)
+  assert len(trax_names) == 186 and not missing
+  # Only Trax's TensorFlow data functions that retrax lacks are stand-ins.
+  assert set(stand_ins) <= set(tf_only)
+  assert 'CreateMathQAInputs' in stand_ins and 'batcher' not in stand_ins
+
+
+def test_bindings_reach_public_names_defaults_and_classes():
+  # `import retrax as trax`, no compat: gin imported after retrax.
+  _ok('''
+      import numpy as np
+      import retrax as trax
+      from retrax import layers as tl
+      from retrax.layers.lsh_attention import LSHSelfAttention
+      import gin
+      gin.parse_config("""
+          import trax.layers
+          import trax.models
+          LSHSelfAttention.n_hashes = 3
+          LSHSelfAttention.chunk_len = 8
+          ReformerLM.vocab_size = 11
+          ReformerLM.d_model = 24
+          ReformerLM.d_ff = 32
+          ReformerLM.n_layers = 1
+          ReformerLM.n_heads = 2
+          ReformerLM.attention_type = @trax.layers.LSHSelfAttention
+          multifactor.constant = 0.5
+          multifactor.factors = 'constant * linear_warmup'
+          multifactor.warmup_steps = 10
+      """)
+      # A model constructor called through its public name, after parsing.
+      model = trax.models.ReformerLM(mode='eval')
+      model.init(trax.shapes.ShapeDtype((1, 16), np.int32))
+      lsh = [l for l in model.walk() if isinstance(l, tl.LSHSelfAttention)]
+      assert lsh and {l._n_hashes for l in lsh} == {3}, lsh
+      assert {l._chunk_len for l in lsh} == {8}
+      assert model(np.zeros((1, 16), np.int32)).shape == (1, 16, 11)
+      # A class is configured in place: any import path sees the bindings.
+      assert LSHSelfAttention(n_heads=1, d_qk=4, d_v=4)._n_hashes == 3
+      assert LSHSelfAttention(n_heads=1, d_qk=4, d_v=4, n_hashes=5)._n_hashes == 5
+      # Schedules: constant * min(1, step / warmup).
+      for schedule in (trax.lr.multifactor(),
+                       trax.supervised.lr_schedules.multifactor()):
+        assert abs(float(schedule(5)) - 0.25) < 1e-7
+        assert abs(float(schedule(40)) - 0.5) < 1e-7
+      gin.clear_config()
+      assert LSHSelfAttention(n_heads=1, d_qk=4, d_v=4)._n_hashes == 1
+  ''')
+
+
+def test_mode_is_not_bindable_and_tensorflow_names_say_what_to_use():
+  _ok('''
+      import gin
+      import pytest
+      from retrax import compat
+      compat.install()
+      import trax
+      with pytest.raises(ValueError, match='mode'):
+        gin.parse_config('LSHSelfAttention.mode = "predict"')
+      # Parses, as in Trax; the call says what to use instead.
+      gin.parse_config("data.CreateMathQAInputs.dataset_path = '/nowhere'")
+      from retrax.data.tensorflow_only import TensorFlowOnlyError
+      with pytest.raises(TensorFlowOnlyError, match='TextLines'):
+        gin.get_configurable('data.CreateMathQAInputs')()
+  ''')
+
+
+def test_a_gin_file_trains_from_the_trainer(tmp_path):
+  out_dir = tmp_path / 'run'
+  out = subprocess.run(
+      [sys.executable, '-m', 'retrax.trainer',
+       f'--config_file={os.path.join(_GIN_DIR, "copy_lsh.gin")}',
+       '--config=train.steps = 20', f'--output_dir={out_dir}'],
+      cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
+  assert out.returncode == 0, out.stderr[-4000:]
+  records = [json.loads(line) for line in
+             (out_dir / 'metrics.jsonl').read_text().splitlines()]
+  loss = {r['step']: r['value'] for r in records
+          if r['metric'] == 'metrics/loss' and r['mode'] == 'eval'}
+  assert sorted(loss) == [1, 10, 20]
+  assert loss[20] < loss[1] - 0.05, loss
+  model = json.loads((out_dir / 'model.json').read_text())
+  assert model['constructor'] == 'ReformerLM'
+  assert model['kwargs']['d_model'] == 32 and model['kwargs']['n_layers'] == 2
+  config = (out_dir / 'config.gin').read_text()
+  assert 'LSHSelfAttention.n_hashes = 3' in config
+  assert 'train.steps = 20' in config
+
+
+def test_includes_and_errors_of_the_trainer(tmp_path):
+  from retrax import trainer
+  gin_file = tmp_path / 'bad.gin'
+  gin_file.write_text('NoSuchLayer.x = 1\n')
+  cases = {
+      str(gin_file): 'No configurable matching',
+      str(tmp_path / 'none.gin'): 'no such file',
+  }
+  t5_file = tmp_path / 't5.gin'
+  t5_file.write_text('import t5.data.preprocessors\n')
+  cases[str(t5_file)] = "imports 't5'"
+  for path, message in cases.items():
+    out = _python('import sys; from retrax import trainer; '
+                  'sys.exit(trainer.main(sys.argv[1:]))',
+                  f'--config_file={path}', f'--output_dir={tmp_path / "o"}')
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+  assert not os.path.exists(tmp_path / 'o')
+  # An include is found beside the including file; bindings override.
+  _ok('''
+      import sys
+      from retrax import trainer
+      gin = trainer.parse_gin_configs([sys.argv[1]], ['train.steps = 3'])
+      assert gin.query_parameter('ReformerLM.n_layers') == 1
+      assert gin.query_parameter('ReformerLM.d_model') == 32
+      assert gin.query_parameter('train.steps') == 3
+  ''', os.path.join(_GIN_DIR, 'includes_copy.gin'))
+  del trainer
