@@ -6,12 +6,14 @@ the user supplied (`retrax.errors.UserInputError`, checkpoint, argument and
 training errors, missing files) exit with code 2 and a one-line message
 saying what to do, as do disk errors (full, read-only, no permission: the
 path, what was kept, what to do); any other exception is a bug and keeps its
-traceback.
+traceback. SIGTERM or Ctrl-C during training saves the last completed step
+and exits with 143 or 130 (see `retrax.supervised.interrupts`).
 """
 
 import argparse
 import errno
 import platform
+import signal
 import sys
 
 import jax
@@ -29,6 +31,7 @@ from retrax.errors import UserInputError
 from retrax.layers.validation import ArgumentError
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
+from retrax.supervised import interrupts
 from retrax.supervised.batch_checks import TrainingError
 
 
@@ -297,6 +300,12 @@ def main(argv=None):
     print(f'retrax {args.command}: error: {_disk_error(args, e)}',
           file=sys.stderr)
     return 2
+  except interrupts.TrainingStopped as e:  # The step is saved, logs flushed.
+    print(f'retrax {args.command}: {e}', file=sys.stderr)
+    return interrupts.EXIT_CODES[e.signum]
+  except KeyboardInterrupt:  # Ctrl-C outside a training loop: no traceback.
+    print(f'retrax {args.command}: interrupted (Ctrl-C).', file=sys.stderr)
+    return interrupts.EXIT_CODES[signal.SIGINT]
   return rc or 0
 
 

@@ -30,6 +30,7 @@ from retrax.optimizers import placement
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised import history as trax_history
+from retrax.supervised import interrupts
 from retrax.supervised import loop_internals
 from retrax.supervised import loop_steps
 from retrax.supervised import progress
@@ -274,12 +275,17 @@ class Loop(loop_internals.TraxLoopInternals):
       BadBatchError: a batch does not fit the model (nothing more is saved).
       NonFiniteLossError: the loss, the learning rate or the weights became
         NaN/inf (nothing more is saved).
+      interrupts.Interrupted / Terminated: Ctrl-C / SIGTERM stopped the run
+        after the step in progress, which is saved (see `interrupts`).
     """
     self._run_dir.open_writers()
     self._bar = self._progress_bar(n_steps)
     start_time = time.time()
+    stop = interrupts.StopOnSignal().install()
     try:
       for _ in range(n_steps):
+        if stop.requested:
+          break
         prev_task_index = self._which_task(self.step)
         self._advance()
         task_index = self._which_task(self.step)
@@ -303,10 +309,12 @@ class Loop(loop_internals.TraxLoopInternals):
         # it is only a permanent one's step), so model.pkl.gz holds it too.
         self._save_newest()
     finally:
+      stop.restore()
       self._bar.close()
       self._bar = self._progress_bar(0, enabled=False)
       self._run_dir.close_writers()
     self._sync_model()
+    stop.raise_if_requested(self)
 
   def train_step(self, batch, task_index=0):
     """Runs one training step of task `task_index` on `batch`: no evals,

@@ -8,6 +8,8 @@ With `RESUME_WORKER_KILL_AT_OP=n` the process SIGKILLs itself just before its
 n-th file-system commit operation (fsync, rename/replace, remove, rmtree):
 inside a checkpoint or log write, or a rotation. `RESUME_WORKER_COUNT_OPS=1`
 prints the number of such operations at the end instead.
+`RESUME_WORKER_STEP_SECONDS=s` makes each step last `s` seconds more (the
+signal tests stop a step in progress).
 """
 
 import json
@@ -15,6 +17,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -34,6 +37,7 @@ class _PrintStep(callbacks.TrainingStepCallback):
 
   def on_step_end(self, step):
     print(f'step {step}', flush=True)
+    time.sleep(float(os.environ.get('RESUME_WORKER_STEP_SECONDS') or 0))
 
 
 def make_loop(output_dir, extra_callbacks=(), n_devices=None):

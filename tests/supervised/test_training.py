@@ -63,7 +63,7 @@ def test_report_lines_and_files(tmp_path, capsys):
   assert sorted(os.listdir(tmp_path)) == [
       'ckpt_000000001', 'ckpt_000000005', 'eval', 'metrics.jsonl',
       'model.opt_slots0.npy.gz', 'model.pkl.gz', 'model.weights.npy.gz',
-      'run_files.json', 'train']
+      'retrax.lock', 'run_files.json', 'train']
   records = metrics_log.read_jsonl(tmp_path / 'metrics.jsonl')
   jsonl_eval = [(r['step'], r['value']) for r in records
                 if r['metric'] == 'metrics/WeightedAccuracy']
