@@ -133,7 +133,8 @@ def cmd_sample(args):
 
 
 def cmd_eval(args):
-  jobs.print_eval(jobs.config_of_run(args.output_dir), n_batches=args.batches)
+  jobs.print_eval(jobs.config_of_run(args.output_dir), n_batches=args.batches,
+                  seed=args.seed)
 
 
 def cmd_convert(args):
@@ -204,6 +205,10 @@ def _add_run_commands(sub):
   p.add_argument('output_dir')
   p.add_argument('--batches', type=_count, default=8,
                  help='eval batches (default 8)')
+  p.add_argument('--seed', type=int, default=0,
+                 help='seed of the random keys the model draws in eval mode '
+                 '(LSH hashing); the same seed gives the same numbers '
+                 '(default 0)')
   p.set_defaults(func=cmd_eval)
 
 

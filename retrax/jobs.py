@@ -234,13 +234,16 @@ def config_of_run(output_dir):
   return config_lib.RunConfig.from_dict(values)
 
 
-def load_model(config, mode='predict', batch_size=1):
-  """A model in `mode` with the run's latest weights."""
+def load_model(config, mode='predict', batch_size=1, seed=None):
+  """A model in `mode` with the run's latest weights; with `seed`, its fresh
+  state (e.g. LSH attention's hashing key) comes from `PRNGKey(seed)`."""
   path = checkpointing.find_latest_valid(config.train.output_dir)
   if path is None:
     raise FileNotFoundError(f'{config.train.output_dir} holds no valid '
                             'checkpoint; train first with `retrax train`.')
   model = build_model(config, mode)
+  if seed is not None:
+    model.rng = jax.random.PRNGKey(seed)
   length = 1 if mode == 'predict' else config.model.length
   model.init_from_file(path, weights_only=True, input_signature=shapes.ShapeDtype(
       (batch_size, length), np.int32))
@@ -264,17 +267,20 @@ def sample_copies(config, n=4, temperature=0.0, seed=0):
 EVAL_METRICS = ('WeightedCategoryCrossEntropy', 'WeightedCategoryAccuracy')
 
 
-def evaluate(config, n_batches=8):
+def evaluate(config, n_batches=8, seed=0):
   """Scores a run's latest saved weights on the first `n_batches` of its eval stream.
 
-  The model is loaded from the checkpoint and never re-initialised. Returns
-  `{metric name: mean over the batches}`, as the training `Loop` averages its
-  evals (the metrics in `EVAL_METRICS`).
+  The model is loaded from the checkpoint and never re-initialised. Its
+  state (LSH attention's hashing key) starts from `PRNGKey(seed)` and batch
+  `i` runs with the key `fold_in(PRNGKey(seed), i)`, so a model that draws
+  random numbers in eval mode scores the same on every call with the same
+  `seed`. Returns `{metric name: mean over the batches}`, as the training
+  `Loop` averages its evals (the metrics in `EVAL_METRICS`).
   """
   if not isinstance(n_batches, int) or n_batches < 1:
     raise config_lib.ConfigError(
         f'the number of eval batches must be an int >= 1; got {n_batches!r}')
-  model = load_model(config, 'eval', config.data.batch_size)
+  model = load_model(config, 'eval', config.data.batch_size, seed=seed)
   metrics = [getattr(tl, name)() for name in EVAL_METRICS]
 
   def scores(batch, weights, state, rng):
@@ -285,15 +291,16 @@ def evaluate(config, n_batches=8):
   step = xla_cpu.jit(scores)
   stream = build_inputs(config).eval_stream(1)
   totals = np.zeros(len(metrics))
-  for _ in range(n_batches):
+  key = jax.random.PRNGKey(seed)
+  for i in range(n_batches):
     totals += [float(v) for v in step(tuple(next(stream)), model.weights,
-                                      model.state, model.rng)]
+                                      model.state, jax.random.fold_in(key, i))]
   return dict(zip(EVAL_METRICS, (totals / n_batches).tolist()))
 
 
-def print_eval(config, n_batches=8):
-  """Prints `evaluate(config, n_batches)` on one line; returns it."""
-  results = evaluate(config, n_batches)
+def print_eval(config, n_batches=8, seed=0):
+  """Prints `evaluate(config, n_batches, seed)` on one line; returns it."""
+  results = evaluate(config, n_batches, seed)
   print(f'eval over {n_batches} batches: ' + '  '.join(
       f'{name} {value:.6f}' for name, value in results.items()))
   return results

@@ -10,9 +10,11 @@ latest weights, like Hugging Face's ``from_pretrained`` for a local directory::
     run.model, run.tokenizer, run.config, run.checkpoint
 
 Arguments are stored as JSON: numbers, strings, booleans, None, lists and
-tuples, dicts, and layer constructors of `retrax.layers` (also as
-``functools.partial`` with JSON arguments). A model built with anything else
-(a lambda, an array) records no constructor, and `load_run` says so.
+tuples, dicts, and for the arguments that take a layer, a layer constructor
+of `retrax.layers` of that argument's kind (also as ``functools.partial``
+with JSON arguments; see `model_spec`, which also checks every file read). A
+model built with anything else (a lambda, an array) records no constructor,
+and `load_run` says so.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from retrax import layers as tl
+from retrax import model_spec
 from retrax import shapes
 from retrax.checkpoints import layer_io
 from retrax.checkpoints import tree
@@ -100,10 +103,11 @@ def recorded(fn, name=None):
       bound.apply_defaults()  # Defaults too, when they are JSON-able.
       for values in (bound.arguments, given):
         try:
-          _SPECS[layer] = {'name': name, 'kwargs': {
-              k: _encode(v) for k, v in values.items() if k != 'mode'}}
+          encoded = {k: _encode(v) for k, v in values.items() if k != 'mode'}
+          model_spec.check_kwargs(fn, encoded, name)  # What loading admits.
+          _SPECS[layer] = {'name': name, 'kwargs': encoded}
           break
-        except _NotJSON:
+        except (_NotJSON, model_spec.ModelFileError):
           continue
     except TypeError:
       pass  # Not describable as JSON: the run records no constructor.
@@ -135,18 +139,38 @@ def write_model_file(output_dir, model):
   return path
 
 
+def _read_model_file(path):
+  """The checked document of a ``model.json``; `ModelFileError` if unusable."""
+  try:
+    with open(path, 'rb') as f:
+      doc = json.loads(f.read().decode('utf-8'))
+  except (ValueError, RecursionError) as e:  # Bad UTF-8 or JSON.
+    raise model_spec.ModelFileError(
+        f'{path} is unreadable ({" ".join(str(e).split())[:200]}).') from None
+  if (not isinstance(doc, dict) or doc.get('format') != _FORMAT or
+      doc.get('version') != _VERSION):
+    raise model_spec.ModelFileError(
+        f'{path} is not a {_FORMAT} v{_VERSION} file.')
+  return doc
+
+
 def build_from_file(path, mode='train'):
-  """The model a ``model.json`` describes, built in `mode`."""
+  """The model a ``model.json`` describes, built in `mode`.
+
+  Raises:
+    ModelFileError: the file is unreadable, names no `retrax.models`
+      constructor, or arguments or layers it may not (see `model_spec`).
+  """
   # retrax.models imports this module (to record constructors): a cycle.
   from retrax import models
-  with open(path) as f:
-    doc = json.load(f)
-  if doc.get('format') != _FORMAT or doc.get('version') != _VERSION:
-    raise ValueError(f'{path} is not a {_FORMAT} v{_VERSION} file.')
-  fn = models.MODELS.get(doc['constructor'])
+  doc = _read_model_file(path)
+  constructor = doc.get('constructor')
+  fn = models.MODELS.get(constructor) if isinstance(constructor, str) else None
   if fn is None:
-    raise ValueError(f'{path}: unknown model {doc["constructor"]!r}; known: '
-                     f'{", ".join(sorted(models.MODELS))}.')
+    raise model_spec.ModelFileError(
+        f'{path}: unknown model {str(constructor)[:40]!r}; known: '
+        f'{", ".join(sorted(models.MODELS))}.')
+  model_spec.check_kwargs(fn, doc.get('kwargs'), path)
   kwargs = {k: _decode(v) for k, v in doc['kwargs'].items()}
   return fn(**kwargs, mode=mode)
 
