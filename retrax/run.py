@@ -30,6 +30,7 @@ import numpy as np
 from retrax import layers as tl
 from retrax import model_spec
 from retrax import shapes
+from retrax import trax_gin
 from retrax.checkpoints import layer_io
 from retrax.checkpoints import tree
 from retrax.checkpoints.atomic import atomic_write
@@ -66,6 +67,11 @@ def _encode(x):
     return {'layer': _layer_name(x.func),
             'kwargs': {k: _encode(v) for k, v in x.keywords.items()}}
   if callable(x):
+    # Arguments a gin config binds travel with the layer, as a partial's do.
+    bound = trax_gin.bound_arguments(x)
+    if bound:
+      return {'layer': _layer_name(x),
+              'kwargs': {k: _encode(v) for k, v in bound.items()}}
     return {'layer': _layer_name(x)}
   raise _NotJSON(x)
 

@@ -136,9 +136,24 @@ def test_a_gin_file_trains_from_the_trainer(tmp_path):
   model = json.loads((out_dir / 'model.json').read_text())
   assert model['constructor'] == 'ReformerLM'
   assert model['kwargs']['d_model'] == 32 and model['kwargs']['n_layers'] == 2
+  assert model['kwargs']['attention_type']['kwargs']['n_hashes'] == 3
   config = (out_dir / 'config.gin').read_text()
   assert 'LSHSelfAttention.n_hashes = 3' in config
   assert 'train.steps = 20' in config
+  # Without gin, the run rebuilds with the layer arguments gin bound.
+  _ok('''
+      import sys
+      import numpy as np
+      import retrax
+      from retrax import layers as tl
+      run = retrax.load_run(sys.argv[1], mode='eval')
+      assert 'gin' not in sys.modules
+      lsh = [l for l in run.model.walk() if isinstance(l, tl.LSHSelfAttention)]
+      assert len(lsh) == 2 and {l._n_hashes for l in lsh} == {3}
+      assert {l._n_buckets for l in lsh} == {4}
+      assert run.checkpoint.endswith('ckpt_000000020')
+      assert run.model(np.ones((1, 16), np.int32)).shape == (1, 16, 10)
+  ''', str(out_dir))
 
 
 def test_includes_and_errors_of_the_trainer(tmp_path):
