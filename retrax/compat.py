@@ -174,11 +174,18 @@ def install():
 
 def main(argv=None):
   argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] in ('-h', '--help'):
+  if not argv or argv[0] in ('-h', '--help') or argv == ['-m']:
     print('usage: python -m retrax.compat PROGRAM.py [ARGS...]\n'
-          'Runs a Trax program with `import trax` resolved to retrax.')
-    return 0 if argv else 2
+          '       python -m retrax.compat -m MODULE [ARGS...]\n'
+          'Runs a Trax program (or module, e.g. trax.trainer) with `import '
+          'trax` resolved to retrax.')
+    return 0 if argv and argv[0] != '-m' else 2
   install()
+  if argv[0] == '-m':  # `-m trax.trainer` runs retrax's module of that name.
+    sys.argv = argv[1:]
+    runpy.run_module(retrax_name(argv[1]) if argv[1].split('.')[0] == 'trax'
+                     else argv[1], run_name='__main__', alter_sys=True)
+    return 0
   sys.argv = argv
   runpy.run_path(argv[0], run_name='__main__')
   return 0

@@ -175,6 +175,12 @@ def test_includes_and_errors_of_the_trainer(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
   assert not os.path.exists(tmp_path / 'o')
+  # Trax's own command, under compat.
+  out = subprocess.run(
+      [sys.executable, '-m', 'retrax.compat', '-m', 'trax.trainer',
+       f'--config_file={tmp_path / "none.gin"}'], cwd=tmp_path,
+      capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 2 and 'none.gin: no such file' in out.stderr
   # An include is found beside the including file; bindings override.
   _ok('''
       import sys
