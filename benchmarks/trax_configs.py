@@ -157,7 +157,7 @@ def _print_parse(parsed):
 
 def _print_synthetic(row):
   losses = list(row['losses'].values())
-  trend = (f'train loss {losses[0]:.4f} -> {losses[-1]:.4f}'
+  trend = (f'train loss {losses[0]:.6f} -> {losses[-1]:.6f}'
            f' ({"falling" if row["falling"] else "NOT falling"})'
            if losses else row['error'])
   print(f'{row["config"]:30s} rc {row["rc"]}  {row["seconds"]:7.1f} s  '

@@ -87,7 +87,8 @@ _TRAX_CONFIGURABLES = (
     ('trax.supervised.trainer_lib', ('retrax.supervised.trainer_lib',),
      'named_stream num_devices', ()),
     # The output directory comes from the command line, never from gin.
-    ('trax.supervised.trainer_lib', ('retrax.supervised.trainer_lib',),
+    ('trax.supervised.trainer_lib',
+     ('retrax.supervised.trainer_lib', 'retrax.supervised'),
      'train', ('output_dir',)),
     ('trax.supervised.training', ('retrax.supervised.training',),
      'EvalTask TrainTask', ()),
