@@ -17,6 +17,7 @@ from retrax.models import vocab_layers
 from retrax.models.reformer import reformer
 from retrax.models.research import configurable_transformer as ct
 from retrax.models.research import terraformer
+from retrax.models.research import transformer2
 
 TINY = dict(d_model=8, d_ff=8, n_heads=2, max_len=16)
 ENC_DEC = dict(TINY, n_encoder_layers=1, n_decoder_layers=1)
@@ -43,9 +44,10 @@ MODELS = {
                                 'input_vocab_size', ENC_DEC),
     'ConfigurableTerraformer': (terraformer.ConfigurableTerraformer,
                                 'input_vocab_size', ENC_DEC),
+    'Transformer2': (transformer2.Transformer2, 'input_vocab_size', ENC_DEC),
 }
 _ENC_DEC = ('Transformer', 'Reformer', 'ConfigurableTransformer',
-            'ConfigurableTerraformer')
+            'ConfigurableTerraformer', 'Transformer2')
 
 
 def _inputs(name):
@@ -81,8 +83,8 @@ def test_bad_vocab_size_raises_at_init_naming_it(name, size):
     model.init(_inputs(name))
   message = str(info.value)
   owner = 'EmbeddingAndPositionalEncodings' if name in (
-      'Reformer', 'ConfigurableTransformer',
-      'ConfigurableTerraformer') else name
+      'Reformer', 'ConfigurableTransformer', 'ConfigurableTerraformer',
+      'Transformer2') else name
   assert f'{owner}: {arg} must be an int >= 1; got {size!r}' in message
   assert ("pass it as mode='train'" in message) == (size == 'train')
 
@@ -109,3 +111,8 @@ def test_output_size_errors_name_the_argument_it_came_from():
     model.init(_inputs('Transformer'))
   with pytest.raises(tl.LayerError, match='Transformer: input_vocab_size'):
     models.Transformer('eval', **ENC_DEC).init(_inputs('Transformer'))
+  # Transformer2's target embedding fails first; its output layer names it.
+  model = transformer2.Transformer2(9, output_vocab_size=-1, **ENC_DEC)
+  assert str(model).endswith('Dense_-1\n]')
+  with pytest.raises(tl.LayerError, match='Transformer2: output_vocab_size'):
+    model.sublayers[-1].init(shapes.ShapeDtype((1, 8, 8)))

@@ -22,6 +22,7 @@ from retrax import layers as tl
 from retrax.layers import base
 from retrax.layers import reversible
 from retrax.layers import validation
+from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
 
 
@@ -187,6 +188,7 @@ def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
   is the decoder's (causal) self-attention.
   """
   _check_transformer2_args(mode, d_model, n_heads)
+  output_arg = vocab_layers.output_arg(output_vocab_size)
   in_encoder, out_encoder, output_vocab_size = (
       ct.EmbeddingAndPositionalEncodings(
           input_vocab_size, d_model, mode, dropout, dropout_shared_axes,
@@ -223,5 +225,6 @@ def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
       tl.LayerNorm(),
       tl.Select([0, 1, 2, 2]),           # vec_ed tok_e tok_d tok_d
       StripFromConcatenateWithPadding(mode=mode),  # vec_d tok_d
-      tl.Dense(output_vocab_size),
+      # Checked at init, as in Trax (vocab_layers).
+      vocab_layers.Dense('Transformer2', output_arg, output_vocab_size),
   )
