@@ -38,8 +38,11 @@ import typing
 import numpy as np
 
 from retrax import checkpoints as ckpt_lib
+from retrax.checkpoints import errors as ckpt_errors
 from retrax.checkpoints import ownership
 from retrax.shapes import ShapeDtype
+from retrax.supervised import history as trax_history
+from retrax.supervised import train_state as train_state_lib
 from retrax.supervised.batch_checks import NonFiniteLossError
 from retrax.supervised.train_state import TrainState
 
@@ -346,8 +349,25 @@ def load_state(directory, filename, template, report=None):
     state, history = restore_trax_state(path, template)
     return Restored(kind, path, state, history, {}, None)
   state, meta = restore_state(path, template)
-  return Restored(kind, path, state, meta['history'], meta.get('batches', {}),
-                  meta.get('accumulator'))
+  restored = Restored(kind, path, state, meta.get('history'),
+                      meta.get('batches', {}), meta.get('accumulator'))
+  _check_positions(restored)
+  return restored
+
+
+def _check_positions(restored):
+  """Raises `CheckpointFormatError` unless a native checkpoint's history,
+  stream positions and loss sums are of the forms a resume uses."""
+  batches = restored.batches
+  if not isinstance(batches, dict) or not all(
+      isinstance(counts, list) and all(
+          isinstance(n, int) and not isinstance(n, bool) and n >= 0
+          for n in counts) for counts in batches.values()):
+    raise ckpt_lib.CheckpointFormatError(
+        f'{restored.path}: malformed stream positions (batches).')
+  with ckpt_errors.malformed_is_format_error(restored.path):
+    trax_history.History.from_dict(restored.history)
+    train_state_lib.LossSums().load(restored.loss_sums)
 
 
 def save_in_dir(output_dir, host_state, basename=None, permanent=False, *,
