@@ -37,7 +37,7 @@ def _rewrite(path, edit):
   doc.pop('checksum')
   if callable(edit):
     edit(doc)
-  body = native._canonical(doc)  # pylint: disable=protected-access
+  body = json.dumps(doc, separators=(',', ':')).encode()  # As signed.
   doc['checksum'] = hashlib.sha256(body).hexdigest()
   text = json.dumps(doc)
   if not callable(edit):  # (old, new) text, e.g. a number JSON cannot hold.

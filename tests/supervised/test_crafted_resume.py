@@ -19,7 +19,7 @@ def _resign(path, field, value):
     doc = json.load(f)
   doc.pop('checksum')
   doc['metadata'][field] = value
-  body = native._canonical(doc)  # pylint: disable=protected-access
+  body = json.dumps(doc, separators=(',', ':')).encode()  # As signed.
   doc['checksum'] = hashlib.sha256(body).hexdigest()
   with open(meta, 'w') as f:
     json.dump(doc, f)
