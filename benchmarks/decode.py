@@ -5,9 +5,13 @@ positions, one dispatch per call) is at least 20x faster than the Trax-style
 loop of the blog post, which calls the predict-mode model eagerly once per
 token (`logits = model(cur_inputs)`) and samples in numpy.
 
-For a 6-layer d_model-512 TransformerLM and ReformerLM, at batch 1 and 8, it
-generates 512 tokens with `decoding.autoregressive_sample` (timed after a
-compiling warm-up call) and runs the blog loop on the same model and weights
+For a 6-layer d_model-512 TransformerLM and ReformerLM, and the
+encoder-decoder Transformer (6 + 6 layers, a 32-token source: the
+translator of trax/intro.ipynb), at batch 1 and 8, it generates 512 tokens
+with `decoding.autoregressive_sample` (timed after a compiling warm-up call;
+the first timed call continues from the state the warm-up left, the others
+reset it; the `recompiles` column counts XLA compilations after the
+warm-up, which must be 0) and runs the blog loop on the same model and weights
 at --loop-tokens positions spread over those 512 (a jitted step advances the
 state between them; each eager call copies the cache segment it writes, so
 later positions cost more). Throughput is tokens per second summed over the
@@ -44,6 +48,18 @@ tokens, --repeats 2, load ~1), batch 1 / 8:
 all-units-at-once decoding step; README "vs peers" has the current LSH
 decoding figures.)
 
+The encoder-decoder Transformer (6 + 6 layers, a 32-token source), same
+sizes, --repeats 2, load 7-8 (other jobs on the 2 cores):
+
+  model               batch  compiled tok/s  loop tok/s  speedup  CPU-time
+  Transformer             1            60.2        1.67    36.0x     43.2x
+  Transformer             8           188.7       13.96    13.5x     16.1x
+
+with 0 recompiles. Before `Decoder.settle` ran the first step on its own,
+the first timed call (continuing from the warm-up's state, whose
+`tl.Cache` layers then hold the encoder's outputs: another tree structure)
+compiled the whole decoding loop again: seconds per call instead of ms.
+
 Their loops are fast because an efficient-attention layer called eagerly
 runs one program compiled per input shape (`EfficientAttentionBase.forward`);
 before, each eager call dispatched every op and compiled its `lax.scan` and
@@ -70,7 +86,8 @@ matrix-vector products at the memory-bandwidth floor (3.2 ms).
 ReformerLM's batch-1 step).
 
 Usage: python benchmarks/decode.py [--quick] [--tokens 512] [--loop-tokens 8]
-         [--repeats 3] [--batches 1,8] [--models TransformerLM,ReformerLM]
+         [--repeats 3] [--batches 1,8]
+         [--models TransformerLM,ReformerLM,Transformer]
          [--reformer-attention causal|self|lsh]
 """
 
@@ -89,6 +106,11 @@ def _model(kind, d_model, n_layers, vocab, max_len, attention, n_tokens):
     return models.TransformerLM(vocab, d_model=d_model, d_ff=4 * d_model,
                                 n_layers=n_layers, n_heads=8, max_len=max_len,
                                 mode='predict')
+  if kind == 'Transformer':  # Encoder-decoder (trax/intro.ipynb's translator).
+    return models.Transformer(vocab, d_model=d_model, d_ff=4 * d_model,
+                              n_encoder_layers=n_layers,
+                              n_decoder_layers=n_layers, n_heads=8,
+                              max_len=max_len, mode='predict')
   attention_type = {
       'causal': tl.CausalAttention,
       'self': functools.partial(tl.SelfAttention, predict_mem_len=n_tokens,
@@ -118,26 +140,36 @@ def _best(runs):
   return max(r[0] for r in runs), max(r[1] for r in runs)
 
 
-def _compiled_tokens_per_s(model, initial_state, batch, n_tokens, repeats):
+def _compiled_tokens_per_s(model, initial_state, source, batch, n_tokens,
+                           repeats, compiles):
+  """Best rates of `repeats` timed calls, the warm-up's seconds, compilations after it.
+
+  The first timed call continues from the state the warm-up left (decoding
+  again without a reset, as after trax/intro.ipynb's first translation;
+  the caches hold both), the others start from `initial_state`. Neither may
+  compile anything.
+  """
   from retrax.supervised import decoding
-  kwargs = dict(batch_size=batch, max_length=n_tokens, eos_id=None,
-                temperature=1.0, rng=0)
+  kwargs = dict(inputs=source, batch_size=batch, max_length=n_tokens,
+                eos_id=None, temperature=1.0, rng=0)
   model.state = initial_state
   clock = Clock()
   decoding.autoregressive_sample(model, **kwargs)
   compile_s = clock.elapsed()[0]
+  n_compiled = len(compiles)
   runs = []
-  for _ in range(repeats):
-    model.state = initial_state
+  for run in range(repeats):
+    if run:
+      model.state = initial_state
     clock = Clock()
     out = decoding.autoregressive_sample(model, **kwargs)
     wall, cpu = clock.elapsed()
     assert out.shape == (batch, n_tokens), out.shape
     runs.append((batch * n_tokens / wall, batch * n_tokens / cpu))
-  return _best(runs) + (compile_s,)
+  return _best(runs) + (compile_s, len(compiles) - n_compiled)
 
 
-def _blog_loop_tokens_per_s(model, initial_state, batch, n_tokens,
+def _blog_loop_tokens_per_s(model, initial_state, source, batch, n_tokens,
                             loop_tokens, repeats):
   """The blog's loop: one eager model call per token, numpy sampling.
 
@@ -151,31 +183,70 @@ def _blog_loop_tokens_per_s(model, initial_state, batch, n_tokens,
   import jax
   rng = np.random.RandomState(0)
   cur = np.zeros((batch, 1), np.int32)
+  x = cur if source is None else (source, cur)  # intro: model((inputs, cur)).
 
-  def step(cur):
-    logits = np.asarray(model(cur))[:, 0].astype(np.float64)
+  def step(x):
+    logits = model(x)
+    logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+    logits = np.asarray(logits)[:, 0].astype(np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     return np.array([[rng.choice(probs.shape[-1], p=p)] for p in probs],
                     np.int32)
 
   model.state = initial_state
-  step(cur)  # Warm-up: the first eager call compiles every op.
+  step(x)  # Warm-up: the first eager call compiles every op.
   advance = jax.jit(model.pure_fn)
   state, position, walls, cpus = initial_state, 0, [], []
   for target in np.linspace(0, n_tokens - 1, loop_tokens).astype(int):
     for _ in range(target - position):
-      _, state = advance(cur, model.weights, state, model.rng)
+      _, state = advance(x, model.weights, state, model.rng)
     position = target
     best = (np.inf, np.inf)
     for _ in range(repeats):
       model.state = state
       clock = Clock()
-      step(cur)
+      step(x)
       best = min(best, clock.elapsed())
     walls.append(best[0])
     cpus.append(best[1])
   return batch / np.mean(walls), batch / np.mean(cpus)
+
+
+def _compile_events():
+  """A list that gets an entry per XLA compilation from now on."""
+  import jax
+  names = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda name, *a, **k: names.append(name)
+      if 'backend_compile' in name else None)
+  return names
+
+
+def _row(kind, batch, args, sizes, compiles):
+  """Times one model at one batch size; prints its row, returns its speedups."""
+  import jax
+  from retrax.shapes import ShapeDtype
+  d_model, n_layers, vocab, max_len, n_tokens, loop_tokens = sizes
+  model = _model(kind, d_model, n_layers, vocab, max_len,
+                 args.reformer_attention, n_tokens)
+  tokens = ShapeDtype((batch, 1), np.int32)
+  source = None
+  if kind == 'Transformer':  # A 32-token source sentence, no padding.
+    source = np.random.RandomState(1).randint(1, vocab, (batch, 32))
+    source = source.astype(np.int32)
+  model.init(tokens if source is None else (ShapeDtype(source.shape, np.int32),
+                                            tokens), rng=jax.random.PRNGKey(0))
+  initial_state = model.state
+  fast, fast_cpu, compile_s, recompiles = _compiled_tokens_per_s(
+      model, initial_state, source, batch, n_tokens, args.repeats, compiles)
+  slow, slow_cpu = _blog_loop_tokens_per_s(
+      model, initial_state, source, batch, n_tokens, loop_tokens, args.repeats)
+  name = kind if 'Transformer' in kind else f'{kind}-{args.reformer_attention}'
+  print(f'{name:22s} {batch:5d} {fast:15.1f} {slow:16.2f} '
+        f'{fast / slow:7.1f}x {fast_cpu / slow_cpu:16.1f}x '
+        f'{compile_s:10.1f} {recompiles:10d}', flush=True)
+  return fast / slow, fast_cpu / slow_cpu
 
 
 def main():
@@ -188,40 +259,28 @@ def main():
   parser.add_argument('--repeats', type=int, default=3,
                       help='timed runs of each side; the best one counts')
   parser.add_argument('--batches', default='1,8')
-  parser.add_argument('--models', default='TransformerLM,ReformerLM')
+  parser.add_argument('--models', default='TransformerLM,ReformerLM,Transformer')
   parser.add_argument('--reformer-attention', default='causal',
                       choices=['causal', 'self', 'lsh'])
   args = parser.parse_args()
   import jax
-  from retrax.shapes import ShapeDtype
 
   d_model, n_layers, n_tokens, loop_tokens = 512, 6, args.tokens, args.loop_tokens
   if args.quick:
     d_model, n_layers, n_tokens, loop_tokens = 128, 2, 64, 3
-  vocab, max_len = 256, max(1024, n_tokens + 1)
+  # The caches hold two decodings: the first timed call continues the warm-up's.
+  vocab, max_len = 256, max(1024, 2 * n_tokens)
   print(f'devices: {jax.devices()}')
   print(f'{n_layers} layers, d_model {d_model}, vocab {vocab}, max_len '
         f'{max_len}; {n_tokens} compiled tokens, {loop_tokens} loop positions')
   print(f'{"model":22s} {"batch":>5s} {"compiled tok/s":>15s} '
         f'{"blog loop tok/s":>16s} {"speedup":>8s} {"CPU-time speedup":>17s} '
-        f'{"compile s":>10s}')
-  ratios = []
-  for kind in args.models.split(','):
-    for batch in [int(b) for b in args.batches.split(',')]:
-      model = _model(kind, d_model, n_layers, vocab, max_len,
-                     args.reformer_attention, n_tokens)
-      model.init(ShapeDtype((batch, 1), np.int32), rng=jax.random.PRNGKey(0))
-      initial_state = model.state
-      fast, fast_cpu, compile_s = _compiled_tokens_per_s(
-          model, initial_state, batch, n_tokens, args.repeats)
-      slow, slow_cpu = _blog_loop_tokens_per_s(
-          model, initial_state, batch, n_tokens, loop_tokens, args.repeats)
-      ratios.append((fast / slow, fast_cpu / slow_cpu))
-      name = kind if kind == 'TransformerLM' else (
-          f'{kind}-{args.reformer_attention}')
-      print(f'{name:22s} {batch:5d} {fast:15.1f} {slow:16.2f} '
-            f'{fast / slow:7.1f}x {fast_cpu / slow_cpu:16.1f}x '
-            f'{compile_s:10.1f}', flush=True)
+        f'{"compile s":>10s} {"recompiles":>10s}')
+  compiles = _compile_events()
+  sizes = (d_model, n_layers, vocab, max_len, n_tokens, loop_tokens)
+  ratios = [_row(kind, batch, args, sizes, compiles)
+            for kind in args.models.split(',')
+            for batch in [int(b) for b in args.batches.split(',')]]
   print(f'min speedup {min(r[0] for r in ratios):.1f}x wall, '
         f'{min(r[1] for r in ratios):.1f}x CPU time (target >= 20x)')
 

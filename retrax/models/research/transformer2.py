@@ -20,6 +20,7 @@ from jax import lax
 
 from retrax import layers as tl
 from retrax.layers import base
+from retrax.layers import predict_state
 from retrax.layers import reversible
 from retrax.layers import validation
 from retrax.models import vocab_layers
@@ -74,6 +75,15 @@ def _first_call(layer):
   return layer.mode != 'predict' or not jnp.shape(layer.state)
 
 
+def _flag_layout(layer, state):
+  """The first-call flag (shape () then (1,)) is shared by all examples.
+
+  Declared, so decoding need not trace the model to find that out.
+  """
+  del layer
+  return predict_state.PredictStateLayout(predict_state.same_rows(state, 0))
+
+
 def _unpad_encoder(vecs_ed, toks_e):
   mask = (toks_e != 0).astype(vecs_ed.dtype)
   return vecs_ed[:, :toks_e.shape[1], :] * jnp.expand_dims(mask, -1)
@@ -89,6 +99,8 @@ class _ConcatBase(reversible.ReversibleLayer):
     del input_signature
     self.state = jnp.zeros((), dtype=jnp.int32)
 
+  predict_state_layout = _flag_layout
+
   def _check_reversible(self):
     if self._mode == 'predict':
       raise ValueError(f'{self.name} cannot be reversed in mode="predict".')
@@ -100,6 +112,8 @@ class StripFromConcatenateWithPadding(base.Layer):
   def __init__(self, mode='train'):
     super().__init__(n_in=3, n_out=1)
     self._mode = mode
+
+  predict_state_layout = _flag_layout
 
   def init_weights_and_state(self, input_signature):
     del input_signature

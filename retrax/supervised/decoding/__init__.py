@@ -5,7 +5,11 @@ The model is built with `mode='predict'`: its layers keep fixed-size caches
 step feeds one token. `autoregressive_sample` and `beam_search` compile the
 whole decoding of a batch into one XLA program (a `lax.while_loop` over
 positions: one dispatch per call, compiled once per model and shapes);
-`autoregressive_sample_stream` runs one compiled step per token.
+`autoregressive_sample_stream` runs one compiled step per token. A first
+step that changes the state's structure (`tl.Cache` storing an encoder's
+outputs) runs in a program of its own, so the loops see the structure a
+decoded state keeps: decoding again, with `model.state` reset or not,
+compiles nothing new.
 
 Fed tokens, one per step: the start symbol, then the prefix (for a language
 model `inputs` then `prompt`; for an encoder-decoder, whose `inputs` go to the

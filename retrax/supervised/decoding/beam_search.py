@@ -12,6 +12,7 @@ from retrax.supervised.decoding.decoder import decoder_for
 from retrax.supervised.decoding.decoder import step
 from retrax.supervised.decoding.sampling import log_probs_of
 from retrax.supervised.decoding.sampling import prefill
+from retrax.supervised.decoding.sampling import start
 
 
 class _Beams(NamedTuple):
@@ -89,11 +90,16 @@ class BeamSearch(NamedTuple):
     done = jnp.all(beams.fin_score[:, -1] >= bound)
     return (beams.t < self.max_length) & jnp.logical_not(done)
 
-  def run(self, model_ref, weights, state, prefix, enc, rng):
-    """The whole search: `(sequences (batch, k, max_length), scores, length)`."""
+  def run(self, model_ref, weights, state, prefix, n_fed, n_prefix, log_probs,
+          enc, rng):
+    """The whole search: `(sequences (batch, k, max_length), scores, length)`.
+
+    Arguments after `state` as `sampling.start` returns them.
+    """
     k, max_length = self.n_beams, self.max_length
     batch = prefix.shape[0] // k
-    log_probs, state = prefill(model_ref, weights, state, prefix, enc, rng)
+    log_probs, state = prefill(model_ref, weights, state, prefix, n_fed,
+                               n_prefix, log_probs, enc, rng)
     zeros = jnp.zeros((batch, k, max_length), jnp.int32)
     first_lp = jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf)
     alive_seq, alive_lp, fin_seq, fin_score, source, tok = self.select(
@@ -150,12 +156,13 @@ def beam_search(model, inputs=None, batch_size=1, n_beams=2, start_id=0,
   rows = np.repeat(np.arange(batch_size), n_beams)  # Row b * n_beams + beam.
   state = state_layout.take_examples(state, decoder.layout(state, enc),
                                      jnp.asarray(rows))
+  enc = None if enc is None else enc[rows]
+  state, args = start(decoder, state, prefix[rows], enc, accelerate)
   config = (n_beams, max_length, eos_id, float(length_penalty))
   program = decoder.program(
       ('beam', None if enc is None else enc.shape[1:]) + config,
       BeamSearch(*config, decoder.layout).run)
   seqs, scores, n = decoder.call(program, accelerate, model.weights, state,
-                                 jnp.asarray(prefix[rows]),
-                                 None if enc is None else enc[rows], model.rng)
+                                 *args, enc, model.rng)
   seqs, scores, n = np.asarray(seqs), np.asarray(scores), int(n)
   return [(seqs[:, i, :n], scores[:, i]) for i in range(n_beams)]

@@ -36,6 +36,23 @@ def step(model_ref, weights, state, tokens, enc, rng):
   return apply(model, weights, state, tokens, enc, rng)
 
 
+def log_probs_of(logits):
+  """Log-softmax in float32 over the last axis."""
+  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def first_step(model_ref, weights, state, tokens, enc, rng):
+  """One step: `(log-probs of the token after `tokens`, new state)`."""
+  logits, state = step(model_ref, weights, state, tokens, enc, rng)
+  return log_probs_of(logits[:, -1]), state
+
+
+def _structure(state):
+  """A state's tree structure and its leaves' ranks (batch-size free)."""
+  leaves, treedef = jax.tree_util.tree_flatten(state)
+  return treedef, tuple(np.ndim(x) for x in leaves)
+
+
 def _enc_key(enc):
   if enc is None:
     return None
@@ -88,6 +105,27 @@ class Decoder:
       return jitted(*args)
     with jax.disable_jit():
       return plain(*args)
+
+  def settle(self, state, prefix, enc, accelerate):
+    """`(state, positions fed, log-probs)`, ready for a loop over `prefix`.
+
+    A loop's carry keeps its structure, but a first step may change it (a
+    `tl.Cache` stores its outputs: the encoder of an encoder-decoder runs
+    once; Transformer2's flags grow from shape () to (1,)). That step then
+    runs here, on its own, on the first prefix token, so the loop's program
+    sees the settled structure: the one a state left by decoding has, so
+    that decoding again without resetting `model.state` reuses that program
+    instead of compiling another. Otherwise nothing is fed (0 positions;
+    the log-probs are zeros, unused).
+    """
+    _, after, vocab = self._abstract_step(enc, 1)
+    if _structure(state) == _structure(after):
+      return state, 0, np.zeros((prefix.shape[0], vocab), np.float32)
+    model = self.model
+    log_probs, state = self.call(self.program(('first_step',), first_step),
+                                 accelerate, model.weights, state,
+                                 jnp.asarray(prefix[:, :1]), enc, model.rng)
+    return state, 1, log_probs
 
   # --- state layouts ----------------------------------------------------------
 

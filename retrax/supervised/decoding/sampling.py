@@ -1,8 +1,11 @@
 """Autoregressive sampling: `autoregressive_sample` (one compiled loop) and its stream.
 
-Predict mode feeds one token per step (the prefix in a `lax.scan`, the
-samples in a `lax.while_loop`); eval mode reruns the whole sequence,
-zero-padded to a power of two, at every step.
+Predict mode feeds one token per step: the prefix, then the samples, in one
+`lax.while_loop` (after `Decoder.settle`, which runs a first step that
+changes the state's structure on its own). The prefix is zero-padded to a
+power of two and its length is an argument, so prompts of similar lengths
+share a program. Eval mode reruns the whole sequence, zero-padded to a power
+of two, at every step.
 """
 
 import jax
@@ -12,12 +15,8 @@ from jax import lax
 
 from retrax.supervised.decoding import inspection
 from retrax.supervised.decoding.decoder import decoder_for
+from retrax.supervised.decoding.decoder import log_probs_of as log_probs_of
 from retrax.supervised.decoding.decoder import step
-
-
-def log_probs_of(logits):
-  """Log-softmax in float32 over the last axis."""
-  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
 def _check_sampling(temperature, top_k, top_p):
@@ -70,62 +69,91 @@ def sampler(temperature, top_k, top_p):
   return sample
 
 
-def prefill(model_ref, weights, state, prefix, enc, rng):
-  """Feeds `prefix` one token per step: `(log-probs of the next token, state)`.
+def fed_token(prefix, n_prefix, i, sampled):
+  """The token fed at position `i`: the prefix's, then `sampled` (a `(batch,)` array)."""
+  last = prefix.shape[1] - 1
+  known = lax.dynamic_index_in_dim(prefix, jnp.minimum(i, last), axis=1,
+                                   keepdims=False)
+  return jnp.where(i < n_prefix, known, sampled)
 
-  The first step runs on its own: it may change the state's structure
-  (`tl.Cache` stores its outputs); the others run in a `lax.scan`.
+
+def prefill(model_ref, weights, state, prefix, n_fed, n_prefix, log_probs,
+            enc, rng):
+  """Feeds `prefix[:, n_fed:n_prefix]` one token per step: `(log-probs of the next token, state)`.
+
+  A `lax.while_loop` (the bounds are traced: one program serves every prompt
+  length up to the padded `prefix`); `log_probs` are returned when nothing
+  is fed.
   """
-  logits, state = step(model_ref, weights, state, prefix[:, :1], enc, rng)
-  if prefix.shape[1] > 1:
-    def feed(carry, tok):
-      return step(model_ref, weights, carry[1], tok[:, None], enc, rng), None
-    (logits, state), _ = lax.scan(feed, (logits, state), prefix[:, 1:].T)
-  return log_probs_of(logits[:, -1]), state
+  def body(loop):
+    i, _, state = loop
+    tok = lax.dynamic_index_in_dim(prefix, i, axis=1)
+    logits, state = step(model_ref, weights, state, tok, enc, rng)
+    return i + 1, log_probs_of(logits[:, -1]), state
+  _, log_probs, state = lax.while_loop(lambda loop: loop[0] < n_prefix, body,
+                                       (n_fed, log_probs, state))
+  return log_probs, state
 
 
-def _generate(log_probs, carry, advance, sample, key, max_length, eos_id):
+def _generate(log_probs, ready, carry, advance, sample, key, max_length,
+              eos_id):
   """Samples up to `max_length` tokens in a `lax.while_loop`.
 
-  `advance(carry, tokens) -> (log_probs, carry)` feeds the samples to the
-  model. Stops early once every row has produced `eos_id` (as in Trax, rows
-  that finished earlier keep sampling). Returns `(tokens, n, carry)`.
+  `advance(carry, tokens) -> (log_probs, carry, ready)` feeds a token to the
+  model; `ready` (a bool scalar) says whether `log_probs` are those of a
+  token to sample (False while the prefix is still fed: nothing is sampled,
+  and the zeros written are overwritten by the next sample). Stops early
+  once every row has produced `eos_id` (as in Trax, rows that finished
+  earlier keep sampling). Returns `(tokens, n, carry)`.
   """
   batch = log_probs.shape[0]
 
-  def record(log_probs, out, n_gen, eos_seen):
-    tok = sample(log_probs, jax.random.fold_in(key, n_gen))
+  def skip(log_probs, key):
+    del key
+    return jnp.zeros(log_probs.shape[:1], jnp.int32)
+
+  def record(log_probs, ready, out, n_gen, eos_seen):
+    # A cond: a long prompt's steps skip top-p's sort of the vocabulary.
+    tok = lax.cond(ready, sample, skip, log_probs,
+                   jax.random.fold_in(key, n_gen))
     out = lax.dynamic_update_index_in_dim(out, tok, n_gen, axis=1)
     if eos_id is not None:
-      eos_seen = eos_seen | (tok == eos_id)
-    return tok, out, n_gen + 1, eos_seen
+      eos_seen = eos_seen | (ready & (tok == eos_id))
+    return tok, out, n_gen + ready.astype(jnp.int32), eos_seen
 
   def cond(loop):
     return (loop[3] < max_length) & jnp.logical_not(jnp.all(loop[4]))
 
   def body(loop):
     tok, carry, out, n_gen, eos_seen = loop
-    log_probs, carry = advance(carry, tok)
-    tok, out, n_gen, eos_seen = record(log_probs, out, n_gen, eos_seen)
+    log_probs, carry, ready = advance(carry, tok)
+    tok, out, n_gen, eos_seen = record(log_probs, ready, out, n_gen, eos_seen)
     return tok, carry, out, n_gen, eos_seen
 
   tok, out, n_gen, eos_seen = record(
-      log_probs, jnp.zeros((batch, max_length), jnp.int32), jnp.int32(0),
-      jnp.zeros((batch,), bool))
+      log_probs, jnp.asarray(ready), jnp.zeros((batch, max_length), jnp.int32),
+      jnp.int32(0), jnp.zeros((batch,), bool))
   loop = lax.while_loop(cond, body, (tok, carry, out, n_gen, eos_seen))
   return loop[2], loop[3], loop[1]
 
 
 def _predict_program(max_length, sample, eos_id):
-  """`autoregressive_sample` in predict mode: one token fed per step."""
-  def run(model_ref, weights, state, prefix, enc, rng, key):
-    log_probs, state = prefill(model_ref, weights, state, prefix, enc, rng)
+  """`autoregressive_sample` in predict mode: one loop feeds the prefix, then the samples.
 
-    def advance(state, tok):
+  The model's step is traced once. `log_probs` are the first sample's when
+  `n_fed == n_prefix` (`Decoder.settle` fed a one-token prefix).
+  """
+  def run(model_ref, weights, state, prefix, n_fed, n_prefix, log_probs, enc,
+          rng, key):
+    def advance(carry, tok):
+      state, i = carry
+      tok = fed_token(prefix, n_prefix, i, tok)
       logits, state = step(model_ref, weights, state, tok[:, None], enc, rng)
-      return log_probs_of(logits[:, -1]), state
-    return _generate(log_probs, state, advance, sample, key, max_length,
-                     eos_id)
+      return log_probs_of(logits[:, -1]), (state, i + 1), i + 1 >= n_prefix
+    out, n_gen, (state, _) = _generate(
+        log_probs, n_fed >= n_prefix, (state, n_fed), advance, sample, key,
+        max_length, eos_id)
+    return out, n_gen, state
   return run
 
 
@@ -144,22 +172,24 @@ def _eval_program(max_length, sample, eos_id, eval_length):
       buf, state, pos = carry
       buf = lax.dynamic_update_index_in_dim(buf, tok, pos, axis=1)
       log_probs, state = at(buf, state, pos + 1)
-      return log_probs, (buf, state, pos + 1)
+      return log_probs, (buf, state, pos + 1), jnp.asarray(True)
 
     n_known = prefix.shape[1]
     buf = jnp.pad(prefix, ((0, 0), (0, eval_length - n_known)))
     log_probs, state = at(buf, state, n_known)
     out, n_gen, (_, state, _) = _generate(
-        log_probs, (buf, state, jnp.int32(n_known)), advance, sample, key,
-        max_length, eos_id)
+        log_probs, True, (buf, state, jnp.int32(n_known)), advance, sample,
+        key, max_length, eos_id)
     return out, n_gen, state
   return run
 
 
 def _stream_programs(sample):
   """The stream's programs: prefill and sample, feed and sample, eval step."""
-  def first(model_ref, weights, state, prefix, enc, rng, key):
-    log_probs, state = prefill(model_ref, weights, state, prefix, enc, rng)
+  def first(model_ref, weights, state, prefix, n_fed, n_prefix, log_probs,
+            enc, rng, key):
+    log_probs, state = prefill(model_ref, weights, state, prefix, n_fed,
+                               n_prefix, log_probs, enc, rng)
     return sample(log_probs, jax.random.fold_in(key, 0)), state
 
   def feed(model_ref, weights, state, tok, enc, rng, key, index):
@@ -187,6 +217,18 @@ def base_key(rng):
 def pow2(n):
   """The smallest power of two >= n (at least 1)."""
   return int(2**np.ceil(np.log2(max(n, 1))))
+
+
+def start(decoder, state, prefix, enc, accelerate):
+  """`(state, (prefix, n_fed, n_prefix, log_probs))`: a predict-mode loop's start.
+
+  After `Decoder.settle`; the prefix is zero-padded to a power of two and
+  `n_prefix` is its length, so prompts of similar lengths share a program.
+  """
+  state, n_fed, log_probs = decoder.settle(state, prefix, enc, accelerate)
+  n = prefix.shape[1]
+  padded = jnp.asarray(np.pad(prefix, ((0, 0), (0, pow2(n) - n))))
+  return state, (padded, np.int32(n_fed), np.int32(n), log_probs)
 
 
 def _prepared(model, inputs, prompt, batch_size, start_id, eval_mode):
@@ -251,7 +293,8 @@ def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
             eval_min_length, budget):
   """The stream's generator; each token updates `model.state`."""
   first, feed, eval_step = programs
-  call = decoder_for(model).call
+  decoder = decoder_for(model)
+  call = decoder.call
   weights, rng = model.weights, model.rng
   known = prefix[:, 1:]  # Eval mode: the model's ShiftRight adds the start.
   free, where = budget
@@ -263,8 +306,9 @@ def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
       tok, state = call(eval_step, accelerate, weights, state, buf, enc, rng,
                         key, np.int32(n), np.int32(index))
     elif index == 0:
-      tok, state = call(first, accelerate, weights, state,
-                        jnp.asarray(prefix), enc, rng, key)
+      state, args = start(decoder, state, prefix, enc, accelerate)
+      tok, state = call(first, accelerate, weights, state, *args, enc, rng,
+                        key)
     else:
       if free is not None and n_fed >= free:
         raise ValueError(f'Sampling past the predict-mode caches: {n_fed} '
@@ -301,16 +345,16 @@ def autoregressive_sample(model, inputs=None, batch_size=1, temperature=1.0,
   if eval_mode:
     prefix = prefix[:, 1:]  # The model's ShiftRight adds the start symbol.
     length = pow2(max(eval_min_length, prefix.shape[1] + max_length))
-    state = model.state
+    state, args = model.state, (jnp.asarray(prefix),)
     run = _eval_program(max_length, sample, eos_id, length)
   else:
     length = None
     inspection.check_positions(model, prefix.shape[1], max_length)
-    state = decoder.start_state(enc, batch_size)
+    state, args = start(decoder, decoder.start_state(enc, batch_size), prefix,
+                        enc, accelerate)
     run = _predict_program(max_length, sample, eos_id)
   program = decoder.program(('sample', length) + config, run)
   out, n_gen, state = decoder.call(program, accelerate, model.weights, state,
-                                   jnp.asarray(prefix), enc, model.rng,
-                                   base_key(rng))
+                                   *args, enc, model.rng, base_key(rng))
   model.state = state
   return np.asarray(out)[:, :int(n_gen)]

@@ -1,0 +1,190 @@
+"""Decoding compiles its programs once: encoder-decoders, repeated calls, prompt lengths.
+
+An encoder-decoder's first predict step changes the state's structure (its
+`tl.Cache` layers store the encoder's outputs), so decoding runs that step in
+a program of its own and the loop's program sees the structure a decoded
+state keeps. Decoding again, with `model.state` reset or left as decoding
+left it (positions continue, the encoder is not rerun: Trax's behaviour),
+must compile nothing, and give the tokens of greedy decoding by the
+eval-mode model rerun on the growing sequence (the independent reference).
+Compilations are counted through `jax.monitoring`'s backend-compile events.
+"""
+
+import contextlib
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from retrax import models
+from retrax.shapes import ShapeDtype
+from retrax.supervised import decoding
+
+try:
+  from tests.layers import predict_utils
+except ImportError:  # tests/ is not a package: import the sibling folder's module.
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                  '..', 'layers'))
+  import predict_utils
+
+VOCAB = 32
+LENGTH = 16  # Decoder positions of the eval-mode reference.
+_ENC_DEC = dict(d_model=16, d_ff=32, n_heads=2, n_encoder_layers=1,
+                n_decoder_layers=1, max_len=64)
+MODELS = {
+    'Transformer': functools.partial(models.Transformer, VOCAB, **_ENC_DEC),
+    'Reformer': functools.partial(models.Reformer, VOCAB, **_ENC_DEC),  # slow
+    # Its flags change shape () -> (1,) on the first step.
+    'Transformer2': functools.partial(models.Transformer2, VOCAB, **_ENC_DEC),
+}
+# No padding: Transformer2 concatenates the source's real tokens with the
+# targets, and its predict mode (as Trax's) assumes an unpadded source.
+SOURCE = np.array([[3, 5, 7, 2, 9, 11], [4, 4, 9, 30, 6, 1]], np.int32)
+
+
+@contextlib.contextmanager
+def counting_compiles():
+  """Yields a list that gets one entry per XLA compilation in the block."""
+  names = []
+
+  def listener(name, *args, **kwargs):
+    del args, kwargs
+    if 'backend_compile' in name:
+      names.append(name)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield names
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@functools.cache
+def _pair(name, source=SOURCE.tobytes()):
+  """`(predict-mode model, its initial state, greedy reference)`, random weights.
+
+  `reference(row, fed, n)`: the next `n` greedy tokens of row `row` after
+  the decoder was fed `fed` after the start symbol 0, by the eval model.
+  Cached: the tests share the models' compiled programs.
+  """
+  source = np.frombuffer(source, np.int32).reshape(SOURCE.shape)
+  make = MODELS[name]
+  model_eval, model = make(mode='eval'), make(mode='predict')
+  batch = source.shape[0]
+  weights, state = model_eval.init(
+      (ShapeDtype(source.shape, np.int32), ShapeDtype((batch, LENGTH),
+                                                       np.int32)))
+  model.init((ShapeDtype(source.shape, np.int32), ShapeDtype((batch, 1),
+                                                              np.int32)))
+  model.weights = predict_utils.transfer_weights(weights, model.weights)
+  eval_fn = jax.jit(model_eval.pure_fn)
+
+  def reference(row, fed, n):
+    fed, new = list(fed), []
+    for _ in range(n):
+      targets = np.array([fed + [0] * (LENGTH - len(fed))], np.int32)
+      logits = eval_fn((source[row:row + 1], targets), weights, state,
+                       model_eval.rng)[0][0]
+      new.append(int(np.argmax(np.asarray(logits)[0, len(fed)])))
+      fed.append(new[-1])
+    return new
+  return model, model.state, reference
+
+
+@pytest.mark.parametrize('name', [
+    'Transformer', 'Transformer2',
+    pytest.param('Reformer', marks=pytest.mark.slow)])
+def test_encoder_decoder_decodes_like_eval_and_compiles_once(name):
+  model, initial_state, reference = _pair(name)
+  model.state = initial_state
+  kwargs = dict(inputs=SOURCE, batch_size=2, temperature=0.0, eos_id=None,
+                max_length=5)
+  first = decoding.autoregressive_sample(model, **kwargs)
+  for row in range(2):
+    assert list(first[row]) == reference(row, [], 5)
+
+  with counting_compiles() as compiles:
+    # Left as decoding left it: positions continue after the start symbol
+    # fed again; the encoder's cached outputs are reused.
+    more = decoding.autoregressive_sample(model, **kwargs)
+    model.state = initial_state
+    again = decoding.autoregressive_sample(model, **kwargs)
+  assert not compiles
+  for row in range(2):
+    assert list(more[row]) == reference(row, list(first[row, :4]) + [0], 5)
+  np.testing.assert_array_equal(again, first)
+
+  model.state = initial_state
+  stream = decoding.autoregressive_sample_stream(
+      model, inputs=SOURCE, batch_size=2, temperature=0.0)
+  np.testing.assert_array_equal(
+      np.stack([next(stream) for _ in range(5)], axis=1), first)
+  with counting_compiles() as compiles:
+    stream = decoding.autoregressive_sample_stream(
+        model, inputs=SOURCE, batch_size=2, temperature=0.0)
+    streamed = np.stack([next(stream) for _ in range(5)], axis=1)
+  assert not compiles
+  np.testing.assert_array_equal(streamed, more)
+
+
+def test_first_step_on_its_own_runs_op_by_op_too():
+  model, initial_state, reference = _pair('Transformer')
+  model.state = initial_state
+  got = decoding.autoregressive_sample(model, inputs=SOURCE, batch_size=2,
+                                       temperature=0.0, eos_id=None,
+                                       max_length=2, accelerate=False)
+  for row in range(2):
+    assert list(got[row]) == reference(row, [], 2)
+
+
+def test_beam_search_on_a_decoded_state_compiles_once():
+  """Beam search from a state left by sampling (caches filled), twice."""
+  model, initial_state, reference = _pair('Transformer')
+  model.state = initial_state
+  decoding.autoregressive_sample(model, inputs=SOURCE, batch_size=2,
+                                 temperature=0.0, eos_id=None, max_length=2)
+  kwargs = dict(inputs=SOURCE, batch_size=2, n_beams=1, length_penalty=0.0,
+                eos_id=None, max_length=3)
+  best, _ = decoding.beam_search(model, **kwargs)[0]
+  with counting_compiles() as compiles:
+    again, _ = decoding.beam_search(model, **kwargs)[0]
+  assert not compiles
+  np.testing.assert_array_equal(again, best)
+  for row in range(2):  # One beam is greedy, after the 2 positions fed.
+    fed = reference(row, [], 1) + [0]
+    assert list(best[row]) == reference(row, fed, 3)
+
+
+def test_prompts_of_similar_lengths_share_a_program():
+  """The prefix is padded to a power of two; its length is an argument."""
+  make = functools.partial(models.TransformerLM, VOCAB, d_model=16, d_ff=32,
+                           n_layers=1, n_heads=2, max_len=64)
+  model_eval, model = make(mode='eval'), make(mode='predict')
+  weights, state = model_eval.init(ShapeDtype((1, LENGTH), np.int32))
+  model.init(ShapeDtype((1, 1), np.int32))
+  model.weights = predict_utils.transfer_weights(weights, model.weights)
+  initial_state = model.state
+  eval_fn = jax.jit(model_eval.pure_fn)
+
+  def reference(fed, n):  # Greedy by the eval model; 0 starts the sequence.
+    fed, new = list(fed), []
+    for _ in range(n):
+      logits = eval_fn(np.array([fed + [0] * (LENGTH - len(fed))], np.int32),
+                       weights, state, model_eval.rng)[0]
+      new.append(int(np.argmax(np.asarray(logits)[0, len(fed)])))
+      fed.append(new[-1])
+    return new
+
+  kwargs = dict(temperature=0.0, eos_id=None, max_length=4)
+  inputs = np.array([[5, 9, 2, 7, 1, 8]], np.int32)
+  got = decoding.autoregressive_sample(model, inputs=inputs[:, :4], **kwargs)
+  assert list(got[0]) == reference(inputs[0, :4], 4)
+  with counting_compiles() as compiles:  # Start + 4..6 tokens: 8 slots.
+    for n in (5, 6):
+      model.state = initial_state
+      got = decoding.autoregressive_sample(model, inputs=inputs[:, :n],
+                                           **kwargs)
+      assert list(got[0]) == reference(inputs[0, :n], 4)
+  assert not compiles
