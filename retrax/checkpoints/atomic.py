@@ -45,6 +45,28 @@ def fsync_dir(path):
 
 
 @contextlib.contextmanager
+def temp_file(directory, prefix, meant):
+  """Context manager yielding `(fd, tmp)`: a new temporary file in
+  `directory` (named `<prefix><8 letters>.tmp`) for the file `meant`.
+
+  On an exception `tmp` is removed, and an `OSError` of the disk that names
+  no file or `tmp` is raised naming `meant` instead (see `naming`).
+  """
+  try:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix='.tmp')
+  except OSError as e:  # A read-only or full disk: name the file meant.
+    raise naming(e, meant) from None
+  try:
+    yield fd, tmp
+  except BaseException as e:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    if isinstance(e, OSError) and e.filename in (None, tmp):
+      raise naming(e, meant) from None
+    raise
+
+
+@contextlib.contextmanager
 def atomic_write(path):
   """Context manager yielding a binary file; on success it replaces `path`.
 
@@ -52,24 +74,14 @@ def atomic_write(path):
   """
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
-  try:
-    fd, tmp = tempfile.mkstemp(
-        dir=directory, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
-  except OSError as e:  # A read-only or full disk: name the file meant.
-    raise naming(e, path) from None
-  try:
+  with temp_file(directory, '.' + os.path.basename(path) + '.',
+                 path) as (fd, tmp):
     with os.fdopen(fd, 'wb') as f:
       set_default_permissions(f.fileno())
       yield f
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException as e:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    if isinstance(e, OSError) and e.filename in (None, tmp):
-      raise naming(e, path) from None
-    raise
   fsync_dir(directory)
 
 

@@ -41,7 +41,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import typing
 
 import jax
@@ -53,8 +52,8 @@ import safetensors.numpy as st_numpy
 from retrax.checkpoints import limits
 from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints.atomic import fsync_dir
-from retrax.checkpoints.atomic import naming
 from retrax.checkpoints.atomic import set_default_permissions
+from retrax.checkpoints.atomic import temp_file
 from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
@@ -254,12 +253,8 @@ def _save_file(arrays, tmp, path):
 def _write_arrays_file(path, arrays):
   """Writes `arrays` into checkpoint directory `path` under a name derived
   from their sha256 (fsynced, renamed into place); `(name, sha256, size)`."""
-  try:
-    fd, tmp = tempfile.mkstemp(dir=path, prefix='.arrays.', suffix='.tmp')
-  except OSError as e:
-    raise naming(e, path) from None
-  os.close(fd)
-  try:
+  with temp_file(path, '.arrays.', path) as (fd, tmp):
+    os.close(fd)
     _save_file(arrays, tmp, path)
     with open(tmp, 'rb+') as f:
       set_default_permissions(f.fileno())
@@ -268,12 +263,6 @@ def _write_arrays_file(path, arrays):
     size = os.path.getsize(tmp)
     arrays_file = f'arrays.{digest[:16]}.safetensors'
     os.replace(tmp, os.path.join(path, arrays_file))
-  except BaseException as e:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    if isinstance(e, OSError) and e.filename in (None, tmp):
-      raise naming(e, path) from None
-    raise
   fsync_dir(path)
   return arrays_file, digest, size
 
