@@ -27,6 +27,7 @@ from retrax import jobs
 from retrax import plot
 from retrax.checkpoints import convert
 from retrax.checkpoints.errors import CheckpointError
+from retrax.errors import one_line
 from retrax.errors import UserInputError
 from retrax.layers.validation import ArgumentError
 from retrax.supervised import checkpointing
@@ -296,7 +297,7 @@ def main(argv=None):
   try:
     rc = args.func(args)
   except _USER_ERRORS as e:
-    message = ' '.join(str(e).split())
+    message = one_line(e)
     print(f'retrax {args.command}: error: {message}', file=sys.stderr)
     return 2
   except OSError as e:

@@ -1,4 +1,7 @@
-"""The error type for unusable user input (shared by the CLI and the library)."""
+"""The error type for unusable user input (shared by the CLI and the library),
+and the helpers that keep such errors to one line."""
+
+import json
 
 
 class UserInputError(ValueError):
@@ -8,3 +11,26 @@ class UserInputError(ValueError):
   other exception is a bug and keeps its traceback. A `ValueError`, so code
   that catches `ValueError` keeps working.
   """
+
+
+def one_line(text, limit=None):
+  """`str(text)` (an exception's message, say) with every run of white space
+  one space, cut to `limit` characters: for quoting it inside a one-line
+  error."""
+  line = ' '.join(str(text).split())
+  return line if limit is None else line[:limit]
+
+
+def read_json(path, error, hint):
+  """The JSON document in file `path`.
+
+  Content that is not UTF-8 JSON (truncated, altered, nested too deeply)
+  raises `error` (an exception class) with one line naming `path`, what was
+  wrong and then `hint` (what the file is for and what to do).
+  """
+  try:
+    with open(path, 'rb') as f:
+      return json.loads(f.read().decode('utf-8'))
+  except (ValueError, RecursionError) as e:  # Bad UTF-8, JSON, huge ints.
+    raise error(f'{path} is unreadable JSON ({one_line(e, 200)}); {hint}'
+               ) from None

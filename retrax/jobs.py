@@ -22,6 +22,7 @@ from retrax import run as run_lib
 from retrax import shapes
 from retrax.checkpoints.atomic import atomic_write
 from retrax.data import tasks
+from retrax.errors import read_json
 from retrax.fastmath import precision
 from retrax.fastmath import xla_cpu
 from retrax.supervised import checkpointing
@@ -202,14 +203,8 @@ def print_next_steps(config, step):
 
 def _read_config_file(path):
   """The flat keys of a run's `run_config.json` (a dict), or a one-line error."""
-  try:
-    with open(path, 'rb') as f:
-      values = json.loads(f.read().decode('utf-8'))
-  except (ValueError, RecursionError) as e:  # Bad UTF-8 or JSON.
-    raise config_lib.ConfigError(
-        f'{path} is unreadable ({" ".join(str(e).split())[:200]}); it holds '
-        'the run\'s settings: restore it, or train into a new directory.'
-    ) from None
+  values = read_json(path, config_lib.ConfigError, 'it holds the run\'s '
+                     'settings: restore it, or train into a new directory.')
   if not isinstance(values, dict):
     raise config_lib.ConfigError(f'{path} does not hold a dict of settings.')
   return values

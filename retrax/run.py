@@ -34,6 +34,7 @@ from retrax import trax_gin
 from retrax.checkpoints import layer_io
 from retrax.checkpoints import tree
 from retrax.checkpoints.atomic import atomic_write
+from retrax.errors import read_json
 
 MODEL_FILE = 'model.json'
 _FORMAT = 'retrax-model'
@@ -147,12 +148,9 @@ def write_model_file(output_dir, model):
 
 def _read_model_file(path):
   """The checked document of a ``model.json``; `ModelFileError` if unusable."""
-  try:
-    with open(path, 'rb') as f:
-      doc = json.loads(f.read().decode('utf-8'))
-  except (ValueError, RecursionError) as e:  # Bad UTF-8 or JSON.
-    raise model_spec.ModelFileError(
-        f'{path} is unreadable ({" ".join(str(e).split())[:200]}).') from None
+  doc = read_json(path, model_spec.ModelFileError, 'it describes the run\'s '
+                  'model: restore it, or resume the run\'s training, which '
+                  'writes it again.')
   if (not isinstance(doc, dict) or doc.get('format') != _FORMAT or
       doc.get('version') != _VERSION):
     raise model_spec.ModelFileError(

@@ -20,6 +20,7 @@ import re
 import sys
 
 from retrax import cli
+from retrax.errors import one_line
 from retrax.errors import UserInputError
 
 
@@ -88,7 +89,7 @@ def parse_gin_configs(config_files, bindings):
         'which is not installed (Trax\'s T5 and BERT configs need the t5 '
         f'package and TensorFlow): {e}') from None
   except (ValueError, SyntaxError, OSError) as e:
-    raise UserInputError(f'gin config: {" ".join(str(e).split())}') from None
+    raise UserInputError(f'gin config: {one_line(e)}') from None
   return gin
 
 
@@ -129,8 +130,7 @@ def _main_gin(args):
   try:
     train_from_gin(args.config_file, _bindings(args), args.output_dir)
   except UserInputError as e:
-    print(f'retrax.trainer: error: {" ".join(str(e).split())}',
-          file=sys.stderr)
+    print(f'retrax.trainer: error: {one_line(e)}', file=sys.stderr)
     return 2
   print('retrax.trainer: finished training.', file=sys.stderr)
   return 0

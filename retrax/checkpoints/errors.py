@@ -2,6 +2,8 @@
 
 import contextlib
 
+from retrax.errors import one_line
+
 
 class CheckpointError(Exception):
   """Base class of every checkpoint error."""
@@ -56,7 +58,7 @@ def malformed_is_format_error(path):
   except CheckpointError:
     raise
   except _MALFORMED as e:
-    detail = ' '.join(str(e).split())[:200]
+    detail = one_line(e, 200)
     raise CheckpointFormatError(
         f'{path}: malformed checkpoint content ({type(e).__name__}: '
         f'{detail}); the file was not written by retrax or Trax, or was '

@@ -62,6 +62,7 @@ from retrax.checkpoints.records import convert_shape_dtypes
 from retrax.checkpoints.records import is_shape_dtype
 from retrax.checkpoints.records import TraxShapeDtype
 from retrax.checkpoints.safe_unpickle import check_dtype
+from retrax.errors import read_json
 
 FORMAT_NAME = 'retrax-native'
 FORMAT_VERSION = 1
@@ -357,14 +358,8 @@ def _read_metadata_doc(path):
   limit = limits.max_bytes()
   if os.path.getsize(meta_path) > limit:
     raise limits.too_big(meta_path, 'the file', limit)
-  try:
-    with open(meta_path, 'rb') as f:
-      doc = json.loads(f.read().decode('utf-8'))
-  except (ValueError, RecursionError) as e:  # Bad UTF-8, JSON, huge ints.
-    detail = ' '.join(str(e).split())[:200]
-    raise CheckpointCorruptedError(
-        f'{meta_path}: unreadable JSON ({detail}); the file is truncated or '
-        f'corrupted.') from None
+  doc = read_json(meta_path, CheckpointCorruptedError,
+                  'the file is truncated or corrupted.')
   if not isinstance(doc, dict) or doc.get('format') != FORMAT_NAME:
     raise CheckpointFormatError(f'{meta_path}: not a {FORMAT_NAME} checkpoint.')
   if doc.get('version') != FORMAT_VERSION:
