@@ -58,7 +58,7 @@ class RunFiles:
     try:
       with open(self._path, 'rb') as f:
         doc = json.loads(f.read().decode('utf-8'))
-    except (OSError, ValueError) as e:  # Bad UTF-8 and JSON are ValueErrors.
+    except (OSError, ValueError, RecursionError) as e:  # Bad UTF-8 or JSON.
       raise UserInputError(f'{self._path}: unreadable ({e}); it lists the log '
                            'files of the run in this directory.') from None
     files = doc.get('files') if isinstance(doc, dict) else None

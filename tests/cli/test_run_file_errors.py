@@ -38,6 +38,7 @@ def _one_line(capsys, *fragments):
     ('run_config.json', b'{"steps": ' + b'9' * 5000 + b'}'),
     ('run_files.json', b'{"format": "retrax-run-files", "files": [[1]]}'),
     ('run_files.json', b'[]'),
+    ('run_files.json', b'[' * 100_000),  # Too deep: RecursionError.
 ])
 def test_damaged_run_files_are_one_line(run, tmp_path, capsys, name, content):
   path = os.path.join(run, name)
