@@ -60,7 +60,8 @@ class Terminated(TrainingStopped, SystemExit):
 
 
 class StopOnSignal:
-  """Context manager turning SIGTERM/SIGINT into a stop request (`requested`)."""
+  """Turns SIGTERM/SIGINT into a stop request (`requested`) between `install`
+  and `restore`."""
 
   def __init__(self):
     self.signum = None
@@ -95,12 +96,6 @@ class StopOnSignal:
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
-
-  def __enter__(self):
-    return self.install()
-
-  def __exit__(self, *exc_info):
-    self.restore()
 
   def raise_if_requested(self, loop):
     """After `loop` stopped: logs where, and raises `Interrupted` or
