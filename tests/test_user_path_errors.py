@@ -104,8 +104,8 @@ def test_local_paths_pass_through(tmp_path):
 
 
 def test_tf_inputs_attribute_path_says_what_to_use_instead(tmp_path):
-  # Whether or not the module was imported before (the package's __getattr__
-  # or the module's answers). TFDS reads prepared datasets without TF.
+  # TFDS reads prepared datasets without TF: an unprepared one (or no
+  # tensorflow-datasets) says what to use instead, as the T2T/BERT names do.
   with pytest.raises((tensorflow_only.TensorFlowOnlyError, UserInputError),
                      match='TextLines'):
     trax.data.tf_inputs.TFDS('mnist', data_dir=str(tmp_path))

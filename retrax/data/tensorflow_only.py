@@ -29,13 +29,12 @@ class TensorFlowOnlyError(ImportError):
 
 def error(name):
   """The `TensorFlowOnlyError` for `trax.data.<name>`."""
-  what = ('trax.data.tf_inputs' if name == 'tf_inputs' else
-          f'trax.data.{name} (from trax.data.tf_inputs)')
   return TensorFlowOnlyError(
-      f'{what} needs TensorFlow (T2T, T5 or BERT text pipelines), which '
-      'retrax does not use. Read local data instead: trax.data.TextLines(path) '
-      'or TextChunks(path) for text files, trax.data.NumpyArrays(x, y) for '
-      'arrays, then Tokenize/Shuffle/Batch as usual; prepared TensorFlow '
+      f'trax.data.{name} (from trax.data.tf_inputs) needs TensorFlow (T2T, '
+      'T5, BERT and MathQA inputs), which retrax does not use. Read local '
+      'data instead: trax.data.TextLines(path) or TextChunks(path) for text '
+      'files, trax.data.NumpyArrays(x, y) for arrays, then '
+      'Tokenize/Shuffle/Batch as usual; prepared TensorFlow '
       'Datasets are read by trax.data.TFDS and data_streams (pip install '
       '"retrax[tfds]"); see docs/coming_from_trax.md.',
       name=name)
