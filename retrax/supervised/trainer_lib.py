@@ -438,8 +438,9 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
           init_checkpoint=None, callbacks=None, n_weights_shards=1,
           additional_train_tasks=None, additional_eval_tasks=None,
           additional_eval_streams=None):
-  """Trains `model` (Trax's `train`, without gin); returns the `Loop`
-  (`use_loop=True`) or the trainer's `TrainerState`.
+  """Trains `model` (Trax's `train`; gin configs bind its arguments, see
+  `retrax.trax_gin`); returns the `Loop` (`use_loop=True`) or the trainer's
+  `TrainerState`.
 
   Args (Trax's):
     output_dir: checkpoints and metrics; training resumes from it.
