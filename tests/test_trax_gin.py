@@ -157,7 +157,6 @@ def test_a_gin_file_trains_from_the_trainer(tmp_path):
 
 
 def test_includes_and_errors_of_the_trainer(tmp_path):
-  from retrax import trainer
   gin_file = tmp_path / 'bad.gin'
   gin_file.write_text('NoSuchLayer.x = 1\n')
   cases = {
@@ -190,4 +189,3 @@ def test_includes_and_errors_of_the_trainer(tmp_path):
       assert gin.query_parameter('ReformerLM.d_model') == 32
       assert gin.query_parameter('train.steps') == 3
   ''', os.path.join(_GIN_DIR, 'includes_copy.gin'))
-  del trainer
