@@ -4,6 +4,8 @@ Also imported by the scripts that tests run in subprocesses (kill/resume,
 multi-device), so it depends on nothing from pytest.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,4 +95,15 @@ def leaves(tree):
     else:
       out.append(np.asarray(x))
   walk(tree)
+  return out
+
+
+def file_bytes(directory):
+  """`{path relative to directory: contents}` of every file below it."""
+  out = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, directory)] = f.read()
   return out

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 import resume_worker
+import supervised_toys as toys
 from retrax import cli
 from retrax.checkpoints import native
 from retrax.checkpoints import ownership
@@ -62,20 +63,10 @@ def holder(tmp_path):
     proc.stdout.close()
 
 
-def _files(directory):
-  out = {}
-  for root, _, names in os.walk(directory):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, 'rb') as f:
-        out[os.path.relpath(path, directory)] = f.read()
-  return out
-
-
 def test_a_second_writer_is_refused_and_a_killed_ones_lock_taken_over(
     holder, capsys):
   out, proc = holder
-  before = _files(out)
+  before = toys.file_bytes(out)
   with pytest.raises(ownership.RunDirInUseError) as e:
     resume_worker.make_loop(out)
   message = str(e.value)
@@ -85,7 +76,8 @@ def test_a_second_writer_is_refused_and_a_killed_ones_lock_taken_over(
                    '--no-sample', *_TINY]) == 2
   err = capsys.readouterr().err.strip()
   assert f'process {proc.pid}' in err and '\n' not in err
-  assert _files(out) == before  # No run_config.json, logs or checkpoints.
+  # No run_config.json, logs or checkpoints.
+  assert toys.file_bytes(out) == before
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   loop = resume_worker.make_loop(out)  # The dead process's lock is taken over.
@@ -129,7 +121,7 @@ def _outside_files(outside):
   (outside / '.metrics.jsonl.abcdefgh.tmp').write_text('user data')
   (outside / 'train' / '.events.out.tfevents.1.h.1.retrax.abcdefgh.tmp'
    ).write_text('user data')
-  return _files(outside)
+  return toys.file_bytes(outside)
 
 
 @pytest.mark.parametrize('entry', ['../outside/metrics.jsonl',
@@ -148,7 +140,7 @@ def test_run_files_entries_never_lead_outside(tmp_path, entry):
   with pytest.raises(ownership.OutsideRunDirError) as e:
     resume_worker.make_loop(str(out))
   assert 'run_files.json' in str(e.value) and '\n' not in str(e.value)
-  assert _files(tmp_path / 'outside') == before
+  assert toys.file_bytes(tmp_path / 'outside') == before
 
 
 def test_a_log_file_behind_a_symlink_is_neither_cut_nor_cleaned(tmp_path):
@@ -163,7 +155,7 @@ def test_a_log_file_behind_a_symlink_is_neither_cut_nor_cleaned(tmp_path):
   path.write_text(json.dumps(doc))
   with pytest.raises(ownership.OutsideRunDirError, match='outside'):
     resume_worker.make_loop(str(out))
-  assert _files(tmp_path / 'outside') == before
+  assert toys.file_bytes(tmp_path / 'outside') == before
 
 
 def test_new_event_files_are_not_written_through_a_symlink(tmp_path):
@@ -183,10 +175,10 @@ def test_rotation_never_deletes_through_a_symlinked_checkpoint(tmp_path):
   target = tmp_path / 'kept_elsewhere'
   shutil.move(str(out / 'ckpt_000000001'), target)
   os.symlink(target, out / 'ckpt_000000001')
-  before = _files(target)
+  before = toys.file_bytes(target)
   loop = resume_worker.make_loop(str(out))
   loop.run(6)  # Rotation at steps 6 and 9 would delete ckpt_1.
-  assert _files(target) == before
+  assert toys.file_bytes(target) == before
   assert native.verify_native(str(target))['step'] == 1
   assert os.path.islink(out / 'ckpt_000000001')
   names = sorted(n for n in os.listdir(out) if n.startswith('ckpt_'))

@@ -39,16 +39,6 @@ def _events(path, n_steps):
           0.0, step, scalars=[('metrics/loss', 1.0 / step)])))
 
 
-def _tree_bytes(directory):
-  out = {}
-  for root, _, files in os.walk(directory):
-    for name in files:
-      path = os.path.join(root, name)
-      with open(path, 'rb') as f:
-        out[os.path.relpath(path, directory)] = f.read()
-  return out
-
-
 def _history(loop):
   values = loop.history.to_dict()['_values']
   values['train'].pop(_TIMING, None)
@@ -63,13 +53,13 @@ def test_other_experiments_logs_are_never_touched(tmp_path):
   _events(runs / 'exp' / 'events.out.tfevents.2.host.2', 20)
   (runs / 'exp' / 'metrics.jsonl').write_text(
       '{"step": 20, "mode": "eval", "metric": "x", "value": 1.0, "time": 0}\n')
-  before = _tree_bytes(runs / 'exp')
+  before = toys.file_bytes(runs / 'exp')
   resume_worker.run(str(runs), 4)
-  assert _tree_bytes(runs / 'exp') == before
+  assert toys.file_bytes(runs / 'exp') == before
   loop = resume_worker.make_loop(str(runs))  # Resume: cuts its own logs only.
   assert loop.step == 4
   loop.run(2)
-  assert _tree_bytes(runs / 'exp') == before
+  assert toys.file_bytes(runs / 'exp') == before
   own = metrics_log.RunFiles(str(runs)).files()
   assert os.path.join(str(runs), 'metrics.jsonl') in own
   assert all('exp' not in os.path.relpath(p, runs) for p in own)
@@ -134,14 +124,14 @@ def test_no_silent_restart_when_no_checkpoint_is_usable(tmp_path):
       os.remove(os.path.join(out, name))
   for name in ('ckpt_000000001', 'ckpt_000000003', 'model_000000001'):
     _truncate_arrays(os.path.join(out, name))
-  before = _tree_bytes(out)
+  before = toys.file_bytes(out)
   with pytest.raises(CheckpointError) as e:
     resume_worker.make_loop(out)
   message = str(e.value)
   assert '\n' not in message and 'none is usable' in message
   for name in ('ckpt_000000001', 'ckpt_000000003', 'model_000000001'):
     assert name in message
-  assert _tree_bytes(out) == before  # metrics.jsonl included.
+  assert toys.file_bytes(out) == before  # metrics.jsonl included.
 
 
 def test_damaged_trax_fallback_is_an_error_not_a_restart(tmp_path):
