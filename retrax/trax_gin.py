@@ -168,6 +168,20 @@ def _replace(modules, original, wrapper, name):
       setattr(module, name, wrapper)
 
 
+def _show_parameters(fn):
+  """Lets gin read `fn`'s parameters through a `(*args, **kwargs)` decorator.
+
+  gin reads them with `getfullargspec`, which does not follow `__wrapped__`
+  (retrax's models and attention layers are decorated): without the names,
+  a binding of an argument the caller gives positionally (a leftover
+  `TransformerLM.vocab_size` with `TransformerLM(10)`) is passed again by
+  keyword ("multiple values") instead of giving way as in Trax, and a
+  binding of a parameter the function lacks is not refused.
+  """
+  if hasattr(fn, '__wrapped__') and '__signature__' not in vars(fn):
+    fn.__signature__ = inspect.signature(fn)
+
+
 def _register_one(gin, gin_module, modules, name, denylist):
   original = _lookup(modules[0], name)
   kwargs = dict(module=gin_module, denylist=list(denylist) or None)
@@ -176,6 +190,7 @@ def _register_one(gin, gin_module, modules, name, denylist):
   elif inspect.isclass(original):
     gin.configurable(name, **kwargs)(original)  # In place: `__init__` reads gin.
   else:
+    _show_parameters(original)
     wrapper = gin.external_configurable(original, name, **kwargs)
     _replace(modules + (original.__module__,), original, wrapper, name)
 

@@ -102,6 +102,31 @@ def test_bindings_reach_public_names_defaults_and_classes():
   ''')
 
 
+def test_positional_arguments_win_over_bindings_as_in_trax():
+  # retrax's models and attention layers are decorated (`*args, **kwargs`);
+  # gin still sees their parameters (Trax's decoding_test leaves
+  # `TransformerLM.vocab_size = 13` bound, then calls TransformerLM(10)).
+  _ok('''
+      import gin
+      import pytest
+      import retrax as trax
+      gin.parse_config("""
+          TransformerLM.vocab_size = 13
+          TransformerLM.d_model = 16
+          CausalAttention.d_feature = 8
+      """)
+      model = trax.models.TransformerLM(10, d_ff=16, n_layers=1, n_heads=2)
+      assert str(model).endswith('Dense_10\\n]'), str(model)[-40:]
+      assert trax.models.TransformerLM(d_ff=16, n_layers=1, n_heads=2
+                                       ).sublayers[-1].name == 'Dense_13'
+      assert 'CausalAttention' in str(trax.layers.CausalAttention(4))
+      for binding in ('TransformerLM.no_such = 1',
+                      'CausalAttention.no_such = 1'):
+        with pytest.raises(ValueError, match='no_such'):
+          gin.parse_config(binding)
+  ''')
+
+
 def test_mode_is_not_bindable_and_tensorflow_names_say_what_to_use():
   _ok('''
       import gin
