@@ -44,7 +44,7 @@ from retrax.fastmath.backend import set_default_source
 # them, the first one holding the objects; names; parameters gin may not
 # bind). Each name is registered as `gin module.name`.
 _LAYERS = ('retrax.layers',)
-_DATA = ('retrax.data',)
+_DATA = ('retrax.data', 'retrax.data.tf_inputs')  # Trax's home of TFDS & co.
 _TRAX_CONFIGURABLES = (
     ('trax.layers', _LAYERS, '''
         AtariConvInit AttentionResampling AveragePooling BatchNorm

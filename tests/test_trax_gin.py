@@ -99,6 +99,11 @@ def test_bindings_reach_public_names_defaults_and_classes():
         assert abs(float(schedule(40)) - 0.5) < 1e-7
       gin.clear_config()
       assert LSHSelfAttention(n_heads=1, d_qk=4, d_v=4)._n_hashes == 1
+      # One configured function under every name Trax gives it.
+      from retrax.data import preprocessing, tf_inputs
+      assert (trax.data.lm1b_preprocess is tf_inputs.lm1b_preprocess is
+              preprocessing.lm1b_preprocess)
+      assert trax.supervised.train is trax.supervised.trainer_lib.train
   ''')
 
 
