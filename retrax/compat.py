@@ -63,30 +63,10 @@ class _TraxFinder(importlib.abc.MetaPathFinder):
 def alias_trax_modules():
   """Makes `import trax` (and `trax.*`) import retrax. Idempotent.
 
-  Only the module names: `install` also restores JAX's removed names and
-  imports gin with `trax`, as Trax did.
+  Only the module names: `install` also restores JAX's removed names.
   """
   if not any(isinstance(f, _TraxFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _TraxFinder())
-
-
-class _GinWithTrax(importlib.abc.MetaPathFinder):
-  """Imports gin, when installed, as `import trax` does in Trax.
-
-  Trax's modules import gin and register their configurables on import, so a
-  Trax program may take `trax.models.ReformerLM` before it imports gin and
-  still see gin's bindings; importing gin with `trax` keeps that true here.
-  """
-
-  def find_spec(self, fullname, path=None, target=None):
-    if fullname != 'trax':
-      return None
-    sys.meta_path.remove(self)  # Once. The import system skips the finder
-    try:  # after a removed one, so this one answers for it.
-      importlib.import_module('gin')  # retrax.trax_gin registers on import.
-    except ImportError:
-      pass  # gin-config is an optional extra.
-    return _TraxFinder().find_spec(fullname, path, target)
 
 
 def _module_alias(name, **attrs):
@@ -161,15 +141,11 @@ def _patch_jax():
 def install():
   """Makes `import trax` (and `trax.*`) import retrax. Idempotent.
 
-  When gin-config is installed, `import trax` imports gin too and Trax's
-  configurable names are registered (`retrax.trax_gin`), so Trax's gin files
-  and bindings work as in Trax.
+  Once the program imports gin, Trax's configurable names are registered
+  (`retrax.trax_gin`), so Trax's gin files and bindings work as in Trax.
   """
   _patch_jax()
   alias_trax_modules()
-  if 'trax' not in sys.modules and not any(
-      isinstance(f, _GinWithTrax) for f in sys.meta_path):
-    sys.meta_path.insert(0, _GinWithTrax())  # Before the alias finder.
 
 
 def main(argv=None):
