@@ -254,7 +254,7 @@ def build_parser():
 # argument, config key, path, checkpoint or data): one line, exit 2. A disk
 # that is full, read-only or not writable (`_DISK_ERRNOS`) is too, saying what
 # was kept. Anything else is a bug and keeps its traceback.
-_USER_ERRORS = (UserInputError, CheckpointError, ArgumentError, TrainingError,
+USER_ERRORS = (UserInputError, CheckpointError, ArgumentError, TrainingError,
                 FileNotFoundError, FileExistsError, NotADirectoryError,
                 IsADirectoryError)
 _DISK_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
@@ -296,7 +296,7 @@ def main(argv=None):
     return 2
   try:
     rc = args.func(args)
-  except _USER_ERRORS as e:
+  except USER_ERRORS as e:
     message = one_line(e)
     print(f'retrax {args.command}: error: {message}', file=sys.stderr)
     return 2

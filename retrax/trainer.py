@@ -21,6 +21,7 @@ import sys
 
 from retrax import cli
 from retrax.errors import one_line
+from retrax.data.tensorflow_only import TensorFlowOnlyError
 from retrax.errors import UserInputError
 
 
@@ -129,7 +130,9 @@ def train_from_gin(config_files, bindings, output_dir=None):
 def _main_gin(args):
   try:
     train_from_gin(args.config_file, _bindings(args), args.output_dir)
-  except UserInputError as e:
+  except cli.USER_ERRORS + (TensorFlowOnlyError,) as e:
+    # As `retrax train`'s: a bad binding's value, data a config names that
+    # needs TensorFlow or is not prepared: one line (gin's note joined in).
     print(f'retrax.trainer: error: {one_line(e)}', file=sys.stderr)
     return 2
   print('retrax.trainer: finished training.', file=sys.stderr)

@@ -200,14 +200,26 @@ def test_includes_and_errors_of_the_trainer(tmp_path):
   t5_file = tmp_path / 't5.gin'
   t5_file.write_text('import t5.data.preprocessors\n')
   cases[str(t5_file)] = "imports 't5'"
+  copy_lsh = os.path.join(_GIN_DIR, 'copy_lsh.gin')
+  t2t_file = tmp_path / 't2t.gin'  # Data that needs TensorFlow.
+  t2t_file.write_text(f"include '{copy_lsh}'\n"
+                      'train.inputs = @trax.data.batcher\n'
+                      'batcher.data_streams = @data.data_streams\n'
+                      "data_streams.dataset_name = 't2t_enwik8_l65k'\n")
+  cases[str(t2t_file)] = 't2t_enwik8_l65k'
+  bad_value = tmp_path / 'bad_value.gin'  # A value the model refuses.
+  bad_value.write_text(f"include '{copy_lsh}'\nReformerLM.n_layers = -1\n")
+  cases[str(bad_value)] = 'n_layers'
   for path, message in cases.items():
     out = _python('import sys; from retrax import trainer; '
                   'sys.exit(trainer.main(sys.argv[1:]))',
                   f'--config_file={path}', f'--output_dir={tmp_path / "o"}')
     assert out.returncode == 2, out.stderr[-3000:]
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], out.stderr
-  assert not os.path.exists(tmp_path / 'o')
+    errors = [line for line in out.stderr.strip().splitlines()
+              if 'run directory' not in line]  # The info line before training.
+    assert len(errors) == 1 and message in errors[0], out.stderr
+  # Nothing was trained; the parse errors made no directory at all.
+  assert os.listdir(tmp_path / 'o') == ['config.gin']
   # Trax's own command, under compat.
   out = subprocess.run(
       [sys.executable, '-m', 'retrax.compat', '-m', 'trax.trainer',
