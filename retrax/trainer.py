@@ -73,12 +73,13 @@ def parse_gin_configs(config_files, bindings):
   `terraformer_copy.gin` includes `reformer_copy.gin`). Parse errors, unknown
   names and missing packages (`t5`) become `UserInputError`s.
   """
+  for path in config_files:  # Before gin registers Trax's names here.
+    if not os.path.isfile(path):
+      raise UserInputError(f'--config_file {path}: no such file.')
   gin = _import_gin()
   from retrax import compat
   compat.install()  # `import trax.models` in the files; registers the names.
   for path in config_files:
-    if not os.path.isfile(path):
-      raise UserInputError(f'--config_file {path}: no such file.')
     gin.add_config_file_search_path(os.path.dirname(os.path.abspath(path)))
   try:
     gin.parse_config_files_and_bindings(config_files, bindings)
