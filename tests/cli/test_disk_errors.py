@@ -20,6 +20,7 @@ import safetensors.numpy
 from retrax import cli
 from retrax.checkpoints import native
 from retrax.supervised import metrics_log
+from tests.cli.test_cli_errors import _one_line  # The CLI's one-line check.
 
 _TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
          '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=2',
@@ -27,12 +28,6 @@ _TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
          '--no-sample']
 
 
-def _one_line(capsys, *fragments):
-  err = capsys.readouterr().err.strip()
-  assert '\n' not in err and 'Traceback' not in err, err
-  for fragment in fragments:
-    assert fragment in err, err
-  return err
 
 
 def _hidden_files(directory):
