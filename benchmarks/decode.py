@@ -45,7 +45,7 @@ tokens, --repeats 2, load ~1), batch 1 / 8:
   ReformerLM-lsh          8            82.3       54.10     1.5x      1.4x
 
 (These LSH rows predate predict-mode LSH key/value caches and the
-all-units-at-once decoding step; README "vs peers" has the current LSH
+all-units-at-once decoding step; docs/benchmarks.md "vs peers" has the current LSH
 decoding figures.)
 
 The encoder-decoder Transformer (6 + 6 layers, a 32-token source), same

@@ -1,4 +1,4 @@
-"""The README's plots: memory vs length, memory vs depth, Reformer vs Transformer.
+"""The plots of docs/benchmarks.md: memory vs length, memory vs depth, Reformer vs Transformer.
 
 Writes three PNGs (log-log axes) and prints the numbers they show:
 
