@@ -36,3 +36,15 @@ def threefry_not_partitionable():
   jax.config.update('jax_threefry_partitionable', False)
   yield
   jax.config.update('jax_threefry_partitionable', old)
+
+
+def pytest_terminal_summary(terminalreporter):
+  """Lists the files and functions a reviewer should look at (never fails)."""
+  from tests import test_code_shape as shape
+  found = shape.over(shape.REVIEW_FILE_LINES, shape.REVIEW_FUNCTION_LINES)
+  if found:
+    terminalreporter.write_sep(
+        '-', f'size review: over {shape.REVIEW_FILE_LINES} lines of code per '
+        f'file or {shape.REVIEW_FUNCTION_LINES} per function')
+    for line in found:
+      terminalreporter.write_line(line)
