@@ -100,22 +100,25 @@ class TraxLoopInternals:
     self._write_progress(task, n_steps, total_loss / n_steps, stats,
                          elapsed_time, summary_writer)
 
-  def _log_progress(self, task_index, elapsed_time):
+  def _log_progress(self, task_index, elapsed_time, stdout=True):
     """`Loop.run`'s progress log: the losses and optimizer stats summed since
-    the last log, to the task's writer."""
+    the last log, to the task's writer (and stdout, unless `stdout=False`)."""
     self._pending.check()
     n_steps, mean_loss, stats = self._loss_sums.means()
     self._write_progress(self._tasks[task_index], n_steps, mean_loss, stats,
                          elapsed_time,
-                         self._run_dir.writer('train', task_index, self._tasks))
+                         self._run_dir.writer('train', task_index, self._tasks),
+                         stdout)
 
   def _write_progress(self, task, n_steps, mean_loss, stats, elapsed_time,
-                      writer):
-    self._log('')
+                      writer, stdout=True):
+    self._log('', stdout=stdout)
     if self.step == 1:
       self._log_n_weights()
-    self.log_step(f'Ran {n_steps} train steps in {elapsed_time:0.2f} secs')
-    self.log_summary({task.loss_name: mean_loss}, writer, 'metrics/', 'train')
+    self.log_step(f'Ran {n_steps} train steps in {elapsed_time:0.2f} secs',
+                  stdout=stdout)
+    self.log_summary({task.loss_name: mean_loss}, writer, 'metrics/', 'train',
+                     stdout=stdout)
     params = {'steps per second': n_steps / max(elapsed_time, 1e-9)}
     learning_rate = task.learning_rate(self._opt_step())
     if learning_rate is not None:

@@ -9,7 +9,8 @@ created), `metrics.jsonl` and the TensorBoard writers (`<dir>/train`,
 several). Only those files are ever cut back (to a restored step) or have
 orphan temporary files removed, and only inside the directory (symlinks
 resolved, `ownership.check_inside`); on hosts other than the chief nothing is
-written.
+written. Every scalar recorded also goes to the run's reporters
+(`reporters`: W&B, MLflow), which `close_reporters` ends.
 """
 
 import os
@@ -26,6 +27,7 @@ class RunDir:
   def __init__(self, output_dir, is_chief):
     self.path = None if output_dir is None else os.path.expanduser(
         local_paths.check_local(os.fspath(output_dir), 'Loop: output_dir'))
+    self.reporters = []  # The Loop's (on the chief).
     self.jsonl = None
     self._writers = None
     self._run_files = None
@@ -91,17 +93,22 @@ class RunDir:
     return self._writers[kind, index]
 
   def record(self, writer, step, mode, name, value):
-    """Writes a scalar to `writer` (if not None) and metrics.jsonl."""
+    """Writes a scalar to `writer` (if not None), metrics.jsonl and the
+    reporters."""
     if writer is not None:
       writer.scalar(name, value, step)
     if self.jsonl is not None:
       self.jsonl.write(step, mode, name, value)
+    for reporter in self.reporters:
+      reporter.record(step, mode, name, value)
 
   def flush(self, writer):
     if writer is not None:
       writer.flush()
     if self.jsonl is not None:
       self.jsonl.flush()
+    for reporter in self.reporters:
+      reporter.flush()
 
   def close_writers(self):
     for writer in (self._writers or {}).values():
@@ -109,6 +116,14 @@ class RunDir:
     self._writers = None
     if self.jsonl is not None:
       self.jsonl.close()
+    for reporter in self.reporters:  # Their runs stay open for the next run.
+      reporter.flush()
+
+  def close_reporters(self):
+    """Ends the reporters' runs (W&B, MLflow)."""
+    reporters, self.reporters = self.reporters, []
+    for reporter in reporters:
+      reporter.close()
 
   def truncate(self, step):
     """Cuts the run's own metrics.jsonl and event files back to `step` (a
