@@ -127,6 +127,22 @@ def host_shard(batches, host_id=None, n_hosts=None):
     yield tuple(x[host_id * b:(host_id + 1) * b] for x in batch)
 
 
+def global_signature(signature, n_processes=None):
+  """`signature` (of this process's batch) with its batch sizes made global.
+
+  Every process feeds its share of each global batch, but the jitted step
+  runs on the whole global array: layers whose state has one row per example
+  (LSH attention's hash keys, caches) must be initialized for the global
+  batch, on every process alike.
+  """
+  n = jax.process_count() if n_processes is None else n_processes
+  if n == 1:
+    return signature
+  return type(signature)(
+      s if not s.shape else s.replace(shape=(s.shape[0] * n,) + s.shape[1:])
+      for s in signature)
+
+
 def check_hosts_differ(batch):
   """Raises if two processes hold identical batches (each must feed its share).
 
@@ -250,3 +266,13 @@ class DataParallel:
     except TypeError:  # JAX before 0.4.36: no may_alias.
       return jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True),
                                     jax.device_put(tree, self.replicated))
+
+  # Weights and slots are replicated here; `sharding.MeshParallel` splits them.
+
+  def weight_shardings(self, tree):
+    """The sharding of every weight or slot array of `tree` (replicated)."""
+    return jax.tree_util.tree_map(lambda _: self.replicated, tree)
+
+  def place_weights(self, tree):
+    """Weights or optimizer slots on the mesh (here: `replicate`)."""
+    return self.replicate(tree)

@@ -7,8 +7,9 @@
 `(model_weights, loss_weights)`), `slots` the optimizer's, `batch` a tuple
 `(inputs..., targets[, weights])`. The weights, slots and state buffers are
 donated: after a call, the arrays passed in are gone and only the returned
-ones are valid. The step runs over a data-parallel mesh (see `devices`):
-batch split across devices, everything else replicated.
+ones are valid. The step runs over a device mesh (see `devices`,
+`sharding`): batch split across devices, weights and slots replicated or
+split over the mesh's `fsdp` axis, everything else replicated.
 
 Options:
 * `loss_chunk_size > 0`: the model's final `Dense` (plus any `LogSoftmax`
@@ -199,10 +200,12 @@ class TrainStep:
     parallel: a `devices.DataParallel` (mesh and shardings).
     loss_chunk_size: if > 0, compute the final dense + loss in chunks.
     adasum: merge per-device gradients with Adasum.
+    shardings: `(weights', slots')` shardings (trees or one each); default
+      replicated.
   """
 
   def __init__(self, model, loss_layer, optimizer, parallel, loss_chunk_size=0,
-               adasum=False):
+               adasum=False, shardings=None):
     self.model_with_loss = combinators.Serial(model, loss_layer)
     self._optimizer = optimizer
     self._parallel = parallel
@@ -213,13 +216,14 @@ class TrainStep:
     self._forward = forward
     self._n_shares = parallel.n_global_devices if adasum else 1
     rep, shard = parallel.replicated, parallel.batch
+    w_sh, s_sh = shardings or (rep, rep)
     # On one device the inputs' own shardings are right, and leaving them to
     # jit halves the per-call dispatch cost (~100 arrays in and out).
     in_shardings = (None if parallel.n_global_devices == 1 else
-                    (rep, rep, rep, shard, rep, rep, rep))
+                    (w_sh, s_sh, rep, shard, rep, rep, rep))
     self._jitted = xla_cpu.jit(
         self._step, donate_argnums=(0, 1, 2), in_shardings=in_shardings,
-        out_shardings=(rep, rep, rep, rep, rep))
+        out_shardings=(w_sh, s_sh, rep, rep, rep))
 
   def _step(self, weights, slots, state, batch, rng, step, opt_params):
     grad_fn = jax.value_and_grad(self._forward, has_aux=True)
@@ -255,8 +259,9 @@ class EvalStep:
   def __init__(self, model_with_metrics, parallel):
     self._model = model_with_metrics
     rep, shard = parallel.replicated, parallel.batch
-    self._jitted = xla_cpu.jit(self._eval, in_shardings=(rep, rep, shard, rep),
-                           out_shardings=rep)
+    # The weights keep the sharding they come with (FSDP or replicated).
+    self._jitted = xla_cpu.jit(self._eval, in_shardings=(None, rep, shard, rep),
+                               out_shardings=rep)
 
   def _eval(self, weights, state, batch, rng):
     outputs, _ = self._model.pure_fn(batch, weights, state, rng)

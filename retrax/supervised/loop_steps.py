@@ -16,6 +16,7 @@ from retrax import shapes
 from retrax.layers import combinators
 from retrax.layers import tutorial_checks
 from retrax.supervised import batch_checks
+from retrax.supervised import devices
 from retrax.supervised import engine
 from retrax.supervised.batch_checks import NonFiniteLossError
 
@@ -28,7 +29,8 @@ def batch_checker(model, sample_batch, parallel, name):
     vocab = batch_checks.find_embedding_vocab(model)
   n_classes = None
   if len(signature) > model.n_in:
-    out = model.output_signature(signature[:model.n_in])
+    out = model.output_signature(  # Sized for the global batch, as the model.
+        devices.global_signature(signature)[:model.n_in])
     targets = signature[model.n_in]
     if (not isinstance(out, (tuple, list)) and np.dtype(
         targets.dtype).kind in 'iu' and len(out.shape) == len(
@@ -131,8 +133,8 @@ class Evaluator:
 
   def __init__(self, eval_model, eval_task, parallel, checker):
     ends = combinators.Branch(*eval_task.metrics)
-    ends.init(eval_model.output_signature(
-        shapes.signature(tuple(eval_task.sample_batch))))
+    ends.init(eval_model.output_signature(devices.global_signature(
+        shapes.signature(tuple(eval_task.sample_batch)))))
     model_with_metrics = combinators.Serial(eval_model, ends)
     self._step_fn = engine.EvalStep(model_with_metrics, parallel)
     self._metric_weights = parallel.replicate(model_with_metrics.weights[1])

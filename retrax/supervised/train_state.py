@@ -7,7 +7,8 @@
 returns the next one (the jitted step donates the buffers passed in),
 `checkpointing.save_state` / `restore_state` write and read it. `step` is a
 Python int (the steps run so far); every other field is a tree of arrays
-(replicated over the loop's devices). `LossSums` are the host-side sums of
+on the loop's devices (weights and slots replicated or split over `fsdp`,
+see `sharding`; the rest replicated). `LossSums` are the host-side sums of
 the checked losses since the last log, saved beside the state so that a
 resumed run logs the same means.
 """
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from retrax import shapes
+from retrax.supervised import devices
 from retrax.supervised import engine
 
 
@@ -48,8 +50,19 @@ def replicate(parallel, train_state):
   """`train_state` with its arrays copied to all of `parallel`'s devices (the
   PRNG key stays a plain device array, as the host splits it)."""
   step, weights, state, eval_state, tasks, rng = train_state
-  return TrainState(step, *parallel.replicate((weights, state, eval_state,
-                                               tasks)), jnp.asarray(rng))
+  tasks = tuple(place_task(parallel, t) for t in tasks)
+  return TrainState(step, parallel.place_weights(weights),
+                    *parallel.replicate((state, eval_state)), tasks,
+                    jnp.asarray(rng))
+
+
+def place_task(parallel, task):
+  """`task` (a TaskState) on `parallel`'s mesh: weights and slots as the mesh
+  places them (replicated, or split over `fsdp`), the rest replicated."""
+  return TaskState(parallel.place_weights(task.loss_weights),
+                   parallel.replicate(task.loss_state),
+                   parallel.place_weights(task.slots),
+                   parallel.replicate(task.opt_params))
 
 
 def init_task(model, task, parallel, rng, loss_chunk_size=0, adasum=False):
@@ -60,12 +73,15 @@ def init_task(model, task, parallel, rng, loss_chunk_size=0, adasum=False):
       or the model and loss do not make a scalar loss of the task's batches.
   """
   loss_layer = task.loss_layer
-  batch_signature = shapes.signature(tuple(task.sample_batch))
+  batch_signature = devices.global_signature(
+      shapes.signature(tuple(task.sample_batch)))
   loss_layer.init(model.output_signature(batch_signature))
-  step_fn = engine.TrainStep(model, loss_layer, task.optimizer, parallel,
-                             loss_chunk_size, adasum)
   weights = (model.weights, loss_layer.weights)
   slots, opt_params = task.optimizer.tree_init(weights)
+  step_fn = engine.TrainStep(
+      model, loss_layer, task.optimizer, parallel, loss_chunk_size, adasum,
+      shardings=(parallel.weight_shardings(weights),
+                 parallel.weight_shardings(slots)))
   if task.lr_schedule is not None and 'learning_rate' not in opt_params:
     raise ValueError(
         f'The task has an lr_schedule but its optimizer '
@@ -85,7 +101,7 @@ def init_task(model, task, parallel, rng, loss_chunk_size=0, adasum=False):
     raise ValueError(
         f'The loss layer {loss_layer.name} must return a scalar; it returns '
         f'shape {loss_sig.shape}.')
-  return step_fn, parallel.replicate(TaskState(
+  return step_fn, place_task(parallel, TaskState(
       loss_layer.weights, loss_layer.state, slots, dict(opt_params)))
 
 
@@ -107,7 +123,9 @@ def init_state(model, eval_model, tasks, parallel, rng, loss_chunk_size=0,
   Returns:
     `(TrainState at step 0, [engine.TrainStep per task])`.
   """
-  batch_signature = shapes.signature(tuple(tasks[0].sample_batch))
+  # The global batch's: the step runs on all processes' rows at once.
+  batch_signature = devices.global_signature(
+      shapes.signature(tuple(tasks[0].sample_batch)))
   for layer in (model, eval_model):
     rng, layer.rng = _split_key(rng)
     if _is_uninitialized(layer):
@@ -116,7 +134,7 @@ def init_state(model, eval_model, tasks, parallel, rng, loss_chunk_size=0,
                                 adasum) for t in tasks]
   replicate = parallel.replicate
   return TrainState(
-      0, replicate(model.weights), replicate(model.state),
+      0, parallel.place_weights(model.weights), replicate(model.state),
       replicate(eval_model.state), tuple(s for _, s in steps_and_states),
       rng), [step_fn for step_fn, _ in steps_and_states]
 

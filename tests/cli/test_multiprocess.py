@@ -16,7 +16,7 @@ from retrax.supervised import devices
 TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
         '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=3',
         '--set', 'checkpoint_every=3', '--set', 'warmup_steps=1',
-        '--set', 'trax_files=false', '--attention', 'full', '--steps', '3',
+        '--set', 'trax_files=false', '--steps', '3',  # The default: LSH.
         '--quiet', '--no-sample']
 
 _SAME_BATCHES = '''

@@ -1,0 +1,71 @@
+"""Named meshes and FSDP: 8 forced host devices (in a subprocess) against one device."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from retrax.supervised import sharding
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+def run_worker(script, *args, n_devices=8, timeout=900):
+  """Runs `script` (in this folder) on `n_devices` forced host devices."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={n_devices}')
+  env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT, env.get('PYTHONPATH', '')])
+  proc = subprocess.run([sys.executable, os.path.join(_HERE, script), *args],
+                        env=env, capture_output=True, text=True,
+                        timeout=timeout)
+  assert proc.returncode == 0 and proc.stdout.strip().endswith('OK'), (
+      proc.stdout[-3000:] + proc.stderr[-5000:])
+  return proc.stdout
+
+
+@pytest.mark.slow
+def test_fsdp_mesh_trains_to_one_device_losses_on_a_quarter_per_device(
+    tmp_path):
+  result = str(tmp_path / 'mesh.json')
+  out = run_worker('mesh_worker.py', result)
+  with open(result) as f:
+    got = json.load(f)
+  # Train losses of steps 1-4, then eval losses: the 1-device run's.
+  np.testing.assert_allclose(got['mesh'], got['one'], rtol=1e-5)
+  assert got['per_device'] <= 0.3 * got['total'], got
+  assert got['weights_max_diff'] < 1e-4
+  line = [l for l in out.splitlines() if l.startswith('Weights+slots')][0]
+  assert 'per device of' in line and 'mesh data=2,fsdp=4' in line, line
+
+
+@pytest.mark.parametrize('shape,n,want', [
+    ((32, 64), 4, (None, 'fsdp')),       # The largest axis that 4 divides.
+    ((64, 30), 4, ('fsdp',)),
+    ((30, 6), 4, ()),                    # None divides: replicated.
+    ((), 4, ()),
+    ((8, 8), 1, ()),
+])
+def test_fsdp_spec_picks_the_largest_divisible_axis(shape, n, want):
+  assert tuple(sharding.fsdp_spec(shape, n)) == want
+
+
+@pytest.mark.parametrize('spec,message', [
+    ('data=2,model=4', "axis 'model' is unknown"),
+    ('data=2,data=4', 'is unknown or repeated'),
+    ('fsdp=0', 'must be a positive integer'),
+    ('fsdp', 'expected axis=size pairs'),
+    ('data=3', 'needs 3 devices; this run has 1'),
+])
+def test_bad_meshes_are_one_line_errors(spec, message):
+  with pytest.raises(sharding.MeshError, match=message) as info:
+    sharding.build_mesh(spec)
+  assert '\n' not in str(info.value)
+
+
+def test_parse_mesh():
+  assert sharding.parse_mesh('data=2, fsdp=4') == {'data': 2, 'fsdp': 4}
+  assert sharding.parse_mesh({'fsdp': 8}) == {'fsdp': 8}
