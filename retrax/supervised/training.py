@@ -32,14 +32,17 @@ from retrax.supervised import devices
 from retrax.supervised import history as trax_history
 from retrax.supervised import interrupts
 from retrax.supervised import loop_internals
+from retrax.supervised import loop_schedules
 from retrax.supervised import loop_steps
 from retrax.supervised import progress
+from retrax.supervised import reporters
 from retrax.supervised import run_dir
 from retrax.supervised import sharding
 from retrax.supervised import train_state as train_state_lib
 from retrax.supervised.batch_checks import BadBatchError
 from retrax.supervised.batch_checks import NonFiniteLossError
 from retrax.supervised.devices import init_host_and_devices
+from retrax.supervised.loop_schedules import never
 from retrax.supervised.tasks import EvalTask
 from retrax.supervised.tasks import TrainTask
 from retrax.supervised.train_state import TaskState
@@ -50,27 +53,6 @@ __all__ = ['EvalTask', 'Loop', 'TaskState', 'TrainState', 'TrainTask',
            'NonFiniteLossError']
 
 _log = logging.getLogger('retrax.supervised')
-
-def never(step):
-  """A step schedule that is never true (e.g. `Loop(eval_at=never)`)."""
-  del step
-  return False
-
-
-def _at_step_1_and_every_nth_step(period):
-  """True at step 1 and at every multiple of `period` (never if None)."""
-  if period is None:
-    return never
-  return lambda step: step == 1 or (step > 0 and step % period == 0)
-
-
-def _schedules(task, checkpoint_at, permanent_checkpoint_at, eval_at):
-  """`(checkpoint_at, permanent_checkpoint_at, eval_at)`, defaults from `task`."""
-  default_at = _at_step_1_and_every_nth_step(task.n_steps_per_checkpoint)
-  return (checkpoint_at or default_at,
-          permanent_checkpoint_at or _at_step_1_and_every_nth_step(
-              task.n_steps_per_permanent_checkpoint),
-          eval_at or default_at)
 
 
 class Loop(loop_internals.TraxLoopInternals):
@@ -116,7 +98,14 @@ class Loop(loop_internals.TraxLoopInternals):
 
   Args (retrax's, keyword-only):
     keep_checkpoints: rolling checkpoints kept (permanent ones never deleted).
-    progress_bar: True/False, or None for a bar on terminals for long runs.
+    progress_bar: True/False, or None: a bar in notebooks and (for long
+      runs) terminals, a line every 30 s elsewhere (see `progress`).
+    log_every: also log the training metrics (mean loss, learning rate,
+      steps/s, optimizer stats) at step 1 and every `log_every` steps, to
+      metrics.jsonl, TensorBoard and the reporters (not stdout); None: at
+      eval steps only, as Trax.
+    report_to: 'wandb', 'mlflow', a list of them or of reporter objects:
+      also send every logged metric there (see `reporters`).
     check_batches: check each batch on the host (shapes, dtypes, id ranges).
     write_trax_files: also write Trax's checkpoint files at each checkpoint.
     opt_step_offset: added to the step count the optimizer and `lr_schedule`
@@ -133,7 +122,8 @@ class Loop(loop_internals.TraxLoopInternals):
                loss_chunk_size=0, use_memory_efficient_trainer=False,
                adasum=False, callbacks=None, *, keep_checkpoints=3,
                progress_bar=None, check_batches=True, write_trax_files=True,
-               opt_step_offset=0, checkpoint_kind='Loop', mesh=None):
+               opt_step_offset=0, checkpoint_kind='Loop', log_every=None,
+               report_to=None, mesh=None):
     self._is_chief, self._n_hosts, self._n_devices, rng = (
         init_host_and_devices(n_devices, random_seed))
     self._parallel = sharding.parallel(self._n_devices, mesh)
@@ -152,7 +142,10 @@ class Loop(loop_internals.TraxLoopInternals):
     self._opt_step_offset = opt_step_offset
     self._checkpoint_kind = checkpoint_kind
     self._checkpoint_at, self._permanent_checkpoint_at, self._eval_at = (
-        _schedules(tasks[0], checkpoint_at, permanent_checkpoint_at, eval_at))
+        loop_schedules.defaults(tasks[0], checkpoint_at,
+                                permanent_checkpoint_at, eval_at))
+    self._log_at = loop_schedules.log_at(log_every)
+    reporters.parse(report_to)  # Unknown names fail before any work.
     self._checkpoint_low_metric = checkpoint_low_metric
     self._checkpoint_high_metric = checkpoint_high_metric
     self._which_task = which_task or (lambda n: n % len(tasks))
@@ -183,6 +176,8 @@ class Loop(loop_internals.TraxLoopInternals):
     self._resume_or_start()  # Run files are written only after this succeeds.
     if self._is_chief:  # model.json: what `retrax.load_run` rebuilds.
       run_lib.write_model_file(self.output_dir, self._model)
+      self._run_dir.reporters = reporters.make(report_to, run_name=(
+          output_dir and os.path.basename(os.path.normpath(output_dir))))
 
   # --- properties (Trax's, and the training state) ------------------------------------
 
@@ -305,6 +300,10 @@ class Loop(loop_internals.TraxLoopInternals):
           self._log_progress(task_index, time.time() - start_time)
           self.run_evals()
           start_time = time.time()
+        elif self._log_at(self.step):
+          self._log_progress(task_index, time.time() - start_time,
+                             stdout=False)
+          start_time = time.time()
         self._save_scheduled_checkpoints()
       self._pending.check()
       if self._last_rolling_step != self.step:
@@ -318,6 +317,10 @@ class Loop(loop_internals.TraxLoopInternals):
       self._run_dir.close_writers()
     self._sync_model()
     stop.raise_if_requested(self)
+
+  def close_reporters(self):
+    """Ends the W&B / MLflow runs of `report_to` (else ended at exit)."""
+    self._run_dir.close_reporters()
 
   def train_step(self, batch, task_index=0):
     """Runs one training step of task `task_index` on `batch`: no evals,
