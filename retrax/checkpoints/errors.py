@@ -2,10 +2,11 @@
 
 import contextlib
 
+from retrax.errors import Error
 from retrax.errors import one_line
 
 
-class CheckpointError(Exception):
+class CheckpointError(Error):
   """Base class of every checkpoint error."""
 
 

@@ -7,6 +7,8 @@ raise `TensorFlowOnlyError` (an `ImportError`, so `from trax.data import
 CreateBertInputs` shows the message too) saying what to use instead.
 """
 
+from retrax.errors import Error
+
 # The public functions and classes of Trax 1.4.1's `trax/data/tf_inputs.py`
 # that retrax does not provide: T2T, T5, BERT and MathQA pipelines, and the
 # download step (retrax reads TFDS without TensorFlow, see `retrax.data.tfds`
@@ -23,7 +25,7 @@ TF_ONLY_NAMES = frozenset('''
     CreateAnnotatedDropInputs'''.split())
 
 
-class TensorFlowOnlyError(ImportError):
+class TensorFlowOnlyError(Error, ImportError):
   """A Trax data function that needs TensorFlow (retrax has none)."""
 
 

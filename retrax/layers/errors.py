@@ -10,13 +10,14 @@ import inspect
 import os
 import traceback
 
+from retrax.errors import Error
 from retrax.shapes import signature
 
 _LAYERS_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_DIR = os.path.dirname(_LAYERS_DIR)
 
 
-class LayerError(Exception):
+class LayerError(Error):
   """An error in a layer, naming the layer's path, creation site and input signature.
 
   The path runs from the outermost layer to the failing one, e.g.

@@ -12,8 +12,10 @@ import numbers
 import jax
 from jax.experimental import checkify
 
+from retrax.errors import Error
 
-class ArgumentError(Exception):
+
+class ArgumentError(Error):
   """A constructor argument of the wrong type or out of its range."""
 
 

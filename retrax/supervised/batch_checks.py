@@ -8,10 +8,11 @@ clipped token ids or retracing for a wrong dtype.
 
 import numpy as np
 
+from retrax.errors import Error
 from retrax.layers import core
 
 
-class TrainingError(RuntimeError):
+class TrainingError(Error, RuntimeError):
   """Base class of the errors that stop a training run."""
 
 
