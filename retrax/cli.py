@@ -143,7 +143,8 @@ def cmd_convert(args):
 
 
 def cmd_plot(args):
-  print(plot.plot_metrics(args.output_dir, args.out))
+  print(plot.plot_metrics(args.output_dirs, args.out,
+                          log_loss=not args.linear))
 
 
 def cmd_bench(args):
@@ -225,9 +226,14 @@ def _add_tool_commands(sub):
                  help='write even if DST holds files: replaces only the files '
                  'the conversion writes, deletes nothing else')
   p.set_defaults(func=cmd_convert)
-  p = sub.add_parser('plot', help="plot a run's metrics to PNG")
-  p.add_argument('output_dir')
-  p.add_argument('--out', default=None, help='PNG path (default: in the run)')
+  p = sub.add_parser('plot', help="plot a run's metrics to PNG (several "
+                     'runs: compared in one figure)')
+  p.add_argument('output_dirs', nargs='+', metavar='RUN',
+                 help='run directories (each holding metrics.jsonl)')
+  p.add_argument('--out', default=None, help='PNG path (default: '
+                 'RUN/metrics.png; several runs: ./A_vs_B.png)')
+  p.add_argument('--linear', action='store_true',
+                 help='losses on a linear axis (default: log scale)')
   p.set_defaults(func=cmd_plot)
   p = sub.add_parser('bench', help='train, decode and data speed on this '
                      'machine (the package alone; benchmarks/ has more)')
