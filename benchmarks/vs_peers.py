@@ -106,8 +106,10 @@ def trax_train_program(cfg, length, steps):
     clock = Clock()
     loop.run(1)
     _sync_jax()
-    times.append(clock.elapsed()[0])
-  return dict(setup_s=setup_s, first_s=times[0], step_s=times[1:])
+    times.append(clock.elapsed())
+  return dict(setup_s=setup_s, first_s=times[0][0],
+              step_s=[wall for wall, _ in times[1:]],
+              step_cpu_s=[cpu for _, cpu in times[1:]])
 
 
 def trax_decode_program(cfg, tokens, batch):
