@@ -217,11 +217,14 @@ def _add_run_commands(sub):
 def _add_tool_commands(sub):
   """`convert`, `plot`, `bench` and `info`."""
   p = sub.add_parser('convert', help='convert between Trax checkpoints '
-                     '(model.pkl.gz) and retrax native checkpoints')
+                     '(model.pkl.gz) and retrax native checkpoints, and '
+                     'between Hugging Face Reformer directories and runs')
   p.add_argument('src')
   p.add_argument('dst')
-  p.add_argument('--to', choices=('native', 'trax'), default=None,
-                 help='target format (default: the other one)')
+  p.add_argument('--to', choices=('native', 'trax', 'hf'), default=None,
+                 help='target format (default: the other one; a Hugging Face '
+                 'directory becomes a run; hf: a ReformerLM run becomes a '
+                 'Hugging Face directory)')
   p.add_argument('--force', action='store_true',
                  help='write even if DST holds files: replaces only the files '
                  'the conversion writes, deletes nothing else')

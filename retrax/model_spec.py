@@ -12,9 +12,10 @@ this, a crafted file could put any weightless layer into the architecture
 
 `check_kwargs` works on the JSON form that `run._encode` writes: plain
 values, `{'tuple': [...]}`, `{'dict': {...}}` and
-`{'layer': name, 'kwargs': {...}}`. `run.recorded` applies it too, so a
-model whose arguments it refuses records no constructor rather than a file
-that would not load.
+`{'layer': name, 'kwargs': {...}}` (or a list of these, for arguments
+such as ReformerLM's `attention_type` that cycle layers). `run.recorded`
+applies it too, so a model whose arguments it refuses records no
+constructor rather than a file that would not load.
 """
 
 import inspect
@@ -126,5 +127,13 @@ def check_kwargs(fn, kwargs, where):
   for arg, value in kwargs.items():
     if isinstance(value, dict) and 'layer' in value:
       _check_layer(arg, value, where)
+    elif _is_layer_list(value) and arg in LAYER_ARGUMENTS:
+      for layer in value:  # E.g. ReformerLM's attention types, cycled.
+        _check_layer(arg, layer, where)
     else:
       _check_plain(value, where)
+
+
+def _is_layer_list(value):
+  return (isinstance(value, list) and bool(value) and
+          all(isinstance(x, dict) and 'layer' in x for x in value))

@@ -1,6 +1,7 @@
 """Converting between Trax checkpoints and retrax native checkpoints.
 
-`retrax convert SRC DST [--to native|trax]` calls `convert`.
+`retrax convert SRC DST [--to native|trax|hf]` calls `convert`; Hugging
+Face's Reformer directories (to and from retrax runs) are `hf_files`'.
 
 Trax -> native writes the trees `weights`, `state`, `eval_state` (flat lists
 in Trax's order), `trax_slots` (Trax's flat optimizer slots per task) and
@@ -131,7 +132,9 @@ def convert(src, dst, to=None, force=False):
   Args:
     src: a Trax checkpoint file or a native checkpoint directory.
     dst: the native directory, or the Trax basename (`.pkl.gz` optional).
-    to: 'native' or 'trax'; by default the format `src` is not in.
+    to: 'native' or 'trax'; by default the format `src` is not in. A
+      Hugging Face Reformer directory becomes a run directory, and 'hf'
+      writes a run as one (see `hf_files`).
     force: write even where files exist, replacing only those it writes.
 
   Returns:
@@ -142,6 +145,9 @@ def convert(src, dst, to=None, force=False):
   if not os.path.exists(src):
     raise FileNotFoundError(
         f'no checkpoint at {src}.{local_paths.missing_hint(src)}')
+  from retrax.checkpoints import hf_files  # It imports the layers: only here.
+  if to == 'hf' or hf_files.is_hf_directory(src):
+    return hf_files.convert(src, dst, to, force)
   source = 'native' if native.is_native_checkpoint(src) else 'trax'
   to = to or ('trax' if source == 'native' else 'native')
   if to not in FORMATS:

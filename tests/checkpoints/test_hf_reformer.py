@@ -1,0 +1,351 @@
+"""`retrax convert` with Hugging Face's ReformerModelWithLMHead, both ways.
+
+Without torch: HF directories written here with HF's tensor names and
+layouts (`_hf_tensors`, from transformers' modeling_reformer) convert into a
+run whose weights sit where HF's layout says, and back bit for bit. With the
+torch peer venv (../shared/tools/setup_torch_peer.sh; skipped without it):
+HF's own models, saved by save_pretrained, give the same logits in retrax, and
+a run written back loads in transformers with the same tensors and logits.
+"""
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy as st_numpy
+
+import retrax
+from retrax import cli
+from retrax import layers as tl
+from retrax import models
+from retrax import run as run_lib
+from retrax.checkpoints import hf_files
+from retrax.checkpoints import hf_reformer
+from retrax.checkpoints import native
+from retrax.checkpoints.tree import flatten_weights_and_state
+from retrax.supervised import checkpointing
+
+PEER_SCRIPT = pathlib.Path(__file__).with_name('hf_reformer_peer.py')
+SMALL = dict(attention_head_size=4, hidden_size=16, num_attention_heads=2,
+             feed_forward_size=32, vocab_size=20, is_decoder=True,
+             max_position_embeddings=32, layer_norm_eps=1e-12)
+SPECS = {
+    # Mixed layers, axial positions, factorised buckets, chunked feed-forward.
+    'lsh_axial': dict(SMALL, attn_layers=['lsh', 'local', 'lsh'],
+                      axial_pos_embds=True, axial_pos_shape=[4, 8],
+                      axial_pos_embds_dim=[4, 12], local_attn_chunk_length=4,
+                      lsh_attn_chunk_length=4, num_hashes=2,
+                      num_buckets=[2, 4], hidden_act='gelu',
+                      chunk_size_feed_forward=4),
+    'local_plain': dict(SMALL, attn_layers=['local', 'local'],
+                        axial_pos_embds=False, local_attn_chunk_length=8,
+                        hidden_act='gelu_new'),
+}
+# HF's LSH draws rotations [head size, num_hashes, sum(num_buckets) / 2].
+ROTATIONS = np.random.RandomState(7).normal(size=(4, 2, 3)).astype(np.float32)
+
+
+def _hf_tensors(cfg, rng, dtype=np.float32):
+  """Random tensors under HF's names, in HF's (torch Linear: [out, in]) shapes."""
+  m, f, v = cfg['hidden_size'], cfg['feed_forward_size'], cfg['vocab_size']
+  hd = cfg['num_attention_heads'] * cfg['attention_head_size']
+  shapes = {'reformer.embeddings.word_embeddings.weight': (v, m),
+            'reformer.encoder.layer_norm.weight': (2 * m,),
+            'reformer.encoder.layer_norm.bias': (2 * m,),
+            'lm_head.decoder.weight': (v, 2 * m), 'lm_head.decoder.bias': (v,),
+            'lm_head.bias': (v,)}
+  if cfg['axial_pos_embds']:
+    (a0, a1), (d0, d1) = cfg['axial_pos_shape'], cfg['axial_pos_embds_dim']
+    shapes['reformer.embeddings.position_embeddings.weights.0'] = (a0, 1, d0)
+    shapes['reformer.embeddings.position_embeddings.weights.1'] = (1, a1, d1)
+  else:
+    shapes['reformer.embeddings.position_embeddings.embedding.weight'] = (
+        cfg['max_position_embeddings'], m)
+  for i, kind in enumerate(cfg['attn_layers']):
+    p = f'reformer.encoder.layers.{i}.'
+    projections = ['query', 'key', 'value'] if kind == 'local' else [
+        'query_key', 'value']
+    for name in projections:
+      shapes[f'{p}attention.self_attention.{name}.weight'] = (hd, m)
+    shapes.update({
+        f'{p}attention.layer_norm.weight': (m,),
+        f'{p}attention.layer_norm.bias': (m,),
+        f'{p}attention.output.dense.weight': (m, hd),
+        f'{p}feed_forward.layer_norm.weight': (m,),
+        f'{p}feed_forward.layer_norm.bias': (m,),
+        f'{p}feed_forward.dense.dense.weight': (f, m),
+        f'{p}feed_forward.dense.dense.bias': (f,),
+        f'{p}feed_forward.output.dense.weight': (m, f),
+        f'{p}feed_forward.output.dense.bias': (m,)})
+  return {k: rng.normal(size=s).astype(dtype) for k, s in shapes.items()}
+
+
+def _write_hf_dir(path, cfg, tensors):
+  path.mkdir()
+  (path / 'config.json').write_text(json.dumps(dict(
+      cfg, model_type='reformer', architectures=['ReformerModelWithLMHead'])))
+  st_numpy.save_file(tensors, str(path / 'model.safetensors'),
+                     metadata={'format': 'pt'})
+  return path
+
+
+def _same_files(a, b):
+  """HF directories `a` and `b` hold equal configs and bit-identical tensors."""
+  assert (json.loads((a / 'config.json').read_text()) ==
+          json.loads((b / 'config.json').read_text()))
+  ta, tb = hf_files.read_tensors(a), hf_files.read_tensors(b)
+  assert sorted(ta) == sorted(tb)
+  for k in ta:
+    assert ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape, k
+    assert ta[k].tobytes() == tb[k].tobytes(), k
+
+
+def test_config_maps_to_reformer_lm_arguments():
+  kwargs = hf_reformer.lm_kwargs(SPECS['lsh_axial'])
+  lsh, local = kwargs['attention_type'][0], kwargs['attention_type'][1]
+  assert [a.func for a in kwargs['attention_type']] == [
+      tl.LSHSelfAttention, tl.SelfAttention, tl.LSHSelfAttention]
+  assert lsh.keywords == dict(chunk_len=4, n_chunks_before=1, n_chunks_after=0,
+                              n_hashes=2, n_buckets=[2, 4])
+  assert local.keywords == dict(chunk_len=4, n_chunks_before=1,
+                                n_chunks_after=0)
+  assert (kwargs['vocab_size'], kwargs['d_model'], kwargs['d_ff'],
+          kwargs['n_layers'], kwargs['n_heads'], kwargs['d_attention_key'],
+          kwargs['d_attention_value'], kwargs['max_len']) == (
+              20, 16, 32, 3, 2, 4, 4, 32)
+  assert (kwargs['pos_type'], kwargs['pos_axial_shape'],
+          kwargs['pos_d_axial_embs']) == ('axial', (4, 8), (4, 12))
+  assert kwargs['ff_activation'] is tl.Gelu and kwargs['ff_chunk_size'] == 4
+  assert kwargs['dropout'] == 0.05  # HF's default hidden_dropout_prob.
+  plain = hf_reformer.lm_kwargs(SPECS['local_plain'])
+  assert plain['pos_type'] is None and plain['ff_activation'] is tl.FastGelu
+  assert plain['attention_type'][0].keywords['chunk_len'] == 8
+
+
+def test_run_arguments_map_back_to_the_hf_config():
+  model = models.MODELS['ReformerLM'](
+      **hf_reformer.lm_kwargs(SPECS['lsh_axial']), mode='eval')
+  cfg = hf_reformer.hf_config(run_lib.constructor_of(model)['kwargs'])
+  for key, value in SPECS['lsh_axial'].items():
+    if key != 'layer_norm_eps':  # Without a base config: Trax's 1e-6.
+      assert cfg[key] == value, key
+  assert cfg['layer_norm_eps'] == 1e-6 and cfg['is_decoder']
+  assert cfg['lsh_num_chunks_after'] == cfg['local_num_chunks_after'] == 0
+  # Unchunked SelfAttention is one local chunk covering max_len positions.
+  full = models.MODELS['ReformerLM'](20, d_model=8, n_layers=1, max_len=64,
+                                     pos_type=None, mode='eval')
+  cfg = hf_reformer.hf_config(run_lib.constructor_of(full)['kwargs'])
+  assert (cfg['attn_layers'], cfg['local_attn_chunk_length'],
+          cfg['local_num_chunks_before'], cfg['hidden_act'],
+          cfg['axial_pos_embds']) == (['local'], 64, 0, 'gelu_fast', False)
+
+
+def _error_of(fn, *args):
+  with pytest.raises(hf_reformer.HFReformerError) as e:
+    fn(*args)
+  message = str(e.value)
+  assert '\n' not in message
+  return message
+
+
+@pytest.mark.parametrize('change, named', [
+    (dict(is_decoder=False), 'is_decoder'),
+    (dict(hidden_act='mish'), 'hidden_act'),
+    (dict(layer_norm_eps=1e-3), 'layer_norm_eps'),
+    (dict(lsh_num_chunks_after=1), 'lsh_num_chunks_after'),
+    (dict(attn_layers=['local', 'global']), 'attn_layers'),
+    (dict(axial_pos_embds_dim=[4, 4]), 'axial_pos_embds_dim'),
+    (dict(num_hashes=0), 'num_hashes'),
+])
+def test_hf_settings_retrax_cannot_compute_are_refused(change, named):
+  assert named in _error_of(hf_reformer.lm_kwargs,
+                            dict(SPECS['lsh_axial'], **change))
+
+
+@pytest.mark.parametrize('change, named', [
+    (dict(pos_type='sin-cos'), 'pos_type'),
+    (dict(ff_activation=functools.partial(tl.LeakyRelu, a=0.1)), 'LeakyRelu'),
+    (dict(d_attention_value=8), 'd_attention_value'),
+    (dict(attention_type=[functools.partial(tl.SelfAttention, chunk_len=4),
+                          functools.partial(tl.SelfAttention, chunk_len=8)]),
+     'local attention layers differ'),
+    (dict(attention_type=functools.partial(tl.LSHSelfAttention, bias=True)),
+     'bias'),
+])
+def test_runs_hf_cannot_express_are_refused(change, named):
+  kwargs = dict(vocab_size=20, d_model=16, d_ff=32, n_layers=2, n_heads=2,
+                max_len=32, mode='eval')
+  model = models.MODELS['ReformerLM'](**dict(kwargs, **change))
+  assert named in _error_of(hf_reformer.hf_config,
+                            run_lib.constructor_of(model)['kwargs'])
+
+
+def _flat_weights(run_dir):
+  run = retrax.load_run(run_dir, mode='eval')
+  return flatten_weights_and_state(run.model.weights, run.model.state)[0]
+
+
+def test_safetensors_directory_converts_and_comes_back_bit_for_bit(tmp_path):
+  cfg = SPECS['lsh_axial']
+  tensors = _hf_tensors(cfg, np.random.RandomState(0))
+  hf_dir = _write_hf_dir(tmp_path / 'hf', cfg, tensors)
+  assert cli.main(['convert', str(hf_dir), str(tmp_path / 'run')]) == 0
+  flat = [np.asarray(w) for w in _flat_weights(tmp_path / 'run')]
+  np.testing.assert_array_equal(
+      flat[1][0, :, 0, :],
+      tensors['reformer.embeddings.position_embeddings.weights.0'][:, 0, :])
+  q = tensors['reformer.encoder.layers.0.attention.self_attention.'
+              'query_key.weight']
+  for h in range(2):  # Rows h*D .. h*D+D-1 of HF's [H*D, M] are head h.
+    np.testing.assert_array_equal(flat[5][h], q[4 * h:4 * h + 4].T)
+  o = tensors['reformer.encoder.layers.0.attention.output.dense.weight']
+  np.testing.assert_array_equal(flat[7][1], o[:, 4:8].T)
+  np.testing.assert_array_equal(
+      flat[10], tensors['reformer.encoder.layers.0.feed_forward.dense.dense.'
+                        'weight'].T)
+  np.testing.assert_array_equal(flat[-2], tensors['lm_head.decoder.weight'].T)
+  np.testing.assert_array_equal(flat[-1], tensors['lm_head.decoder.bias'])
+  assert cli.main(['convert', str(tmp_path / 'run'), str(tmp_path / 'back'),
+                   '--to', 'hf']) == 0
+  _same_files(hf_dir, tmp_path / 'back')
+
+
+def test_bfloat16_and_plain_positions_round_trip(tmp_path):
+  cfg = SPECS['local_plain']
+  tensors = _hf_tensors(cfg, np.random.RandomState(1), ml_dtypes.bfloat16)
+  hf_dir = _write_hf_dir(tmp_path / 'hf', cfg, tensors)
+  hf_files.convert(hf_dir, tmp_path / 'run')
+  flat = _flat_weights(tmp_path / 'run')
+  assert flat[1].dtype == ml_dtypes.bfloat16
+  np.testing.assert_array_equal(
+      np.asarray(flat[1]).astype(np.float32),
+      tensors['reformer.embeddings.position_embeddings.embedding.weight']
+      .astype(np.float32))
+  hf_files.convert(tmp_path / 'run', tmp_path / 'back', to='hf')
+  _same_files(hf_dir, tmp_path / 'back')
+
+
+def test_a_trained_run_without_hf_config_writes_a_full_hf_config(tmp_path):
+  model = models.MODELS['ReformerLM'](
+      20, d_model=16, d_ff=32, d_attention_key=4, d_attention_value=4,
+      n_layers=2, n_heads=2, max_len=32, pos_axial_shape=(4, 8),
+      pos_d_axial_embs=(8, 8),
+      attention_type=[functools.partial(tl.SelfAttention, chunk_len=4),
+                      functools.partial(tl.LSHSelfAttention, chunk_len=4,
+                                        n_buckets=4)], mode='eval')
+  signature = retrax.shapes.ShapeDtype((1, 32), np.int32)
+  model.init(signature)
+  native.save_native(checkpointing.permanent_path(tmp_path / 'run', 7),
+                     {'weights': model.weights, 'input_signature': signature},
+                     {'step': 7})
+  run_lib.write_model_file(tmp_path / 'run', model)
+  hf_files.convert(tmp_path / 'run', tmp_path / 'hf', to='hf')
+  cfg = json.loads((tmp_path / 'hf' / 'config.json').read_text())
+  assert (cfg['attn_layers'], cfg['num_buckets'], cfg['axial_pos_shape'],
+          cfg['hidden_act'], cfg['lsh_attention_probs_dropout_prob']) == (
+              ['local', 'lsh'], 4, [4, 8], 'gelu_fast', 0.1)
+  tensors = hf_files.read_tensors(tmp_path / 'hf')
+  flat = flatten_weights_and_state(model.weights, model.state)[0]
+  np.testing.assert_array_equal(tensors['lm_head.decoder.weight'],
+                                np.asarray(flat[-2]).T)
+  np.testing.assert_array_equal(tensors['lm_head.bias'], np.asarray(flat[-1]))
+
+
+def test_pytorch_bin_without_torch_is_one_line(tmp_path, capsys):
+  try:
+    import torch  # noqa: F401
+    pytest.skip('torch is installed here; the error is for its absence')
+  except ImportError:
+    pass
+  hf_dir = tmp_path / 'hf'
+  hf_dir.mkdir()
+  (hf_dir / 'config.json').write_text(json.dumps(SPECS['local_plain']))
+  (hf_dir / 'pytorch_model.bin').write_bytes(b'PK\x03\x04')
+  assert cli.main(['convert', str(hf_dir), str(tmp_path / 'run')]) == 2
+  err = capsys.readouterr().err.strip()
+  assert '\n' not in err and 'pip install torch' in err and 'safetensors' in err
+  assert not (tmp_path / 'run').exists()
+
+
+# --- against transformers, in the torch peer venv -------------------------------
+
+
+def _torch_python():
+  """The torch peer's python with transformers' Reformer, or None."""
+  default = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser(
+      '~/.cache'), 'torch-peer-venv', 'bin', 'python')
+  python = os.environ.get('TORCH_PY') or default
+  if not os.path.isfile(python):
+    return None
+  probe = subprocess.run([python, '-c', 'import transformers.models.reformer'],
+                         capture_output=True, check=False)
+  return python if probe.returncode == 0 else None
+
+
+def _peer(python, *args):
+  result = subprocess.run([python, str(PEER_SCRIPT), *map(str, args)],
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, TOKENIZERS_PARALLELISM='false'))
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.fixture(scope='module')
+def hf_models(tmp_path_factory):
+  """HF's models of SPECS saved by save_pretrained, with their logits."""
+  python = _torch_python()
+  if python is None:
+    pytest.skip('no torch peer venv (source ../shared/tools/'
+                'setup_torch_peer.sh, or set TORCH_PY)')
+  out = tmp_path_factory.mktemp('hf_models')
+  ids = np.random.RandomState(3).randint(1, 20, size=(2, 16)).astype(np.int64)
+  ids[:, 0] = 0  # ReformerLM shifts right itself: it sees [0] + x[:-1].
+  np.save(out / 'ids.npy', ids)
+  np.save(out / 'rotations.npy', ROTATIONS)
+  (out / 'spec.json').write_text(json.dumps(SPECS))
+  _peer(python, 'build', out / 'spec.json', out)
+  return python, out, ids
+
+
+def _retrax_logits(run_dir, ids, monkeypatch):
+  """Eval-mode logits of `run_dir` for HF's inputs `ids`, hashing with ROTATIONS."""
+  model = retrax.load_run(run_dir, mode='eval', batch_size=len(ids)).model
+  normal = jax.random.normal
+
+  def fixed_normal(key, shape=(), dtype=float, *args, **kwargs):
+    if tuple(shape) == ROTATIONS.shape:  # LSH's rotations [d, hashes, r].
+      return jax.numpy.asarray(ROTATIONS, dtype)
+    return normal(key, shape, dtype, *args, **kwargs)
+  monkeypatch.setattr(jax.random, 'normal', fixed_normal)
+  x = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], axis=1)
+  return np.asarray(model(x.astype(np.int32)))
+
+
+@pytest.mark.parametrize('name', sorted(SPECS))
+def test_logits_equal_hf_after_convert(hf_models, name, tmp_path,
+                                       monkeypatch):
+  _, out, ids = hf_models
+  hf_files.convert(out / name, tmp_path / 'run')
+  expected = np.load(out / f'{name}.logits.npy')
+  got = _retrax_logits(tmp_path / 'run', ids, monkeypatch)
+  scale = np.abs(expected).max()
+  assert got.shape == expected.shape
+  assert np.abs(got - expected).max() <= 1e-4 * scale, (
+      np.abs(got - expected).max(), scale)
+
+
+def test_hf_round_trip_is_bit_identical_and_loads_in_transformers(hf_models,
+                                                                  tmp_path):
+  python, out, _ = hf_models
+  hf_files.convert(out / 'lsh_axial', tmp_path / 'run')
+  hf_files.convert(tmp_path / 'run', tmp_path / 'back', to='hf')
+  _same_files(out / 'lsh_axial', tmp_path / 'back')
+  _peer(python, 'load', tmp_path / 'back', out / 'ids.npy',
+        out / 'rotations.npy', tmp_path / 'logits.npy')
+  np.testing.assert_array_equal(np.load(tmp_path / 'logits.npy'),
+                                np.load(out / 'lsh_axial.logits.npy'))
