@@ -50,6 +50,8 @@ def test_a_valid_file_loads(tmp_path):
     (dict(d_ff={'tuple': [{'layer': 'PrintShape'}]}), 'not a value'),
     (dict(d_ff={'dict': {'x': {'layer': 'PrintShape'}}}), 'not a value'),
     (dict(d_ff=[{'layer': 'PrintShape'}]), 'not a value'),
+    (dict(ff_activation=[{'layer': 'Relu'}, {'layer': 'PrintShape'}]),
+     "'PrintShape'"),
 ])
 def test_crafted_files_are_refused(tmp_path, capsys, kwargs, fragment):
   path = _model_file(tmp_path, **kwargs)
@@ -84,3 +86,17 @@ def test_models_with_arguments_loading_refuses_record_no_constructor():
                             attention_type=attention)
   assert run_lib.constructor_of(model)['kwargs']['attention_type'] == {
       'layer': 'SelfAttention', 'kwargs': {'chunk_len': 4}}
+
+
+def test_a_list_of_attention_layers_records_and_loads(tmp_path):
+  types = [functools.partial(tl.SelfAttention, chunk_len=4),
+           functools.partial(tl.LSHSelfAttention, chunk_len=4, n_hashes=2)]
+  model = models.ReformerLM(vocab_size=16, d_model=8, d_ff=16,
+                            d_attention_key=4, d_attention_value=4,
+                            n_layers=2, n_heads=2, max_len=8, dropout=0.0,
+                            attention_type=types)
+  path = run_lib.write_model_file(str(tmp_path), model)
+  loaded = run_lib.build_from_file(path, mode='eval')
+  assert run_lib.constructor_of(loaded)['kwargs']['attention_type'] == [
+      {'layer': 'SelfAttention', 'kwargs': {'chunk_len': 4}},
+      {'layer': 'LSHSelfAttention', 'kwargs': {'chunk_len': 4, 'n_hashes': 2}}]
