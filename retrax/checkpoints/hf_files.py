@@ -40,9 +40,10 @@ HF_CONFIG = 'config.json'
 SAFETENSORS = 'model.safetensors'
 SAFETENSORS_INDEX = 'model.safetensors.index.json'
 TORCH_BIN = 'pytorch_model.bin'
+TORCH_BIN_INDEX = 'pytorch_model.bin.index.json'
 RUN_HF_CONFIG = 'hf_config.json'
 EXTRA_TREE = 'hf_extra'
-_WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN)
+_WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
 _BFLOAT16 = ml_dtypes.bfloat16  # Imported for safetensors' numpy API to know it.
 
 
@@ -106,6 +107,11 @@ def read_tensors(directory):
     for shard in shards:
       tensors.update(_read_safetensors(os.path.join(directory, shard)))
     return tensors
+  if not os.path.isfile(os.path.join(directory, TORCH_BIN)):
+    raise HFReformerError(
+        f'{directory} holds sharded PyTorch weights ({TORCH_BIN_INDEX}); load '
+        'the model with from_pretrained, save it with save_pretrained '
+        '(safetensors) and convert that.')
   return _read_torch_bin(os.path.join(directory, TORCH_BIN))
 
 
@@ -153,7 +159,8 @@ def hf_to_run(src, dst, force=False):
   from retrax.supervised import checkpointing
   cfg = read_config(os.path.join(src, HF_CONFIG))
   kwargs = hf_reformer.lm_kwargs(cfg)
-  flat, extra = _flat_weights(read_tensors(src), cfg, src)
+  tensors = read_tensors(src)
+  flat, extra = _flat_weights(tensors, cfg, src)
   model = models.MODELS['ReformerLM'](**kwargs, mode='eval')
   convert.check_destination(dst, 'native', force)
   os.makedirs(dst, exist_ok=True)
@@ -161,9 +168,9 @@ def hf_to_run(src, dst, force=False):
   native.save_native(
       checkpointing.permanent_path(dst, 0),
       {'weights': flat, 'input_signature': signature, EXTRA_TREE: extra},
-      {'step': 0, 'converted_from': {'format': 'hf-reformer',
-                                     'directory': os.path.basename(
-                                         os.path.abspath(src))}})
+      {'step': 0, 'converted_from': {
+          'format': 'hf-reformer', 'tensors': sorted(tensors),
+          'directory': os.path.basename(os.path.abspath(src))}})
   _write_json(os.path.join(dst, RUN_HF_CONFIG), cfg)
   if run.write_model_file(dst, model) is None:
     raise HFReformerError(f'{src}: the ReformerLM it describes has no '
@@ -191,7 +198,9 @@ def _run_model_kwargs(src):
 
 
 def _run_weights(src):
-  """`(flat weights, HF extras, checkpoint path)` of a run's latest checkpoint."""
+  """`(flat weights, HF extras, checkpoint path, HF tensor names)` of a run's
+  latest checkpoint; the names are the HF file's when it was converted from one
+  (else None)."""
   from retrax.checkpoints import layer_io
   from retrax.supervised import checkpointing
   path = (checkpointing.find_latest_valid(src) or
@@ -200,16 +209,22 @@ def _run_weights(src):
     raise HFReformerError(f'{src} holds no valid checkpoint to convert; '
                           'train first.')
   if not native.is_native_checkpoint(path):
-    return layer_io.read_flat_checkpoint(path)[0], {}, path
+    return layer_io.read_flat_checkpoint(path)[0], {}, path, None
   ckpt = native.load_native(path, shape_dtype_factory=ShapeDtype)
   if 'weights' not in ckpt.trees:
     raise HFReformerError(f'{path} has no "weights" tree.')
   extra = ckpt.trees.get(EXTRA_TREE) or {}
-  return tree_leaves(ckpt.trees['weights']), dict(extra), path
+  source = ckpt.metadata.get('converted_from')
+  names = source.get('tensors') if isinstance(source, dict) else None
+  return tree_leaves(ckpt.trees['weights']), dict(extra), path, names
 
 
-def hf_tensors(flat, cfg, extra, where):
-  """HF's `{name: array}` from retrax's flat weights (`flat`) for `cfg`."""
+def hf_tensors(flat, cfg, extra, where, names=None):
+  """HF's `{name: array}` from retrax's flat weights (`flat`) for `cfg`.
+
+  `names`: the tensor names of the HF file a run was converted from, which
+  the result keeps to (a transformers 4 file has `lm_head.bias` alone).
+  """
   layout = hf_reformer.weight_layout(cfg)
   if len(flat) != len(layout):
     raise HFReformerError(f'{where} holds {len(flat)} weight arrays; the '
@@ -225,6 +240,8 @@ def hf_tensors(flat, cfg, extra, where):
   tensors.update(extra)
   # transformers 4 tied lm_head.bias to the decoder's bias; 5 keeps both.
   tensors.setdefault('lm_head.bias', tensors['lm_head.decoder.bias'])
+  if isinstance(names, list):
+    tensors = {k: v for k, v in tensors.items() if k in set(names)}
   return tensors
 
 
@@ -235,8 +252,8 @@ def run_to_hf(src, dst, force=False):
   base_path = os.path.join(src, RUN_HF_CONFIG)
   base = read_config(base_path) if os.path.isfile(base_path) else None
   cfg = hf_reformer.hf_config(kwargs, base)
-  flat, extra, path = _run_weights(src)
-  tensors = hf_tensors(flat, cfg, extra, path)
+  flat, extra, path, names = _run_weights(src)
+  tensors = hf_tensors(flat, cfg, extra, path, names)
   convert.check_destination(dst, 'native', force)
   os.makedirs(dst, exist_ok=True)
   data = st_numpy.save({k: np.ascontiguousarray(v) for k, v in

@@ -99,7 +99,7 @@ def _check_hf_lm(cfg):
         f'uses Trax\'s {TRAX_LAYER_NORM_EPS} (outputs agree only for values '
         f'within {_EPS_TOLERANCE} of it, such as HF\'s 1e-12).')
   act = _get(cfg, 'hidden_act')
-  if act not in ACTIVATIONS:
+  if not isinstance(act, str) or act not in ACTIVATIONS:
     raise HFReformerError(f'config.json: hidden_act {act!r:.40} has no retrax '
                           f'activation; supported: {", ".join(ACTIVATIONS)}.')
   for kind in ('local', 'lsh'):
@@ -127,15 +127,21 @@ def _attention_layers(cfg):
   return [local if k == 'local' else lsh for k in kinds]
 
 
+def _int_list(x):
+  return isinstance(x, (list, tuple)) and bool(x) and all(
+      isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in x)
+
+
 def _positions(cfg):
   """`ReformerLM`'s positional arguments for HF's axial or plain embeddings."""
   if not _get(cfg, 'axial_pos_embds'):
     return {'pos_type': None, 'pos_axial_shape': (), 'pos_d_axial_embs': None}
   shape, dims = _get(cfg, 'axial_pos_shape'), _get(cfg, 'axial_pos_embds_dim')
-  if len(shape) != len(dims) or sum(dims) != _get(cfg, 'hidden_size'):
+  if (not _int_list(shape) or not _int_list(dims) or len(shape) != len(dims)
+      or sum(dims) != _get(cfg, 'hidden_size')):
     raise HFReformerError(
-        f'config.json: axial_pos_embds_dim {list(dims)} must have one depth '
-        f'per axis of axial_pos_shape {list(shape)} and sum to hidden_size.')
+        f'config.json: axial_pos_embds_dim {dims!r:.40} must have one depth '
+        f'per axis of axial_pos_shape {shape!r:.40} and sum to hidden_size.')
   return {'pos_type': 'axial', 'pos_axial_shape': tuple(shape),
           'pos_d_axial_embs': tuple(dims)}
 
@@ -149,16 +155,21 @@ def lm_kwargs(cfg):
   """
   _check_hf_lm(cfg)
   head = _int(cfg, 'attention_head_size', 1)
+  attention = _attention_layers(cfg)
+  dropout = _get(cfg, 'hidden_dropout_prob')
+  if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+    raise HFReformerError(f'config.json: hidden_dropout_prob must be a number; '
+                          f'got {dropout!r:.40}.')
   kwargs = {
       'vocab_size': _int(cfg, 'vocab_size', 1),
       'd_model': _int(cfg, 'hidden_size', 1),
       'd_ff': _int(cfg, 'feed_forward_size', 1),
       'd_attention_key': head, 'd_attention_value': head,
-      'n_layers': len(_get(cfg, 'attn_layers') or ()),
+      'n_layers': len(attention),
       'n_heads': _int(cfg, 'num_attention_heads', 1),
-      'dropout': float(_get(cfg, 'hidden_dropout_prob')),
+      'dropout': float(dropout),
       'max_len': _int(cfg, 'max_position_embeddings', 1),
-      'attention_type': _attention_layers(cfg),
+      'attention_type': attention,
       'ff_activation': getattr(tl, ACTIVATIONS[_get(cfg, 'hidden_act')]),
       'ff_chunk_size': _int(cfg, 'chunk_size_feed_forward'),
   }

@@ -162,6 +162,10 @@ def _error_of(fn, *args):
     (dict(attn_layers=['local', 'global']), 'attn_layers'),
     (dict(axial_pos_embds_dim=[4, 4]), 'axial_pos_embds_dim'),
     (dict(num_hashes=0), 'num_hashes'),
+    (dict(hidden_act={'gelu': 1}), 'hidden_act'),
+    (dict(axial_pos_shape=32), 'axial_pos_shape'),
+    (dict(hidden_dropout_prob=None), 'hidden_dropout_prob'),
+    (dict(attn_layers=3), 'attn_layers'),
 ])
 def test_hf_settings_retrax_cannot_compute_are_refused(change, named):
   assert named in _error_of(hf_reformer.lm_kwargs,
@@ -219,10 +223,12 @@ def test_safetensors_directory_converts_and_comes_back_bit_for_bit(tmp_path):
 def test_bfloat16_and_plain_positions_round_trip(tmp_path):
   cfg = SPECS['local_plain']
   tensors = _hf_tensors(cfg, np.random.RandomState(1), ml_dtypes.bfloat16)
+  del tensors['lm_head.decoder.bias']  # transformers 4: lm_head.bias, tied.
   hf_dir = _write_hf_dir(tmp_path / 'hf', cfg, tensors)
   hf_files.convert(hf_dir, tmp_path / 'run')
   flat = _flat_weights(tmp_path / 'run')
   assert flat[1].dtype == ml_dtypes.bfloat16
+  assert np.asarray(flat[-1]).tobytes() == tensors['lm_head.bias'].tobytes()
   np.testing.assert_array_equal(
       np.asarray(flat[1]).astype(np.float32),
       tensors['reformer.embeddings.position_embeddings.embedding.weight']
@@ -255,6 +261,15 @@ def test_a_trained_run_without_hf_config_writes_a_full_hf_config(tmp_path):
   np.testing.assert_array_equal(tensors['lm_head.decoder.weight'],
                                 np.asarray(flat[-2]).T)
   np.testing.assert_array_equal(tensors['lm_head.bias'], np.asarray(flat[-1]))
+
+
+def test_sharded_pytorch_weights_are_one_line(tmp_path):
+  hf_dir = tmp_path / 'hf'
+  hf_dir.mkdir()
+  (hf_dir / 'config.json').write_text(json.dumps(SPECS['local_plain']))
+  (hf_dir / 'pytorch_model.bin.index.json').write_text('{"weight_map": {}}')
+  assert 'save_pretrained' in _error_of(hf_files.convert, hf_dir,
+                                        tmp_path / 'run')
 
 
 def test_pytorch_bin_without_torch_is_one_line(tmp_path, capsys):
