@@ -16,24 +16,30 @@ import platform
 import signal
 import sys
 
-import jax
-import numpy
-import optax
-
 import retrax
-from retrax import bench
 from retrax import config as config_lib
-from retrax import jobs
-from retrax import plot
-from retrax.checkpoints import convert
-from retrax.checkpoints.errors import CheckpointError
+from retrax import suggest
 from retrax.errors import one_line
 from retrax.errors import UserInputError
-from retrax.layers.validation import ArgumentError
-from retrax.supervised import checkpointing
-from retrax.supervised import devices
-from retrax.supervised import interrupts
-from retrax.supervised.batch_checks import TrainingError
+
+# Only what parsing needs is imported here: `--version`, `--help` and argument
+# errors answer without importing JAX; each command imports what it uses.
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse with one-line errors, recording its option names for suggestions."""
+
+  def __init__(self, *args, **kwargs):
+    self.option_names = []  # Before argparse adds -h through add_argument.
+    super().__init__(*args, **kwargs)
+
+  def add_argument(self, *args, **kwargs):
+    action = super().add_argument(*args, **kwargs)
+    self.option_names.extend(action.option_strings)
+    return action
+
+  def error(self, message):
+    self.exit(2, f'{self.prog}: error: {message} (see {self.prog} --help)\n')
 
 
 def _count(text):
@@ -96,10 +102,11 @@ def _add_config_args(p):
     group = p.add_argument_group(f'{section} config')
     for key in config_lib.KEYS.values():
       if key.section == section:
-        group.add_argument(
+        action = group.add_argument(
             f'--{key.name}', *_FLAG_ALIASES.get(key.name, []), dest=key.name,
             type=_flag_type(key), default=None, metavar=key.kind.__name__.upper(),
             help=f'{key.help} (default: {key.default!r})'.replace('%', '%%'))
+        p.option_names.extend(action.option_strings)
 
 
 def _load_config(args):
@@ -111,12 +118,15 @@ def _load_config(args):
 
 def _join_cluster(args):
   """Joins a multi-process run (flags, or the cluster's environment)."""
+  import jax
+  from retrax.supervised import devices
   devices.initialize_distributed(args.coordinator, args.num_processes,
                                  args.process_id)
   return jax.process_index() == 0
 
 
 def cmd_train(args):
+  from retrax import jobs
   chief = _join_cluster(args)
   config = _load_config(args)
   loop = jobs.train(config, quiet=args.quiet)
@@ -128,31 +138,39 @@ def cmd_train(args):
 
 
 def cmd_sample(args):
+  from retrax import jobs
   jobs.print_samples(jobs.config_of_run(args.output_dir), n=args.n,
                      temperature=args.temperature, prompt=args.prompt,
                      max_length=args.max_length)
 
 
 def cmd_eval(args):
+  from retrax import jobs
   jobs.print_eval(jobs.config_of_run(args.output_dir), n_batches=args.batches,
                   seed=args.seed)
 
 
 def cmd_convert(args):
+  from retrax.checkpoints import convert
   print(convert.convert(args.src, args.dst, to=args.to, force=args.force))
 
 
 def cmd_plot(args):
+  from retrax import plot
   print(plot.plot_metrics(args.output_dirs, args.out,
                           log_loss=not args.linear))
 
 
 def cmd_bench(args):
+  from retrax import bench
   bench.main(quick=args.quick)
 
 
 def cmd_info(args):
   del args
+  import jax
+  import numpy
+  import optax
   print(f'retrax {retrax.__version__}')
   print(f'python {platform.python_version()} ({platform.machine()})')
   print(f'jax {jax.__version__}, numpy {numpy.__version__}, optax '
@@ -195,10 +213,11 @@ def _add_run_commands(sub):
   p = sub.add_parser('sample', help='sample from a trained run')
   p.add_argument('output_dir')
   p.add_argument('-n', type=_count, default=4, help='number of samples')
-  p.add_argument('--temperature', type=_temperature, default=0.0,
-                 help='0 = greedy (default)')
+  p.add_argument('--temperature', type=_temperature, default=None,
+                 help="0 = greedy (default: the run's temperature key, 0)")
   p.add_argument('--prompt', default=None,
-                 help='text runs: the text to continue')
+                 help='text runs: the text to continue (default: a '
+                 'different piece of held-out text for each sample)')
   p.add_argument('--max_length', '--max-length', type=_count, default=None,
                  help='text runs: tokens to generate (default: as many as '
                  'the model\'s length allows)')
@@ -248,24 +267,71 @@ def _add_tool_commands(sub):
 
 
 def build_parser():
-  parser = argparse.ArgumentParser(
-      prog='retrax', description='Trax, revived on today\'s JAX.')
+  parser = _Parser(prog='retrax', description='Trax, revived on today\'s JAX.')
   parser.add_argument('--version', action=_Version, nargs=0,
                       help="print retrax's version and exit")
   sub = parser.add_subparsers(dest='command')
   _add_train(sub)
   _add_run_commands(sub)
   _add_tool_commands(sub)
+  parser.set_defaults(commands=sub.choices)
   return parser
 
 
-# Errors that mean the user asked for something that cannot be done (a bad
-# argument, config key, path, checkpoint or data): one line, exit 2. A disk
-# that is full, read-only or not writable (`_DISK_ERRNOS`) is too, saying what
-# was kept. Anything else is a bug and keeps its traceback.
-USER_ERRORS = (UserInputError, CheckpointError, ArgumentError, TrainingError,
-                FileNotFoundError, FileExistsError, NotADirectoryError,
-                IsADirectoryError)
+def _check_command(parser, argv):
+  """Exits 2 with the nearest command if `argv`'s command is not one."""
+  commands = parser.get_default('commands')
+  word = next((a for a in argv if not a.startswith('-')), None)
+  if word is not None and word not in commands:
+    hint = (suggest.did_you_mean(word, commands) or
+            f'; the commands are {", ".join(commands)}')
+    parser.error(f'unknown command {word!r}{hint}')
+
+
+def _check_unrecognized(command, extras):
+  """Exits 2 naming the arguments no option of `command` takes, and the
+  option nearest the first unknown one."""
+  options = [e.split('=', 1)[0] for e in extras if e.startswith('-')]
+  hint = suggest.did_you_mean(options[0], command.option_names) if options else ''
+  command.error(f'unrecognized arguments: {" ".join(extras)}{hint}')
+
+
+def _check_set_keys(args):
+  """Raises ConfigError, suggesting the nearest key, if a `--set` names no
+  config key: before a command imports JAX."""
+  for item in getattr(args, 'set', None) or ():
+    if '=' in item:  # Else config.load says what --set expects.
+      config_lib.key_of(item.split('=', 1)[0].strip())
+
+
+def parse_args(argv=None):
+  """The parsed command line. Usage errors exit 2 with one line, suggesting
+  the nearest command, option or config key for a typo."""
+  parser = build_parser()
+  argv = sys.argv[1:] if argv is None else list(argv)
+  _check_command(parser, argv)
+  args, extras = parser.parse_known_args(argv)
+  command = parser.get_default('commands').get(args.command, parser)
+  if extras:
+    _check_unrecognized(command, extras)
+  return args
+
+
+def user_errors():
+  """Errors that mean the user asked for something that cannot be done (a
+  bad argument, config key, path, checkpoint or data): one line, exit 2.
+
+  A disk that is full, read-only or not writable (`_DISK_ERRNOS`) is too,
+  saying what was kept. Anything else is a bug and keeps its traceback.
+  """
+  from retrax.checkpoints.errors import CheckpointError
+  from retrax.layers.validation import ArgumentError
+  from retrax.supervised.batch_checks import TrainingError
+  return (UserInputError, CheckpointError, ArgumentError, TrainingError,
+          FileNotFoundError, FileExistsError, NotADirectoryError,
+          IsADirectoryError)
+
+
 _DISK_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
                           errno.EPERM, errno.EFBIG, errno.EIO))
 
@@ -273,6 +339,7 @@ _DISK_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
 def _kept(args):
   """After a disk error in command `args`: (what was kept, what to do)."""
   if args.command == 'train':
+    from retrax.supervised import checkpointing
     out = _load_config(args).train.output_dir
     step = checkpointing.saved_step(out)
     return ('no checkpoint had been saved' if step is None else
@@ -297,24 +364,29 @@ def _disk_error(args, e):
           f'left; {kept}. To go on, {todo}.')
 
 
+def _error(args, message):
+  print(f'retrax {args.command}: error: {message}', file=sys.stderr)
+  return 2
+
+
 def main(argv=None):
-  parser = build_parser()
-  args = parser.parse_args(argv)
+  args = parse_args(argv)
   if args.command is None:
-    parser.print_help()
+    build_parser().print_help()
     return 2
   try:
+    _check_set_keys(args)  # A typo is answered before JAX is imported.
+  except UserInputError as e:
+    return _error(args, one_line(e))
+  from retrax.supervised import interrupts
+  try:
     rc = args.func(args)
-  except USER_ERRORS as e:
-    message = one_line(e)
-    print(f'retrax {args.command}: error: {message}', file=sys.stderr)
-    return 2
+  except user_errors() as e:
+    return _error(args, one_line(e))
   except OSError as e:
     if e.errno not in _DISK_ERRNOS:
       raise
-    print(f'retrax {args.command}: error: {_disk_error(args, e)}',
-          file=sys.stderr)
-    return 2
+    return _error(args, _disk_error(args, e))
   except interrupts.TrainingStopped as e:  # The step is saved, logs flushed.
     print(f'retrax {args.command}: {e}', file=sys.stderr)
     return interrupts.EXIT_CODES[e.signum]

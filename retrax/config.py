@@ -15,7 +15,7 @@ import os
 import sys
 import typing
 
-from retrax.data import tasks
+from retrax import suggest
 from retrax.errors import UserInputError
 
 if sys.version_info >= (3, 11):
@@ -80,6 +80,8 @@ class TrainConfig:
 class SampleConfig:
   """Sampling after training."""
   n_samples: int = _key(4, 'samples printed after training (0: none)')
+  temperature: float = _key(0.0, 'sampling temperature of those samples (0: '
+                            'greedy; text runs continue held-out text)')
 
 
 SECTIONS = {'model': ModelConfig, 'data': DataConfig, 'train': TrainConfig,
@@ -118,8 +120,10 @@ def key_of(name):
   """The `Key` named `name` (flat, e.g. 'd_model', or 'model.d_model')."""
   key = KEYS.get(name) or _DOTTED.get(name)
   if key is None:
-    raise ConfigError(f'unknown config key {name!r}; known keys: '
-                      f'{", ".join(sorted(KEYS))}')
+    near = suggest.nearest(name, list(KEYS) + list(_DOTTED))
+    raise ConfigError(f'unknown config key {name!r}; ' + (
+        f'did you mean {near!r}?' if near else
+        f'known keys: {", ".join(sorted(KEYS))}'))
   return key
 
 
@@ -237,6 +241,7 @@ def load(path=None, overrides=(), base=None, flags=None):
 def open_tokenizer(spec):
   """`retrax.data.tasks.TextTokenizer(spec)`; a missing or unreadable model
   file, or no sentencepiece package, is a ConfigError."""
+  from retrax.data import tasks  # Not at the top: the CLI's --help needs no data code.
   try:
     return tasks.TextTokenizer(spec)
   except (ImportError, OSError) as e:
@@ -284,6 +289,10 @@ def validate(config):
   if not (math.isfinite(t.learning_rate) and t.learning_rate > 0):
     raise ConfigError(f'learning_rate must be a finite number > 0; got '
                       f'{t.learning_rate}')
+  if not (math.isfinite(config.sample.temperature) and
+          config.sample.temperature >= 0):
+    raise ConfigError(f'temperature must be a finite number >= 0; got '
+                      f'{config.sample.temperature}')
   if not 0 <= m.dropout < 1:
     raise ConfigError(f'dropout must be in [0, 1); got {m.dropout}')
   if t.matmul_dtype not in ('float32', 'bfloat16'):

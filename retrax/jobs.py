@@ -183,7 +183,7 @@ def train(config, quiet=False):
       eval_at=lambda step: step == 1 or step % t.eval_every == 0,
       # A bar only on a terminal (never drawn into a redirected log).
       progress_bar=False if quiet else None,
-      write_trax_files=t.trax_files)
+      write_trax_files=t.trax_files, mesh=t.mesh or None)
   _write_run_files(config)  # Only once the Loop has validated the run dir.
   remaining = t.steps - loop.step
   if remaining > 0:
@@ -308,18 +308,29 @@ def sample_text(run_dir, prompt='', n=1, temperature=0.0, max_length=None,
   At most `length - 1 - len(prompt ids)` new tokens fit the model's positions;
   `max_length` (default: all that fit) caps them. Returns a list of str.
   """
+  run = _text_run(run_dir, n, '--prompt applies')
+  ids = run.tokenizer.encode(prompt)
+  prompt_ids = np.tile(ids[None], (n, 1)) if len(ids) else None
+  return _continue(run, prompt_ids, n, temperature, max_length, seed)
+
+
+def _text_run(run_dir, n, what):
   run = run_lib.load_run(run_dir, mode='predict', batch_size=n)
   if run.tokenizer is None:
-    raise config_lib.ConfigError(f'{run_dir} is not a text run; --prompt '
-                                 'applies to runs of --data text:FILE.')
-  ids = run.tokenizer.encode(prompt)
+    raise config_lib.ConfigError(f'{run_dir} is not a text run; {what} to '
+                                 'runs of --data text:FILE.')
+  return run
+
+
+def _continue(run, prompt_ids, n, temperature, max_length, seed):
+  """The decoded continuations of `prompt_ids` (`[n, k]` or None)."""
+  used = 0 if prompt_ids is None else prompt_ids.shape[1]
   length = run.config.model.length
-  room = length - 1 - len(ids)
+  room = length - 1 - used
   if room < 1:
     raise config_lib.ConfigError(
-        f'the prompt has {len(ids)} tokens; this model sees {length} '
+        f'the prompt has {used} tokens; this model sees {length} '
         f'positions, so use a prompt of at most {length - 2} tokens.')
-  prompt_ids = np.tile(ids[None], (n, 1)) if len(ids) else None
   out = decoding.autoregressive_sample(
       run.model, batch_size=n, temperature=temperature, start_id=0,
       eos_id=None, max_length=min(max_length or room, room),
@@ -327,16 +338,71 @@ def sample_text(run_dir, prompt='', n=1, temperature=0.0, max_length=None,
   return [run.tokenizer.decode(row) for row in np.asarray(out)]
 
 
-def print_samples(config, n=None, temperature=0.0, prompt=None,
+def held_out_prompts(config, tokenizer, n):
+  """`n` prompts of `length // 4` ids from a text run's held-out text, or None.
+
+  They start at evenly spaced places of the held-out part (`split_held_out`;
+  byte runs: evenly spaced word starts), so they differ where the text does.
+  None when the data file is gone or its held-out part is too short.
+  """
+  try:
+    with open(config.data.source[len('text:'):], 'rb') as f:
+      _, held = tasks.split_held_out(f.read(), config.data.eval_fraction)
+  except OSError:
+    return None
+  ids = tokenizer.encode(held.decode('utf-8', 'replace'))
+  k = max(1, config.model.length // 4)
+  if len(ids) < k:
+    return None
+  starts = np.arange(len(ids) - k + 1)
+  if tokenizer.spec == 'bytes':  # Word starts (the part begins a line).
+    after_space = np.isin(ids[:len(ids) - k], (9, 10, 32))
+    starts = np.concatenate([[0], np.flatnonzero(after_space) + 1])
+  picks = starts[np.linspace(0, len(starts) - 1, n).astype(int)]
+  return np.stack([ids[s:s + k] for s in picks])
+
+
+def sample_held_out(run_dir, n=4, temperature=0.0, max_length=None, seed=0):
+  """`n` `(prompt, continuation)` str pairs of a text run, the prompts from
+  its held-out text (`held_out_prompts`; empty if the data file is gone)."""
+  run = _text_run(run_dir, n, 'held-out prompts apply')
+  prompts = held_out_prompts(run.config, run.tokenizer, n)
+  texts = _continue(run, prompts, n, temperature, max_length, seed)
+  shown = [''] * n if prompts is None else [run.tokenizer.decode(p)
+                                           for p in prompts]
+  return list(zip(shown, texts))
+
+
+def _temperature_words(temperature):
+  return f'temperature {temperature}' + (' (greedy)' if temperature == 0 else '')
+
+
+def _print_text_samples(config, n, temperature, prompt, max_length):
+  n = n or config.sample.n_samples or 1
+  run_dir = config.train.output_dir
+  if prompt is None:
+    pairs = sample_held_out(run_dir, n, temperature, max_length)
+    source = ('prompts from the held-out text' if any(p for p, _ in pairs)
+              else 'no prompt (the data file is gone)')
+  else:
+    pairs = [(prompt, text) for text in sample_text(
+        run_dir, prompt, n, temperature, max_length)]
+    source = 'the prompt given'
+  print(f'{n} sample(s) at {_temperature_words(temperature)}, continuing '
+        f'{source}:')
+  for i, (p, text) in enumerate(pairs):
+    print(f'--- sample {i + 1}\n{p}{text}')
+
+
+def print_samples(config, n=None, temperature=None, prompt=None,
                   max_length=None):
-  """Text runs: prints continuations of `prompt`. Duplication: the copies of
-  `w` for a few prompts `0 w 0`."""
+  """Text runs: prints continuations of `prompt` (default: of held-out text).
+  Duplication: the copies of `w` for a few prompts `0 w 0`. `temperature`
+  (default: the config's) is printed with them."""
+  if temperature is None:
+    temperature = config.sample.temperature
   if config.data.source.startswith('text:'):
-    prompt = prompt or ''
-    for i, text in enumerate(sample_text(config.train.output_dir, prompt,
-                                         n or config.sample.n_samples or 1,
-                                         temperature, max_length)):
-      print(f'--- sample {i + 1}\n{prompt}{text}')
+    _print_text_samples(config, n, temperature, prompt, max_length)
     return
   if prompt is not None:
     raise config_lib.ConfigError('--prompt applies to text runs (--data '
@@ -350,4 +416,5 @@ def print_samples(config, n=None, temperature=0.0, prompt=None,
     print(f'prompt 0 {" ".join(map(str, w))} 0\n'
           f'  copy   {" ".join(map(str, out[:len(w)]))}  '
           f'{"correct" if ok else "WRONG"}')
-  print(f'{n_ok}/{len(rows)} copies correct')
+  print(f'{n_ok}/{len(rows)} copies correct at '
+        f'{_temperature_words(temperature)}')

@@ -131,7 +131,7 @@ def train_from_gin(config_files, bindings, output_dir=None):
 def _main_gin(args):
   try:
     train_from_gin(args.config_file, _bindings(args), args.output_dir)
-  except cli.USER_ERRORS + (TensorFlowOnlyError,) as e:
+  except cli.user_errors() + (TensorFlowOnlyError,) as e:
     # As `retrax train`'s: a bad binding's value, data a config names that
     # needs TensorFlow or is not prepared: one line (gin's note joined in).
     print(f'retrax.trainer: error: {one_line(e)}', file=sys.stderr)

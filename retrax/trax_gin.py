@@ -38,8 +38,6 @@ import importlib.machinery
 import inspect
 import sys
 
-from retrax.fastmath.backend import set_default_source
-
 # Trax 1.4.1's configurable names: (gin module, retrax modules that expose
 # them, the first one holding the objects; names; parameters gin may not
 # bind). Each name is registered as `gin module.name`.
@@ -204,6 +202,7 @@ def register(gin):
   sys.meta_path[:] = [f for f in sys.meta_path
                       if not isinstance(f, _GinImportWatcher)]
   from retrax import compat
+  from retrax.fastmath.backend import set_default_source  # JAX: only with gin.
   compat.alias_trax_modules()  # Trax's gin files `import trax.models` etc.
   set_default_source(gin.external_configurable(
       _backend_name, name='backend', module='trax.fastmath.ops'))

@@ -17,6 +17,7 @@ Subclasses override `forward(inputs)` (reading `self.weights`, `self.state`,
 JAX traces; `__call__(x)` is the eager convenience and updates `self.state`.
 """
 
+import importlib
 import inspect
 import random
 
@@ -439,7 +440,8 @@ class Layer:
 
 
 # Weights files are read and written by `retrax.checkpoints`, which builds on
-# the layers (not the other way round); importing `retrax` installs it here.
+# the layers (not the other way round): it is imported on first use and
+# installs its functions here (`install_weights_files`).
 _WEIGHTS_FILES: dict = {}
 
 
@@ -460,8 +462,7 @@ def install_weights_files(init_from_file, save_to_file, unflatten):
 
 def _weights_files(name):
   if name not in _WEIGHTS_FILES:
-    raise RuntimeError(f'{name} needs retrax.checkpoints, which installs '
-                       'itself when retrax is imported; import retrax.')
+    importlib.import_module('retrax.checkpoints.layer_io')  # Installs them.
   return _WEIGHTS_FILES[name]
 
 

@@ -21,8 +21,9 @@ _OLD_RUN_CONFIG = {
 
 def test_every_key_has_one_section_field_and_default():
   config = config_lib.RunConfig()
-  # Keys added since: matmul_dtype.
-  assert sorted(config_lib.KEYS) == sorted([*_OLD_RUN_CONFIG, 'matmul_dtype'])
+  # Keys added since: matmul_dtype, temperature.
+  assert sorted(config_lib.KEYS) == sorted([*_OLD_RUN_CONFIG, 'matmul_dtype',
+                                            'temperature'])
   for name, key in config_lib.KEYS.items():
     assert getattr(getattr(config, key.section), key.field) == key.default
     assert config.get(name) == config.get(f'{key.section}.{key.field}')
@@ -42,7 +43,7 @@ def test_old_run_config_json_is_read(tmp_path):
       7, 3, False)
   # Written back, the file keeps its flat layout (newer keys: defaults).
   assert config.to_dict() == dict(_OLD_RUN_CONFIG, output_dir=str(tmp_path),
-                                  matmul_dtype='float32')
+                                  matmul_dtype='float32', temperature=0.0)
 
 
 def test_missing_keys_take_defaults_unknown_keys_are_errors(tmp_path):

@@ -80,7 +80,7 @@ def test_text_run_train_eval_sample_load_run(tmp_path, capsys):
   assert 'WeightedCategoryAccuracy' in capsys.readouterr().out
   assert cli.main(['sample', out, '--prompt', 'abc', '-n', '1',
                    '--max_length', '5']) == 0
-  sampled = capsys.readouterr().out.splitlines()
+  sampled = capsys.readouterr().out.splitlines()[1:]  # After the header.
   assert sampled[0] == '--- sample 1' and sampled[1].startswith('abc')
   assert len(sampled[1].encode('utf-8', 'replace')) >= 4
   assert cli.main(['sample', out, '--prompt', 'x' * 40]) == 2
@@ -131,7 +131,7 @@ def test_sentencepiece_tokenizer_run(tmp_path, capsys):
   capsys.readouterr()
   assert cli.main(['sample', out, '--prompt', 'ab', '-n', '1',
                    '--max_length', '3']) == 0
-  assert capsys.readouterr().out.splitlines()[1].startswith('ab')
+  assert capsys.readouterr().out.splitlines()[2].startswith('ab')
   run = retrax.load_run(out)
   assert run.tokenizer.vocab_size == 60
   ids = run.tokenizer.encode('abc def\nghi')
