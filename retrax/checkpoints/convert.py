@@ -79,6 +79,26 @@ def native_to_trax(src, dst):
       trees.get('input_signature'))
 
 
+def _not_a_checkpoint(src):
+  """The error for directory `src`, which holds no checkpoint itself (a run
+  directory, say): what convert takes, and the run's newest checkpoint."""
+  names = sorted(os.listdir(src))
+  native_dirs = [n for n in names
+                 if native.is_native_checkpoint(os.path.join(src, n))]
+  trax_files = [n for n in names if n.endswith('.pkl.gz')]
+  newest = max(native_dirs, key=lambda n: (n.rsplit('_', 1)[-1], n),
+               default=None)
+  picks = [os.path.join(src, n) for n in [newest] + trax_files[:1] if n]
+  what = ('a retrax run directory' if 'run_config.json' in names else
+          'a directory but not a native checkpoint')
+  fix = (f'; in it: {" or ".join(picks)} (e.g. retrax convert {picks[0]} '
+         'OUT)' if picks else '')
+  return CheckpointFormatError(
+      f'{src} is {what}; convert takes one checkpoint: a native checkpoint '
+      f'directory (ckpt_* or model_* in a run), a Trax .pkl.gz file or a '
+      f'Hugging Face model directory (config.json and weights){fix}.')
+
+
 def _trax_base(dst):
   """The Trax basename for `dst`: `DST/model` when `dst` is a directory."""
   if os.path.isdir(dst) or dst.endswith(os.sep) or dst.endswith('/'):
@@ -149,6 +169,8 @@ def convert(src, dst, to=None, force=False):
   if to == 'hf' or hf_files.is_hf_directory(src):
     return hf_files.convert(src, dst, to, force)
   source = 'native' if native.is_native_checkpoint(src) else 'trax'
+  if source == 'trax' and os.path.isdir(src):
+    raise _not_a_checkpoint(src)
   to = to or ('trax' if source == 'native' else 'native')
   if to not in FORMATS:
     raise ValueError(f'to must be one of {FORMATS}; got {to!r}.')
