@@ -65,7 +65,13 @@ def _is_made_of_nones(obj):
 
 
 def _rebuild(like, items):
-  """A container of `like`'s type (list, tuple, namedtuple) holding `items`."""
+  """A container of `like`'s type (list, tuple, namedtuple) holding `items`.
+
+  A tuple subclass with a `rebuild(items)` method (`StackedLayers`: stacked
+  weights seen as per-layer trees) builds its own.
+  """
+  if isinstance(like, tuple) and callable(getattr(type(like), 'rebuild', None)):
+    return like.rebuild(items)
   if _is_namedtuple(like):
     return type(like)(*items)
   if isinstance(like, tuple):

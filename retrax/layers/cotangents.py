@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from retrax.fastmath import numpy as jnp
+from retrax.layers.stacked import StackedLayers
 
 
 def is_int_like(x):
@@ -61,6 +62,10 @@ def cotangent_like(ct, primal):
 
 def match_structure(ct, primal):
   """Gives the cotangent tree `ct` the container types and dtypes of `primal`."""
+  if isinstance(primal, StackedLayers):
+    if not isinstance(ct, StackedLayers) or ct.n != primal.n:
+      ct = StackedLayers(_stacked_groups(ct, primal), primal.n)
+    return StackedLayers(match_structure(ct.groups, primal.groups), primal.n)
   if isinstance(primal, (list, tuple)):
     if not isinstance(ct, (list, tuple)) or len(ct) != len(primal):
       raise ValueError(
@@ -72,3 +77,14 @@ def match_structure(ct, primal):
   if primal is None:
     return None
   return cotangent_like(ct, primal)
+
+
+def _stacked_groups(ct, primal):
+  """A per-layer cotangent tuple stacked like the `StackedLayers` primal."""
+  if not isinstance(ct, (list, tuple)) or len(ct) != primal.n:
+    raise ValueError(
+        f'Cotangent structure {jax.tree_util.tree_structure(ct)} does not '
+        f'match {primal.n} stacked layers.')
+  p = primal.period
+  return tuple(jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *ct[j::p])
+               for j in range(p))

@@ -14,15 +14,33 @@ import types
 import jax
 import numpy as np
 
-from retrax.fastmath import numpy as jnp
 from retrax.layers.base import Layer
+from retrax.layers.stacked import stack_groups as stack_groups
+from retrax.layers.stacked import stackable as stackable
+from retrax.layers.stacked import tree_spec as tree_spec
+from retrax.layers.stacked import unstack_groups as unstack_groups
 
-# Per-instance bookkeeping that does not change what a layer computes (the
-# last two: `ReversibleSerial`'s caches of its mode and its block length).
-_RUNTIME_ATTRS = frozenset({
+# What every `Layer` keeps besides its configuration: its weights, state and
+# key, and bookkeeping (its name, caller, printing, init cache, path names).
+LAYER_RUNTIME_ATTRIBUTES = frozenset({
     '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
-    '_path_element_fn', '_name', '_sublayers_to_print', '_predict_mode',
-    '_period'})
+    '_path_element_fn', '_name', '_sublayers_to_print'})
+
+
+def runtime_attributes(layer):
+  """The attributes of `layer` that do not change the function it computes.
+
+  `LAYER_RUNTIME_ATTRIBUTES`, plus the names each class in the layer's MRO
+  declares in a class attribute `runtime_attributes` (caches, memoized
+  lookups: anything a layer sets on itself while running or that is derived
+  from its configuration). Every other attribute counts as configuration.
+  Undeclared caches are safe (the layers compare as different, so they run
+  in a loop instead of a scan) but cost the scan; declare them.
+  """
+  names = set(LAYER_RUNTIME_ATTRIBUTES)
+  for cls in type(layer).__mro__:
+    names.update(vars(cls).get('runtime_attributes', ()))
+  return names
 
 
 def same_layer(a, b):
@@ -46,7 +64,7 @@ def _same(a, b, seen):
   if isinstance(a, Layer):
     seen.add(key)
     da, db = vars(a), vars(b)
-    names = (set(da) | set(db)) - _RUNTIME_ATTRS
+    names = (set(da) | set(db)) - runtime_attributes(a)
     return all(_same(da.get(k), db.get(k), seen) for k in names)
   if isinstance(a, (tuple, list)):
     return len(a) == len(b) and all(_same(x, y, seen) for x, y in zip(a, b))
@@ -89,38 +107,3 @@ def repeat_period(layers):
                           for i in range(p, n)):
       return p
   return None
-
-
-def tree_spec(tree):
-  """A tree's structure with its leaves' shapes and dtypes: equal specs stack."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves)
-
-
-def stackable(trees, period, floats=False):
-  """True if the per-layer `trees` (one per layer) stack into `period` groups.
-
-  Every leaf must be an array (with `floats`, a float array: weights, whose
-  gradients stack too), and the layers `period` apart must have trees of the
-  same structure, shapes and dtypes.
-  """
-  leaves = jax.tree_util.tree_leaves(trees)
-  if not all(isinstance(x, (np.ndarray, jax.Array)) and
-             (not floats or jnp.issubdtype(x.dtype, jnp.floating))
-             for x in leaves):
-    return False
-  return all(tree_spec(trees[i]) == tree_spec(trees[i % period])
-             for i in range(period, len(trees)))
-
-
-def stack_groups(trees, period):
-  """`period` trees, entry `j` the leaves of `trees[j::period]` stacked on a new axis 0."""
-  return tuple(jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
-                                      *trees[j::period])
-               for j in range(period))
-
-
-def unstack_groups(stacked, n_groups):
-  """Inverse of `stack_groups`: the per-layer trees, in layer order."""
-  return tuple(jax.tree_util.tree_map(lambda x, k=k: x[k], tree)
-               for k in range(n_groups) for tree in stacked)

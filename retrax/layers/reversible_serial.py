@@ -2,15 +2,20 @@
 
 import jax
 
+from retrax import fastmath
 from retrax.fastmath import numpy as jnp
+from retrax.fastmath.tree import is_weights_cache_marker
+from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers.base import in_sublayer
 from retrax.layers.repeats import repeat_period
-from retrax.layers.repeats import stack_groups
-from retrax.layers.repeats import stackable
-from retrax.layers.repeats import tree_spec
-from retrax.layers.repeats import unstack_groups
 from retrax.layers.reversible_layer import ReversibleLayer
+from retrax.layers.stacked import stack_groups
+from retrax.layers.stacked import stack_layers
+from retrax.layers.stacked import stackable
+from retrax.layers.stacked import StackedLayers
+from retrax.layers.stacked import tree_spec
+from retrax.layers.stacked import unstack_groups
 from retrax.layers.stack import check_arity
 from retrax.layers.stack import inputs_from_stack
 from retrax.layers.stack import outputs_onto_stack
@@ -25,12 +30,26 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   backward pass walks the layers last to first, rebuilding each layer's
   input from its output (`reverse_and_grad`) and accumulating the weight
   gradients, so memory does not grow with depth.
+
+  Layers that repeat (a block of `p` layers, `>= 2` times) keep their
+  weights stacked once, as a `StackedLayers` (a tuple of the per-layer
+  trees to Trax-order code, `p` stacked trees to JAX), and run as one
+  `lax.scan` over them: no copy of the weights or their gradients per
+  block. The sublayers hold per-layer views of the last concrete weights
+  set here.
   """
+
+  # Caches of its mode and block length, and the stacked weights it owns.
+  runtime_attributes = ('_predict_mode', '_period', '_own_weights', '_spread',
+                        '_spread_ids')
 
   def __init__(self, *layers):
     super().__init__(*layers)
     self._predict_mode = None
-    self._period = False  # Not yet known (see `_scan_period`).
+    self._period = False  # Not yet known (see `_repeat_period`).
+    self._own_weights = None  # Set only when weights are held stacked.
+    self._spread = None  # The StackedLayers whose views the sublayers hold.
+    self._spread_ids = ()  # ids of those views' arrays.
     for i, layer in enumerate(self.sublayers):
       if not isinstance(layer, ReversibleLayer):
         raise ValueError(
@@ -38,6 +57,56 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
             f'ReversibleLayer): {layer.name}. Wrap residual computations in '
             f'ReversibleHalfResidual and use ReversibleSwap/ReversibleSelect '
             f'for stack moves.')
+
+  @property
+  def weights(self):
+    """The per-layer weights: a `StackedLayers` when the layers repeat, else a tuple."""
+    own = getattr(self, '_own_weights', None)
+    if own is None:
+      return base.Layer.weights.fget(self)
+    if own is self._spread:
+      per_layer = base.Layer.weights.fget(self)
+      if _leaf_ids(per_layer) != self._spread_ids:
+        # A sublayer got new weights directly (e.g. a per-layer trainer).
+        self.weights = per_layer
+        return self._own_weights
+    return own
+
+  @weights.setter
+  def weights(self, weights):
+    if is_weights_cache_marker(weights):
+      return
+    if _has_tracer(weights):
+      # Under tracing, only this layer's scan or loop reads them.
+      self._own_weights = weights
+      return
+    weights = self._stacked_if_repeated(weights)
+    if not isinstance(weights, StackedLayers):
+      self._own_weights = self._spread = None
+      base.Layer.weights.fset(self, weights)
+      return
+    self._own_weights = weights
+    if weights is not self._spread:
+      base.Layer.weights.fset(self, tuple(weights))
+      self._spread = weights
+      self._spread_ids = _leaf_ids(base.Layer.weights.fget(self))
+
+  def _stacked_if_repeated(self, weights):
+    """`weights` as a `StackedLayers` if the layers repeat and the arrays stack."""
+    if (isinstance(weights, StackedLayers) or
+        not isinstance(weights, (list, tuple)) or
+        len(weights) != len(self.sublayers)):
+      return weights
+    period = self._repeat_period()
+    if period is None or not jax.tree_util.tree_leaves(
+        weights) or not stackable(weights, period, floats=True):
+      return weights
+    return stack_layers(tuple(weights), period)
+
+  def _repeat_period(self):
+    if self._period is False:
+      self._period = repeat_period(self.sublayers)
+    return self._period
 
   def forward(self, xs):
     """Runs the layers in order, each one's work tied to its inputs (see `_tie_to`).
@@ -69,9 +138,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     block maps the stack to a stack of the same shapes and dtypes. Compile
     time then stays flat in depth.
     """
-    if self._period is False:
-      self._period = repeat_period(self.sublayers)
-    period = self._period
+    period = self._repeat_period()
     if (period is None or self._decodes() or rngs[0] is None or
         not any(isinstance(x, jax.core.Tracer) for x in
                 jax.tree_util.tree_leaves((stack, weights, rngs))) or
@@ -108,8 +175,11 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     rngs = split_rngs(rng, n)
     period = self._scan_period(output, weights, (state, new_state), rngs)
     if not period:
-      return _walk_back_layers(self, self.sublayers, output, grad, weights,
-                               state, new_state, rngs)
+      stack, (stack_ct, weights_ct) = _walk_back_layers(
+          self, self.sublayers, output, grad, weights, state, new_state, rngs)
+      if isinstance(weights, StackedLayers) and grad is not None:
+        weights_ct = stack_layers(weights_ct, weights.period)
+      return stack, (stack_ct, weights_ct)
     block = self.sublayers[:period]
 
     def back_block(carry, group):
@@ -119,6 +189,8 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     (stack, stack_ct), weights_ct = jax.lax.scan(
         back_block, (output, grad),
         _groups(period, weights, state, new_state, rngs), reverse=True)
+    if isinstance(weights, StackedLayers):
+      return stack, (stack_ct, StackedLayers(weights_ct, n))
     return stack, (stack_ct, unstack_groups(weights_ct, n // period))
 
   def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
@@ -165,8 +237,20 @@ def _walk_back_layers(parent, layers, stack, stack_ct, weights, state,
 
 
 def _groups(period, *per_layer):
-  """Each per-layer tuple (keys: an array) stacked into `period` groups."""
-  return tuple(stack_groups(tuple(trees), period) for trees in per_layer)
+  """Each per-layer tuple (keys: an array) stacked into `period` groups.
+
+  Weights held as a `StackedLayers` of this period are used as they are.
+  """
+  return tuple(stack_groups(trees, period) for trees in per_layer)
+
+
+def _leaf_ids(tree):
+  return [id(x) for x in fastmath.tree_leaves(tree)]
+
+
+def _has_tracer(tree):
+  return any(isinstance(x, jax.core.Tracer)
+             for x in jax.tree_util.tree_leaves(tree))
 
 
 def _tie_to(tree, data):
