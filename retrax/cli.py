@@ -129,7 +129,7 @@ def cmd_train(args):
   from retrax import jobs
   chief = _join_cluster(args)
   config = _load_config(args)
-  loop = jobs.train(config, quiet=args.quiet)
+  loop = jobs.train(config, quiet=args.quiet, mesh=args.mesh)
   if not chief:
     return
   if config.sample.n_samples and not args.no_sample:
@@ -205,6 +205,9 @@ def _add_train(sub):
                  help='multi-process run: number of processes')
   p.add_argument('--process_id', '--process-id', type=int,
                  help='multi-process run: this process (0 writes the run)')
+  p.add_argument('--mesh', metavar='data=D,fsdp=F',
+                 help='device mesh over all processes: batch over every '
+                 'device, weights and optimizer slots split over fsdp')
   p.set_defaults(func=cmd_train)
 
 

@@ -153,11 +153,12 @@ def _streams(config):
   return train_stream, eval_stream
 
 
-def train(config, quiet=False):
+def train(config, quiet=False, mesh=None):
   """Trains (resuming if `output_dir` holds a checkpoint); returns the Loop.
 
   In a multi-process run (`jax.distributed` initialized) every process feeds
-  its rows of each global batch; process 0 writes the run's files.
+  its rows of each global batch; process 0 writes the run's files. `mesh`
+  ('data=2,fsdp=4'): see `training.Loop`.
   """
   t = config.train
   _check_run_dir(config)
@@ -183,7 +184,7 @@ def train(config, quiet=False):
       eval_at=lambda step: step == 1 or step % t.eval_every == 0,
       # A bar only on a terminal (never drawn into a redirected log).
       progress_bar=False if quiet else None,
-      write_trax_files=t.trax_files, mesh=t.mesh or None)
+      write_trax_files=t.trax_files, mesh=mesh or None)
   _write_run_files(config)  # Only once the Loop has validated the run dir.
   remaining = t.steps - loop.step
   if remaining > 0:

@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec
 
 from retrax import fastmath
 from retrax.errors import UserInputError
+from retrax.supervised import peers
 
 DATA_AXIS = 'data'
 
@@ -69,7 +70,8 @@ def initialize_distributed(coordinator=None, num_processes=None,
   Arguments left None are read from `JAX_COORDINATOR_ADDRESS`,
   `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`; with none of them set and a
   cluster JAX recognises (SLURM, Open MPI, ...), JAX's own detection is used.
-  Call it before anything touches a device.
+  Call it before anything touches a device. A process that dies later
+  stops the others with one line (`peers.PeerLostError`), see `peers`.
 
   Returns:
     True if this process joined a multi-process run, False for a single
@@ -103,9 +105,7 @@ def initialize_distributed(coordinator=None, num_processes=None,
         f'{process_id}, num_processes={num_processes}.')
   if num_processes == 1:
     return False
-  jax.distributed.initialize(coordinator_address=coordinator,
-                             num_processes=num_processes,
-                             process_id=process_id)
+  peers.join(coordinator, num_processes, process_id)
   return True
 
 

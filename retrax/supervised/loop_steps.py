@@ -16,8 +16,10 @@ from retrax import shapes
 from retrax.layers import combinators
 from retrax.layers import tutorial_checks
 from retrax.supervised import batch_checks
+from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised import engine
+from retrax.supervised import peers
 from retrax.supervised.batch_checks import NonFiniteLossError
 
 
@@ -53,6 +55,18 @@ def checkers_and_evaluators(model, eval_model, tasks, eval_tasks, parallel,
                    for i, t in enumerate(eval_tasks)]
   return checkers, [Evaluator(eval_model, t, parallel, c)
                     for t, c in zip(eval_tasks, eval_checkers)]
+
+
+def checkpoint_note(last_saved_step, run_dir):
+  """Which checkpoint is the run's last, for error messages. A process that
+  writes nothing (not the chief) looks for the chief's in the run directory."""
+  if last_saved_step is not None:
+    return f'the last checkpoint is from step {last_saved_step}'
+  if run_dir.path is not None and not run_dir.writes:
+    path = checkpointing.find_latest_valid(run_dir.path)
+    if path is not None:
+      return f'the last checkpoint is {path}'
+  return 'no checkpoint was saved'
 
 
 def step_opt_params(task, task_index, opt_params, opt_step, step,
@@ -105,7 +119,8 @@ class PendingLosses:
     """Checks the losses of all but the `keep` newest queued steps."""
     while len(self._queue) > keep:
       step, task_index, loss, stats = self._queue.popleft()
-      value = float(loss)
+      with peers.guard(self._note):  # A dead peer fails the step's collective.
+        value = float(loss)
       self._check(step, task_index, value)
       self.last_loss = value
       self._sums.add(task_index, value, stats)
@@ -158,8 +173,9 @@ class Evaluator:
       batch = task.next_batch()
       if self._checker is not None:
         self._checker.check(batch, step)
-      sums += np.asarray(self._step_fn(
-          (weights, self._metric_weights), (state, self._metric_state),
-          self._parallel.put_batch(batch), rng))
+      with peers.guard():
+        sums += np.asarray(self._step_fn(
+            (weights, self._metric_weights), (state, self._metric_state),
+            self._parallel.put_batch(batch), rng))
     averages = sums / max(n_batches, 1)
     return dict(zip(task.metric_names, averages.tolist()))

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from retrax.errors import UserInputError
+from retrax.optimizers import placement
 from retrax.supervised import devices
 
 DATA_AXIS = devices.DATA_AXIS
@@ -187,3 +188,40 @@ def parallel(n_devices, mesh=None):
   if mesh is None:
     return devices.DataParallel(n_devices)
   return MeshParallel(mesh)
+
+
+def weights_shards_mesh(n_weights_shards):
+  """Trax's `n_weights_shards` (`N_WEIGHTS_SHARDS`) as a mesh: None for 1,
+  else `data=D/k, fsdp=k` over the run's D devices."""
+  k = n_weights_shards
+  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    raise MeshError(f'n_weights_shards must be a positive int; got {k!r}.')
+  if k == 1:
+    return None
+  n = jax.device_count()
+  if n % k:
+    raise MeshError(f'n_weights_shards={k} must divide the {n} device(s) of '
+                    'this run (weights are split over k of them).')
+  return {DATA_AXIS: n // k, FSDP_AXIS: k}
+
+
+def _needs_gather(x):
+  return (isinstance(x, jax.Array) and not x.is_fully_addressable and
+          not x.sharding.is_fully_replicated)
+
+
+def to_host(tree, writes=True):
+  """`tree`'s arrays fetched to the host, whole, where `writes`; else None.
+
+  Arrays split over the devices of several processes (FSDP weights and
+  slots of a multi-process run) are gathered from all of them first: a
+  collective that every process must call at the same point, writing or
+  not.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  if any(_needs_gather(x) for x in leaves):
+    from jax.experimental import multihost_utils
+    leaves = [multihost_utils.process_allgather(x, tiled=True)
+              if _needs_gather(x) else x for x in leaves]
+    tree = jax.tree_util.tree_unflatten(treedef, leaves)
+  return placement.to_host(tree) if writes else None

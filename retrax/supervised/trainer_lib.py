@@ -33,6 +33,7 @@ from retrax.layers import base
 from retrax.shapes import ShapeDtype  # Trax programs use trainer_lib.ShapeDtype.
 from retrax.supervised import history as trax_history
 from retrax.supervised import metrics_log
+from retrax.supervised import sharding
 from retrax.supervised import training
 
 __all__ = ['NamedStream', 'OptState', 'ShapeDtype', 'Trainer', 'TrainerState',
@@ -460,13 +461,16 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
       legacy `Trainer`) in epochs of `eval_frequency` steps.
     additional_train_tasks, additional_eval_tasks, additional_eval_streams:
       more tasks for the loop; `NamedStream`s with the same metrics.
-    save_graphs: ignored (Trax wrote HLO dumps); n_weights_shards: must be 1.
+    save_graphs: ignored (Trax wrote HLO dumps); n_weights_shards: k > 1
+      splits weights and slots over k devices (Loop's mesh data=D/k,fsdp=k).
   """
   del save_graphs
   inputs, loss_fn, optimizer, lr_schedule_fn = _checked_train_args(
       inputs, loss_fn, optimizer, lr_schedule_fn, n_weights_shards,
       permanent_checkpoint_frequency, permanent_checkpoints_at)
   if not use_loop:
+    if n_weights_shards != 1:
+      raise ValueError('n_weights_shards > 1 needs use_loop=True.')
     trainer = trainer_class(
         model, loss_fn, optimizer, lr_schedule_fn(), inputs, output_dir,
         random_seed=random_seed, n_devices=num_devices(), metrics=metrics,
@@ -487,7 +491,8 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
       permanent_checkpoint_at=_in(permanent_checkpoints_at),
       n_devices=num_devices(), loss_chunk_size=loss_chunk_size,
       use_memory_efficient_trainer=use_memory_efficient_trainer, adasum=adasum,
-      random_seed=random_seed, callbacks=callbacks), steps)
+      random_seed=random_seed, callbacks=callbacks,
+      mesh=sharding.weights_shards_mesh(n_weights_shards)), steps)
 
 
 def _run_loop(loop, steps):
@@ -510,10 +515,7 @@ def _checked_train_args(inputs, loss_fn, optimizer, lr_schedule_fn,
     # Trax's default, looked up now: under gin it is the configured batcher
     # (`batcher.data_streams = ...`); without gin, batcher says what it needs.
     inputs = data_inputs.batcher
-  if n_weights_shards != 1:
-    raise ValueError(
-        f'n_weights_shards={n_weights_shards}: retrax replicates weights on '
-        'every device (data parallelism only); use n_weights_shards=1.')
+  sharding.weights_shards_mesh(n_weights_shards)  # Checks it.
   if (permanent_checkpoint_frequency is not None and
       permanent_checkpoints_at is not None):
     raise ValueError('Only one of ["permanent_checkpoint_frequency", '

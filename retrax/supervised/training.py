@@ -366,8 +366,7 @@ class Loop(loop_internals.TraxLoopInternals):
     return self.step + self._opt_step_offset
 
   def _last_checkpoint_note(self):
-    return ('no checkpoint was saved' if self._last_saved_step is None
-            else f'the last checkpoint is from step {self._last_saved_step}')
+    return loop_steps.checkpoint_note(self._last_saved_step, self._run_dir)
 
   def _train_on_batch(self, task_index, batch):
     """One optimizer step of task `task_index` on `batch`; loss checked lazily.
@@ -504,10 +503,10 @@ class Loop(loop_internals.TraxLoopInternals):
   def _host_state(self):
     """The state fetched to the host (once per save) and checked finite, or
     None where this host writes nothing."""
-    self._pending.check()
-    if not self._run_dir.writes:
+    self._pending.check()  # Next: a collective where weights span processes.
+    host_state = sharding.to_host(self._train_state, self._run_dir.writes)
+    if host_state is None:
       return None
-    host_state = placement.to_host(self._train_state)
     checkpointing.check_finite(host_state, self._last_saved_step)
     return host_state
 

@@ -1,11 +1,17 @@
-"""Run by test_sharding.py with 8 forced host devices: `python mesh_worker.py RESULT`.
+"""Run by test_sharding.py with 8 forced host devices.
 
-Trains a small TransformerLM with `mesh='data=2,fsdp=4'` and the same run on
-one device; writes both runs' losses and the mesh run's weights+slots bytes
-(per device and in all) to RESULT (.json) for the test to compare.
+`python mesh_worker.py RESULT`: trains a small TransformerLM with
+`mesh='data=2,fsdp=4'` and the same run on one device; writes both runs'
+losses and the mesh run's weights+slots bytes (per device and in all) to
+RESULT (.json) for the test to compare.
+
+`python mesh_worker.py --checkpoints DIR`: a mesh run's checkpoint resumes
+on one device and a one-device run's on the mesh, with every array equal.
 """
 
 import json
+import os
+import shutil
 import sys
 
 import jax
@@ -42,7 +48,46 @@ def losses(loop, n_steps):
       mode, 'metrics/WeightedCategoryCrossEntropy')]
 
 
+def _state_leaves(loop):
+  state = loop.train_state
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(
+      (state.weights, state.state, state.tasks))]
+
+
+def _resumed_equal(saved, run_dir, copy, **placement):
+  """Opens a copy of `saved`'s run (its checkpoint) placed as `placement`;
+  checks every array equals `saved`'s; returns the new loop."""
+  shutil.copytree(run_dir, copy)
+  loop = make_loop(copy, **placement)
+  assert loop.step == saved.step, (loop.step, saved.step)
+  for a, b in zip(_state_leaves(saved), _state_leaves(loop), strict=True):
+    assert a.dtype == b.dtype and np.array_equal(a, b), (a, b)
+  return loop
+
+
+def check_checkpoints(tmp):
+  """8 devices (FSDP) -> 1 device and 1 -> 8, exactly; then both go on."""
+  mesh = make_loop(os.path.join(tmp, 'mesh'), mesh='data=2,fsdp=4')
+  mesh.run(2)
+  one = _resumed_equal(mesh, os.path.join(tmp, 'mesh'),
+                       os.path.join(tmp, 'mesh_on_one'), n_devices=1)
+  single = make_loop(os.path.join(tmp, 'one'), n_devices=1)
+  single.run(2)
+  eight = _resumed_equal(single, os.path.join(tmp, 'one'),
+                         os.path.join(tmp, 'one_on_mesh'), mesh='data=2,fsdp=4')
+  leaf = max(jax.tree_util.tree_leaves(eight.train_state.weights),
+             key=lambda x: x.size)
+  assert len(leaf.sharding.device_set) == 8 and not (
+      leaf.sharding.is_fully_replicated), leaf.sharding
+  np.testing.assert_allclose(losses(one, 1), losses(eight, 1), rtol=1e-5)
+  assert sharding.weights_shards_mesh(4) == {'data': 2, 'fsdp': 4}
+
+
 def main():
+  if sys.argv[1] == '--checkpoints':
+    check_checkpoints(sys.argv[2])
+    print('OK')
+    return
   assert jax.device_count() == 8, jax.devices()
   mesh = make_loop(mesh='data=2,fsdp=4')
   weights = mesh.train_state.weights

@@ -69,3 +69,18 @@ def test_bad_meshes_are_one_line_errors(spec, message):
 def test_parse_mesh():
   assert sharding.parse_mesh('data=2, fsdp=4') == {'data': 2, 'fsdp': 4}
   assert sharding.parse_mesh({'fsdp': 8}) == {'fsdp': 8}
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_a_mesh_and_one_device_exactly(tmp_path):
+  # The worker checks every restored array against the saved run's, both ways
+  # (data=2,fsdp=4 on 8 devices -> 1 device, and 1 -> 8), then a step of each.
+  run_worker('mesh_worker.py', '--checkpoints', str(tmp_path))
+
+
+def test_weights_shards_mesh_is_trax_n_weights_shards():
+  assert sharding.weights_shards_mesh(1) is None
+  with pytest.raises(sharding.MeshError, match='must divide the 1 device'):
+    sharding.weights_shards_mesh(2)
+  with pytest.raises(sharding.MeshError, match='positive int'):
+    sharding.weights_shards_mesh(0)

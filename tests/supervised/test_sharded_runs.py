@@ -1,0 +1,80 @@
+"""A 2-process FSDP run (`retrax train --mesh fsdp=2`) resumes on 1 process
+and on 8 devices, continuing as an uninterrupted 1-process run does."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from retrax.supervised import devices
+
+_TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
+         '--set', 'd_head=8', '--set', 'batch_size=8', '--set', 'eval_every=4',
+         '--set', 'checkpoint_every=3', '--set', 'warmup_steps=1',
+         '--set', 'trax_files=false', '--quiet', '--no-sample']
+
+
+def _env(n_devices=None):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('XLA_FLAGS', None)
+  if n_devices:
+    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={n_devices}'
+  for k in (devices.ENV_COORDINATOR, devices.ENV_NUM_PROCESSES,
+            devices.ENV_PROCESS_ID):
+    env.pop(k, None)
+  return env
+
+
+def _train(run_dir, *args, n_devices=None):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'retrax', 'train', '--output_dir', run_dir,
+       *_TINY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True, env=_env(n_devices))
+
+
+def _wait(procs):
+  outs = [p.communicate(timeout=900)[0] for p in procs]
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+def _losses(run_dir):
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  return {(r['step'], r['mode'], r['metric']): r['value'] for r in records
+          if r['metric'].startswith('metrics/')}
+
+
+@pytest.mark.slow
+def test_two_process_fsdp_checkpoint_resumes_on_one_process_and_8_devices(
+    tmp_path):
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    addr = f'127.0.0.1:{s.getsockname()[1]}'
+  two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
+  pair = [_train(two, '--coordinator', addr, '--num_processes', '2',
+                 '--process_id', str(i), '--mesh', 'fsdp=2', '--steps', '3')
+          for i in range(2)]
+  outs = _wait(pair + [_train(one, '--steps', '4')])
+  assert 'per device of' in outs[0] and 'mesh data=1,fsdp=2' in outs[0], (
+      outs[0][-2000:])
+  on_one, on_eight = str(tmp_path / 'on_one'), str(tmp_path / 'on_eight')
+  shutil.copytree(two, on_one)
+  shutil.copytree(two, on_eight)
+  _wait([_train(on_one, '--steps', '4'),
+         _train(on_eight, '--steps', '4', '--mesh', 'data=2,fsdp=4',
+                n_devices=8)])
+  want = _losses(one)
+  for run in (two, on_one, on_eight):
+    got = _losses(run)
+    common = sorted(set(got) & set(want))
+    assert len(common) >= (3 if run == two else 6), (run, sorted(got))
+    np.testing.assert_allclose([got[k] for k in common],
+                               [want[k] for k in common], rtol=2e-5,
+                               err_msg=run)
