@@ -86,7 +86,10 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
       base.Layer.weights.fset(self, weights)
       return
     self._own_weights = weights
-    if weights is not self._spread:
+    # Spread again if the sublayers hold something else meanwhile: a traced
+    # run (`use_cache`) leaves its tracers on them.
+    if (weights is not self._spread or
+        _leaf_ids(base.Layer.weights.fget(self)) != self._spread_ids):
       base.Layer.weights.fset(self, tuple(weights))
       self._spread = weights
       self._spread_ids = _leaf_ids(base.Layer.weights.fget(self))

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from retrax import fastmath
+from retrax import models
 from retrax import optimizers
+from retrax.layers import efficient_attention
 from retrax.layers import core
 from retrax.layers import repeats
 from retrax.layers import reversible as rv
@@ -114,6 +116,25 @@ def test_a_sublayer_given_new_weights_shows_in_the_parent():
   got = stacked.weights
   assert isinstance(got, StackedLayers)
   np.testing.assert_array_equal(got[2][0][1][0], new_w)
+
+
+def test_a_traced_run_leaves_no_tracers_on_the_sublayers():
+  """Putting the held `StackedLayers` back after a trace spreads it again.
+
+  Decoding runs the blocks in a loop whose sublayers keep the traced weights
+  (combinators run them with `use_cache`); predict-mode init traces the model
+  that way, and a later read of `weights` took those stale tracers up.
+  """
+  model = models.ReformerLM(vocab_size=16, d_model=16, d_ff=32, n_layers=2,
+                            n_heads=2, max_len=32, pos_axial_shape=None,
+                            attention_type=efficient_attention.SelfAttention,
+                            mode='predict')
+  model.init(ShapeDtype((2, 1), np.int32), rng=jax.random.PRNGKey(0))
+  leaves = jax.tree_util.tree_leaves(model.weights)
+  assert leaves and not any(isinstance(x, jax.core.Tracer) for x in leaves)
+  assert any(isinstance(layer.weights, StackedLayers)
+             for layer in model.walk()
+             if isinstance(layer, rv.ReversibleSerial))
 
 
 def _temp_mib(model, weights, state, x):
