@@ -10,10 +10,10 @@ that layer's own arguments. Everything else is plain JSON data. Without
 this, a crafted file could put any weightless layer into the architecture
 (`PrintShape` as `ff_activation` loads, and prints on every call).
 
-`check_kwargs` works on the JSON form that `run._encode` writes: plain
+`check_kwargs` works on the JSON form that `models.registry` records: plain
 values, `{'tuple': [...]}`, `{'dict': {...}}` and
 `{'layer': name, 'kwargs': {...}}` (or a list of these, for arguments
-such as ReformerLM's `attention_type` that cycle layers). `run.recorded`
+such as ReformerLM's `attention_type` that cycle layers). `models.registry`
 applies it too, so a model whose arguments it refuses records no
 constructor rather than a file that would not load.
 """

@@ -1,133 +1,39 @@
-"""Self-describing runs: the constructor of a model, saved beside its checkpoints.
+"""Self-describing runs: a model's constructor saved beside its checkpoints.
 
 A model built by a `retrax.models` constructor (``ReformerLM(...)``,
-``TransformerLM(...)``, ...) remembers its name and arguments; a
-`training.Loop` with an `output_dir` writes them to ``model.json`` there.
-`load_run` rebuilds the model from that file in any mode and loads the run's
-latest weights, like Hugging Face's ``from_pretrained`` for a local directory::
+``TransformerLM(...)``, ...) remembers its name and arguments
+(`retrax.models.registry`); a `training.Loop` with an `output_dir` writes
+them to ``model.json`` there. `load_run` rebuilds the model from that file
+in any mode and loads the run's latest weights, like Hugging Face's
+``from_pretrained`` for a local directory::
 
     run = retrax.load_run('runs/text', mode='predict')
     run.model, run.tokenizer, run.config, run.checkpoint
 
-Arguments are stored as JSON: numbers, strings, booleans, None, lists and
-tuples, dicts, and for the arguments that take a layer, a layer constructor
-of `retrax.layers` of that argument's kind (also as ``functools.partial``
-with JSON arguments; see `model_spec`, which also checks every file read). A
-model built with anything else (a lambda, an array) records no constructor,
-and `load_run` says so.
+A model built with arguments that have no JSON form (a lambda, an array)
+records no constructor, and `load_run` says so.
 """
 
 import dataclasses
-import functools
-import inspect
 import json
 import os
-import weakref
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-from retrax import layers as tl
 from retrax import model_spec
 from retrax import shapes
-from retrax import trax_gin
 from retrax.checkpoints import layer_io
 from retrax.checkpoints import tree
 from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import read_json
+from retrax.models import registry
+# The recorded constructor of a model, where run-directory code looks it up.
+from retrax.models.registry import constructor_of as constructor_of
 
 MODEL_FILE = 'model.json'
 _FORMAT = 'retrax-model'
 _VERSION = 1
-_SPECS = weakref.WeakKeyDictionary()  # layer -> {'name': ..., 'kwargs': ...}
-
-
-class _NotJSON(Exception):
-  pass
-
-
-def _layer_name(fn):
-  name = getattr(fn, '__name__', None)
-  if name and getattr(tl, name, None) is fn:
-    return name
-  raise _NotJSON(fn)
-
-
-def _encode(x):
-  if x is None or isinstance(x, (bool, int, float, str)):
-    return x
-  if isinstance(x, np.generic):
-    return x.item()
-  if isinstance(x, list):
-    return [_encode(y) for y in x]
-  if isinstance(x, tuple):
-    return {'tuple': [_encode(y) for y in x]}
-  if isinstance(x, dict) and all(isinstance(k, str) for k in x):
-    return {'dict': {k: _encode(v) for k, v in x.items()}}
-  if isinstance(x, functools.partial) and not x.args:
-    return {'layer': _layer_name(x.func),
-            'kwargs': {k: _encode(v) for k, v in x.keywords.items()}}
-  if callable(x):
-    # Arguments a gin config binds travel with the layer, as a partial's do.
-    bound = trax_gin.bound_arguments(x)
-    if bound:
-      return {'layer': _layer_name(x),
-              'kwargs': {k: _encode(v) for k, v in bound.items()}}
-    return {'layer': _layer_name(x)}
-  raise _NotJSON(x)
-
-
-def _decode(x):
-  if isinstance(x, list):
-    return [_decode(y) for y in x]
-  if not isinstance(x, dict):
-    return x
-  if 'tuple' in x:
-    return tuple(_decode(y) for y in x['tuple'])
-  if 'dict' in x:
-    return {k: _decode(v) for k, v in x['dict'].items()}
-  fn = getattr(tl, x['layer'], None)
-  if fn is None:
-    raise ValueError(f'{MODEL_FILE} names layer {x["layer"]!r}, which '
-                     'retrax.layers does not have.')
-  if 'kwargs' in x:
-    return functools.partial(fn, **{k: _decode(v)
-                                    for k, v in x['kwargs'].items()})
-  return fn
-
-
-def recorded(fn, name=None):
-  """Wraps model constructor `fn` so that the layers it builds remember the call."""
-  name = name or fn.__name__
-  signature = inspect.signature(fn)
-
-  @functools.wraps(fn)
-  def build(*args, **kwargs):
-    layer = fn(*args, **kwargs)
-    try:
-      bound = signature.bind(*args, **kwargs)
-      given = dict(bound.arguments)
-      bound.apply_defaults()  # Defaults too, when they are JSON-able.
-      for values in (bound.arguments, given):
-        try:
-          encoded = {k: _encode(v) for k, v in values.items() if k != 'mode'}
-          model_spec.check_kwargs(fn, encoded, name)  # What loading admits.
-          _SPECS[layer] = {'name': name, 'kwargs': encoded}
-          break
-        except (_NotJSON, model_spec.ModelFileError):
-          continue
-    except TypeError:
-      pass  # Not describable as JSON: the run records no constructor.
-    return layer
-  return build
-
-
-def constructor_of(model) -> Optional[dict]:
-  """`{'name': ..., 'kwargs': ...}` (JSON) of the constructor that built `model`."""
-  try:
-    return _SPECS.get(model)
-  except TypeError:
-    return None
 
 
 def write_model_file(output_dir, model):
@@ -165,18 +71,8 @@ def build_from_file(path, mode='train'):
     ModelFileError: the file is unreadable, names no `retrax.models`
       constructor, or arguments or layers it may not (see `model_spec`).
   """
-  # retrax.models imports this module (to record constructors): a cycle.
-  from retrax import models
   doc = _read_model_file(path)
-  constructor = doc.get('constructor')
-  fn = models.MODELS.get(constructor) if isinstance(constructor, str) else None
-  if fn is None:
-    raise model_spec.ModelFileError(
-        f'{path}: unknown model {str(constructor)[:40]!r}; known: '
-        f'{", ".join(sorted(models.MODELS))}.')
-  model_spec.check_kwargs(fn, doc.get('kwargs'), path)
-  kwargs = {k: _decode(v) for k, v in doc['kwargs'].items()}
-  return fn(**kwargs, mode=mode)
+  return registry.build(doc.get('constructor'), doc.get('kwargs'), mode, path)
 
 
 @dataclasses.dataclass

@@ -48,44 +48,6 @@ from retrax.models.transformer import TransformerDecoder as TransformerDecoder
 from retrax.models.transformer import TransformerEncoder as TransformerEncoder
 from retrax.models.transformer import TransformerLM as TransformerLM
 
-from retrax.run import recorded as _recorded
-
-# Models built through these names remember their constructor and arguments,
-# so a run's directory can rebuild them (`retrax.load_run`).
-MODELS = {name: _recorded(fn, name) for name, fn in {
-    'AtariCnn': AtariCnn,
-    'AtariCnnBody': AtariCnnBody,
-    'BERT': BERT,
-    'BERTClassifierHead': BERTClassifierHead,
-    'BERTRegressionHead': BERTRegressionHead,
-    'ConfigurableTerraformer': ConfigurableTerraformer,
-    'ConfigurableTransformer': ConfigurableTransformer,
-    'ConfigurableTransformerEncoder': ConfigurableTransformerEncoder,
-    'ConfigurableTransformerLM': ConfigurableTransformerLM,
-    'EveryOtherLayerDropTransformerLM': EveryOtherLayerDropTransformerLM,
-    'FrameStackMLP': FrameStackMLP,
-    'GRULM': GRULM,
-    'HourglassLM': HourglassLM,
-    'LayerDropTransformerLM': LayerDropTransformerLM,
-    'LSTMSeq2SeqAttn': LSTMSeq2SeqAttn,
-    'MLP': MLP,
-    'NeuralGPU': NeuralGPU,
-    'RNNLM': RNNLM,
-    'Reformer': Reformer,
-    'ReformerLM': ReformerLM,
-    'ReformerShortenLM': ReformerShortenLM,
-    'ResidualShuffleExchange': ResidualShuffleExchange,
-    'ReZeroTransformer': ReZeroTransformer,
-    'ReZeroTransformerDecoder': ReZeroTransformerDecoder,
-    'ReZeroTransformerEncoder': ReZeroTransformerEncoder,
-    'ReZeroTransformerLM': ReZeroTransformerLM,
-    'Resnet50': Resnet50,
-    'SkippingTransformerLM': SkippingTransformerLM,
-    'Transformer': Transformer,
-    'Transformer2': Transformer2,
-    'TransformerDecoder': TransformerDecoder,
-    'TransformerEncoder': TransformerEncoder,
-    'TransformerLM': TransformerLM,
-    'WideResnet': WideResnet,
-}.items()}
-globals().update(MODELS)
+from retrax.models import registry as registry
+# Every constructor above registered itself where it is defined.
+from retrax.models.registry import MODELS as MODELS

@@ -2,6 +2,7 @@
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
+from retrax.models import registry
 
 
 def _FrameStack(n_frames):
@@ -25,6 +26,7 @@ def _BytesToFloats():
   return tl.Fn('BytesToFloats', lambda x: x.astype(jnp.float32) / 255.0)
 
 
+@registry.register
 def AtariCnn(n_frames=4, hidden_sizes=(32, 32), output_size=128,
              mode='train'):
   """CNN over frame sequences: `(B, T, H, W, C)` bytes to `(B, T, output_size)`.
@@ -47,6 +49,7 @@ def AtariCnn(n_frames=4, hidden_sizes=(32, 32), output_size=128,
   )
 
 
+@registry.register
 def AtariCnnBody(n_frames=4, hidden_sizes=(32, 64, 64), output_size=512,
                  mode='train', kernel_initializer=None, padding='VALID'):
   """The DQN-style body: 8x8/4, 4x4/2, 3x3/1 convolutions, then `Dense(output_size)`.
@@ -73,6 +76,7 @@ def AtariCnnBody(n_frames=4, hidden_sizes=(32, 64, 64), output_size=512,
   )
 
 
+@registry.register
 def FrameStackMLP(n_frames=4, hidden_sizes=(64,), output_size=64,
                   mode='train'):
   """MLP on each frame stacked with its `n_frames - 1` predecessors.

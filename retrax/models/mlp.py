@@ -1,8 +1,10 @@
 """Multi-layer perceptron."""
 
 from retrax import layers as tl
+from retrax.models import registry
 
 
+@registry.register
 def MLP(layer_widths=(128, 64), activation_fn=None, out_activation=False,
         flatten=True, mode='train'):
   """Dense layers of `layer_widths` with `activation_fn` (default Relu) between them."""

@@ -7,6 +7,7 @@ weights each time), then projected to `vocab_size` logits per cell.
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
+from retrax.models import registry
 
 
 def SaturationCost(x, limit=0.9):
@@ -42,6 +43,7 @@ def ConvDiagonalGRU(units, kernel_size=(3, 3)):
                            candidate_nonlinearity=tl.HardTanh)
 
 
+@registry.register
 def NeuralGPU(d_feature=96, steps=16, vocab_size=2, mode='train'):
   """The Neural GPU: `(batch, height, width)` ids -> `(..., vocab_size)` logits.
 

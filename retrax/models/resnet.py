@@ -1,6 +1,7 @@
 """ResNet-50 and Wide ResNet (image classifiers on NHWC images)."""
 
 from retrax import layers as tl
+from retrax.models import registry
 
 
 def ConvBlock(kernel_size, filters, strides, norm, non_linearity,
@@ -47,6 +48,7 @@ def IdentityBlock(kernel_size, filters, norm, non_linearity, mode='train'):
   return [tl.Residual(main), non_linearity()]
 
 
+@registry.register
 def Resnet50(d_hidden=64, n_output_classes=1001, mode='train',
              norm=tl.BatchNorm, non_linearity=tl.Relu):
   """ResNet-50 (https://arxiv.org/abs/1512.03385) mapping images to logits.
@@ -125,6 +127,7 @@ def WideResnetGroup(n, channels, strides=(1, 1), bn_momentum=0.9,
   ]
 
 
+@registry.register
 def WideResnet(n_blocks=3, widen_factor=1, n_output_classes=10,
                bn_momentum=0.9, mode='train'):
   """Wide ResNet (https://arxiv.org/abs/1605.07146) for 32x32 images.

@@ -2,8 +2,10 @@
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
+from retrax.models import registry
 
 
+@registry.register
 def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,
           rnn_cell_d_state_multiplier=2, dropout=0.1, mode='train'):
   """RNN language model: token ids `(batch, length)` to logits `(batch, length, vocab_size)`.
@@ -53,6 +55,7 @@ def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,
   )
 
 
+@registry.register
 def GRULM(vocab_size=256, d_model=512, n_layers=1, mode='train'):
   """GRU language model: `ShiftRight`, `Embedding`, `n_layers` x `GRU`, `Dense` (logits).
 
@@ -87,6 +90,7 @@ def _PrepareAttentionInputs():
   return tl.Fn('PrepareAttentionInputs', f, n_out=4)
 
 
+@registry.register
 def LSTMSeq2SeqAttn(input_vocab_size=256, target_vocab_size=256,
                     d_model=512, n_encoder_layers=2, n_decoder_layers=2,
                     n_attention_heads=1, attention_dropout=0.0, mode='train'):

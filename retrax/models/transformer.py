@@ -8,6 +8,7 @@ Vocabulary sizes are checked at init, where Trax first uses them (see
 from retrax import layers as tl
 from retrax.layers import validation
 from retrax.models import vocab_layers
+from retrax.models import registry
 
 
 def _dropout(dropout, dropout_shared_axes, mode):
@@ -73,6 +74,7 @@ def _EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
   ]
 
 
+@registry.register
 def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,
                        n_layers=6, n_heads=8, max_len=2048, dropout=0.1,
                        dropout_shared_axes=None, mode='train',
@@ -100,6 +102,7 @@ def TransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,
   )
 
 
+@registry.register
 def TransformerDecoder(vocab_size=None, d_model=512, d_ff=2048, n_layers=6,
                        n_heads=8, max_len=2048, dropout=0.1,
                        dropout_shared_axes=None, mode='train',
@@ -124,6 +127,7 @@ def TransformerDecoder(vocab_size=None, d_model=512, d_ff=2048, n_layers=6,
   )
 
 
+@registry.register
 def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,
                   max_len=2048, dropout=0.1, dropout_shared_axes=None,
                   mode='train', ff_activation=None):
@@ -147,6 +151,7 @@ def TransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6, n_heads=8,
   )
 
 
+@registry.register
 def Transformer(input_vocab_size, output_vocab_size=None, d_model=512,
                 d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, n_heads=8,
                 max_len=2048, dropout=0.1, dropout_shared_axes=None,

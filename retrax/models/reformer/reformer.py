@@ -12,6 +12,7 @@ from retrax.fastmath import numpy as jnp
 from retrax.layers import validation
 from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
+from retrax.models import registry
 
 # Trax 1.2 exported the half-residual layer from this module (the RevNet lab imports it).
 ReversibleHalfResidualV2 = tl.ReversibleHalfResidual
@@ -81,6 +82,7 @@ def _positional_embedder(vocab_size, d_model, dropout, mode, max_len,
           ct.PositionalEncoder(mode, dropout, max_len, *pos_args)]
 
 
+@registry.register
 def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
                max_len=2048, attention_type=None, pos_type=None,
@@ -143,6 +145,7 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
   )
 
 
+@registry.register
 def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,
                       d_model=512, d_ff=2048, d_attention_key=64,
                       d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
@@ -254,6 +257,7 @@ def EncoderDecoderBlock(d_model, d_ff, n_heads, dropout, ff_activation,
   ]
 
 
+@registry.register
 def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
              n_encoder_layers=6, n_decoder_layers=6, n_heads=8, dropout=0.1,
              max_len=2048, ff_activation=None, ff_dropout=None, mode='train',

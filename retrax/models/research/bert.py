@@ -16,6 +16,7 @@ import numpy as np
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.layers import validation
+from retrax.models import registry
 
 # Trax's known model names and where Google publishes them.
 MODEL_LINKS = {
@@ -42,11 +43,13 @@ def _head_dense(n_units):
                   bias_initializer=tl.RandomNormalInitializer(1e-6))
 
 
+@registry.register
 def BERTClassifierHead(n_classes):
   """`(pooled, sequence) -> [B, n_classes]` logits from the pooled vector."""
   return tl.Serial([tl.Select([0], n_in=2), _head_dense(n_classes)])
 
 
+@registry.register
 def BERTRegressionHead():
   """`(pooled, sequence) -> [B]`: one scalar per example."""
   return tl.Serial([tl.Select([0], n_in=2), _head_dense(1),
@@ -91,6 +94,7 @@ def _encoder_layer(d_model, d_ff, n_heads, mode, eps):
   ]
 
 
+@registry.register
 def BERT(d_model=768, vocab_size=30522, max_len=512, type_vocab_size=2,
          n_heads=12, d_ff=3072, n_layers=12, head=None, init_checkpoint=None,
          mode='eval'):

@@ -11,6 +11,7 @@ from retrax import layers as tl
 from retrax.layers.research import sparsity as research_sparsity
 from retrax.layers import validation
 from retrax.models import vocab_layers
+from retrax.models import registry
 
 
 def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16,
@@ -347,6 +348,7 @@ def _check_heads(model, d_model, n_heads):
   validation.check_multiple(model, 'd_model', d_model, 'n_heads', n_heads)
 
 
+@registry.register
 def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,
                                    d_ff=2048, n_layers=6, n_heads=8,
                                    max_len=2048, dropout=0.1,
@@ -387,6 +389,7 @@ def ConfigurableTransformerEncoder(vocab_size, n_classes=10, d_model=512,
   )
 
 
+@registry.register
 def ConfigurableTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                               n_heads=8, max_len=2048, dropout=0.1,
                               dropout_shared_axes=None, mode='train',
@@ -448,6 +451,7 @@ def _output_layer(owner, arg, vocab_size, d_model, mode, sparsity_type,
       in_serial=True)  # SparseDenseWithOptions comes in a shape check.
 
 
+@registry.register
 def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
                             d_model=512, d_ff=2048, n_encoder_layers=6,
                             n_decoder_layers=6, n_heads=8, max_len=2048,

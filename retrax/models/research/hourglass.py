@@ -16,6 +16,7 @@ from retrax.layers.research.resampling import AveragePooling
 from retrax.layers.research.resampling import FeedForwardBlock
 from retrax.layers.research.resampling import LinearUpsampling
 from retrax.models.research.configurable_transformer import ApplyAttentionLayer
+from retrax.models import registry
 
 
 def _RelativeDecoderBlock(attention_type, d_model, d_ff, n_heads, dropout,
@@ -102,6 +103,7 @@ def _valley(factors, n_layers, total_pooling, common, fns):
           *middle, up, tl.LayerNorm(), tl.Add()]
 
 
+@registry.register
 def HourglassLM(vocab_size, d_model=512, d_ff=2048, vanilla_layers=(1, 1),
                 hierarchy='6@3', n_heads=8, dropout=0.1,
                 dropout_shared_axes=None, mode='train',

@@ -12,6 +12,7 @@ import numbers
 from retrax import layers as tl
 from retrax.layers import assert_shape
 from retrax.models import transformer
+from retrax.models import registry
 
 
 def LargerThan(val):
@@ -45,6 +46,7 @@ def _check(model, n_layers, mode, **fractions):
 
 
 @assert_shape('...s->...sv')
+@registry.register
 def SkippingTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                           n_heads=8, dropout=0.1, max_len=2048, mode='train',
                           ff_activation=tl.Relu, skip_fraction=0.4):
@@ -89,6 +91,7 @@ def _skipped_by_mode(skip_mode, n_layers, i):
 
 
 @assert_shape('...s->...sv')
+@registry.register
 def EveryOtherLayerDropTransformerLM(vocab_size, d_model=512, d_ff=2048,
                                      n_layers=6, n_heads=8, dropout=0.1,
                                      max_len=2048, mode='train',
@@ -153,6 +156,7 @@ def _eval_fractions(eval_skip_fraction, skip_fraction, n_layers):
 
 
 @assert_shape('...s->...sv')
+@registry.register
 def LayerDropTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                            n_heads=8, dropout=0.1, max_len=2048, mode='train',
                            ff_activation=tl.Relu, skip_fraction=0.4,

@@ -9,6 +9,7 @@ import numpy as np
 
 from retrax import layers as tl
 from retrax.layers import validation
+from retrax.models import registry
 
 
 def _flatten(items):
@@ -125,6 +126,7 @@ def _check(model, d_model, n_heads, mode):
   validation.check_multiple(model, 'd_model', d_model, 'n_heads', n_heads)
 
 
+@registry.register
 def ReZeroTransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,
                              n_layers=6, n_heads=8, dropout=0.1,
                              dropout_shared_axes=None, max_len=2048,
@@ -146,6 +148,7 @@ def ReZeroTransformerEncoder(vocab_size, n_classes=10, d_model=512, d_ff=2048,
   )
 
 
+@registry.register
 def ReZeroTransformerDecoder(vocab_size=None, d_model=512, d_ff=2048,
                              n_layers=6, n_heads=8, dropout=0.1,
                              dropout_shared_axes=None, max_len=2048,
@@ -161,6 +164,7 @@ def ReZeroTransformerDecoder(vocab_size=None, d_model=512, d_ff=2048,
   return tl.Serial(embedder, blocks, tl.LayerNorm())
 
 
+@registry.register
 def ReZeroTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                         n_heads=8, dropout=0.1, dropout_shared_axes=None,
                         max_len=2048, mode='train', ff_activation=tl.Relu):
@@ -175,6 +179,7 @@ def ReZeroTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                    tl.Dense(vocab_size))
 
 
+@registry.register
 def ReZeroTransformer(input_vocab_size, output_vocab_size=None, d_model=512,
                       d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
                       n_heads=8, dropout=0.1, dropout_shared_axes=None,

@@ -12,6 +12,7 @@ from retrax import fastmath
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.layers.assert_shape import assert_shape
+from retrax.models import registry
 
 
 def _check_residual_weight(residual_weight):
@@ -141,6 +142,7 @@ def BenesBlock(d_model, dropout, mode):
 
 
 @assert_shape('bl->blv')
+@registry.register
 def ResidualShuffleExchange(vocab_size, d_model, input_dropout, dropout,
                             mode='train', n_blocks=2):
   """Tokens `[b, l]` -> log-probabilities `[b, l, vocab_size]`.

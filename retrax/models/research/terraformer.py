@@ -30,6 +30,7 @@ from retrax.models import vocab_layers
 from retrax.models.reformer import reformer
 from retrax.models.research import configurable_transformer as ct
 from retrax.models.research import transformer2 as t2
+from retrax.models import registry
 
 
 def _stage_sizes(d_model, d_ff, d_key, d_value, half_before_layer,
@@ -208,6 +209,7 @@ def _enc_dec_concat(reversible_encoder, mode):
           tl.ReversibleSelect([0, 0])]             # v_ed v_ed tok_e tok_d
 
 
+@registry.register
 def ConfigurableTerraformer(
     input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
     d_attention_key=None, d_attention_value=None, n_encoder_layers=6,

@@ -25,6 +25,7 @@ from retrax.layers import reversible
 from retrax.layers import validation
 from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
+from retrax.models import registry
 
 
 def concat_with_padding(vec_e, vec_d, mask_e):
@@ -182,6 +183,7 @@ def _check_transformer2_args(mode, d_model, n_heads):
                             n_heads)
 
 
+@registry.register
 def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
                  d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, n_heads=8,
                  dropout=0.1, dropout_shared_axes=None, max_len=2048,

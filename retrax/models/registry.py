@@ -1,0 +1,135 @@
+"""The model constructors, and the call each model was built with.
+
+Each public constructor of `retrax.models` is decorated with `register`
+where it is defined, so every import path gives the same function
+(`retrax.models.ReformerLM is retrax.models.reformer.ReformerLM`). The
+layers it builds remember the constructor's name and arguments in JSON
+form (`constructor_of`): a `training.Loop` writes them to a run's
+``model.json`` and `retrax.load_run` rebuilds the model from it (`build`).
+
+Arguments are stored as JSON: numbers, strings, booleans, None, lists and
+tuples, dicts, and for the arguments that take a layer, a layer constructor
+of `retrax.layers` of that argument's kind (also as ``functools.partial``
+with JSON arguments; see `model_spec`, which checks what loading admits). A
+model built with anything else (a lambda, an array) records no constructor.
+"""
+
+import functools
+import inspect
+import weakref
+from typing import Optional
+
+import numpy as np
+
+from retrax import layers as tl
+from retrax import model_spec
+from retrax import trax_gin
+
+MODELS: dict = {}  # Constructor name -> the registered constructor.
+_SPECS: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
+
+
+class _NotJSON(Exception):
+  pass
+
+
+def _layer_name(fn):
+  name = getattr(fn, '__name__', None)
+  if name and getattr(tl, name, None) is fn:
+    return name
+  raise _NotJSON(fn)
+
+
+def _encode(x):
+  if x is None or isinstance(x, (bool, int, float, str)):
+    return x
+  if isinstance(x, np.generic):
+    return x.item()
+  if isinstance(x, list):
+    return [_encode(y) for y in x]
+  if isinstance(x, tuple):
+    return {'tuple': [_encode(y) for y in x]}
+  if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+    return {'dict': {k: _encode(v) for k, v in x.items()}}
+  if isinstance(x, functools.partial) and not x.args:
+    return {'layer': _layer_name(x.func),
+            'kwargs': {k: _encode(v) for k, v in x.keywords.items()}}
+  if callable(x):
+    # Arguments a gin config binds travel with the layer, as a partial's do.
+    bound = trax_gin.bound_arguments(x)
+    if bound:
+      return {'layer': _layer_name(x),
+              'kwargs': {k: _encode(v) for k, v in bound.items()}}
+    return {'layer': _layer_name(x)}
+  raise _NotJSON(x)
+
+
+def _decode(x, where):
+  if isinstance(x, list):
+    return [_decode(y, where) for y in x]
+  if not isinstance(x, dict):
+    return x
+  if 'tuple' in x:
+    return tuple(_decode(y, where) for y in x['tuple'])
+  if 'dict' in x:
+    return {k: _decode(v, where) for k, v in x['dict'].items()}
+  fn = getattr(tl, x['layer'], None)
+  if fn is None:
+    raise model_spec.ModelFileError(
+        f'{where} names layer {x["layer"]!r}, which retrax.layers does not '
+        'have.')
+  if 'kwargs' in x:
+    return functools.partial(fn, **{k: _decode(v, where)
+                                    for k, v in x['kwargs'].items()})
+  return fn
+
+
+def register(fn):
+  """Registers model constructor `fn`; the layers it builds remember the call."""
+  name = fn.__name__
+  signature = inspect.signature(fn)
+
+  @functools.wraps(fn)
+  def build_and_record(*args, **kwargs):
+    layer = fn(*args, **kwargs)
+    try:
+      bound = signature.bind(*args, **kwargs)
+      given = dict(bound.arguments)
+      bound.apply_defaults()  # Defaults too, when they are JSON-able.
+      for values in (bound.arguments, given):
+        try:
+          encoded = {k: _encode(v) for k, v in values.items() if k != 'mode'}
+          model_spec.check_kwargs(fn, encoded, name)  # What loading admits.
+          _SPECS[layer] = {'name': name, 'kwargs': encoded}
+          break
+        except (_NotJSON, model_spec.ModelFileError):
+          continue
+    except TypeError:
+      pass  # Not describable as JSON: the run records no constructor.
+    return layer
+
+  MODELS[name] = build_and_record
+  return build_and_record
+
+
+def constructor_of(model) -> Optional[dict]:
+  """`{'name': ..., 'kwargs': ...}` (JSON) of the constructor that built `model`."""
+  try:
+    return _SPECS.get(model)
+  except TypeError:
+    return None
+
+
+def build(name, kwargs, mode, where):
+  """The model `MODELS[name](**kwargs, mode=mode)` from its JSON form.
+
+  `where` names the source (a file) in errors. Raises `ModelFileError` for
+  an unknown constructor, or arguments or layers loading may not admit.
+  """
+  fn = MODELS.get(name) if isinstance(name, str) else None
+  if fn is None:
+    raise model_spec.ModelFileError(
+        f'{where}: unknown model {str(name)[:40]!r}; known: '
+        f'{", ".join(sorted(MODELS))}.')
+  model_spec.check_kwargs(fn, kwargs, where)
+  return fn(**{k: _decode(v, where) for k, v in kwargs.items()}, mode=mode)
