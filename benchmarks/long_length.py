@@ -2,6 +2,7 @@
 
     python benchmarks/long_length.py [--lengths 16384,32768,65536,131072,262144]
         [--json out.json] [--plot out.png]
+    python benchmarks/long_length.py --from-json out.json [--plot out.png]
 
 The model is `vs_peers.py`'s (the same Trax program through `retrax.compat`):
 ReformerLM, vocab 256, d_model 256, d_ff 1024, 4 heads of 64, 6 layers,
@@ -84,13 +85,18 @@ def plot(table, path):
   done = [r for r in table if not isinstance(r[1], str)]
   lengths = [r[0] for r in done]
   fig, (mem, time_ax) = plt.subplots(1, 2, figsize=(10, 4))
-  mem.plot(lengths, [r[2] / 1e3 for r in done], 'o-')
+  mem.plot(lengths, [r[2] / 1e3 for r in done], 'o-', label='peak RSS / tokens')
+  grown = [r for r in done if r[3] is not None]
+  mem.plot([r[0] for r in grown], [r[3] / 1e3 for r in grown], 's--',
+           label='increment over the previous length / extra tokens')
+  mem.legend(fontsize='small')
   mem.set(xscale='log', xlabel='tokens (batch 1)', ylabel='peak RSS, KB/token',
           title='ReformerLM step: memory per token')
   time_ax.plot(lengths, [r[5] / r[0] * 1e3 for r in done], 'o-')
   time_ax.set(xscale='log', xlabel='tokens (batch 1)',
               ylabel='CPU ms per token', title='CPU time per token')
   for ax in (mem, time_ax):
+    ax.minorticks_off()  # Log-scale minor labels overprint the K labels.
     ax.set_xticks(lengths, [f'{n // 1024}K' for n in lengths])
     ax.set_ylim(bottom=0)
   fig.tight_layout()
@@ -104,11 +110,19 @@ def main(argv=None):
                       help='seconds per length')
   parser.add_argument('--json', help='write the raw results here')
   parser.add_argument('--plot', help='write the PNG here')
+  parser.add_argument('--from-json', metavar='PATH',
+                      help='table and plot from a file --json wrote, '
+                           'measuring nothing')
   args = parser.parse_args(argv)
-  lengths = [int(v) for v in args.lengths.split(',') if v]
-  print(f'config {vs_peers.FULL}; load average {os.getloadavg()}', flush=True)
-  results = measure(lengths, args.timeout)
-  print(f'load average after: {os.getloadavg()}')
+  if args.from_json:
+    with open(args.from_json) as f:
+      results = {int(k): v for k, v in json.load(f)['results'].items()}
+  else:
+    lengths = [int(v) for v in args.lengths.split(',') if v]
+    print(f'config {vs_peers.FULL}; load average {os.getloadavg()}',
+          flush=True)
+    results = measure(lengths, args.timeout)
+    print(f'load average after: {os.getloadavg()}')
   table = rows(results)
   print(format_table(table))
   if args.json:
