@@ -15,10 +15,15 @@ sampling produces garbage. Two symptoms are checked:
   already reads back each step).
 
 The warning (`LogProbabilitiesWarning`, a `UserWarning`) is issued at most once
-per process.
+per process, attributed to the user's line that led to the check (the first
+frame outside retrax, JAX and the standard library; for a jitted check, the
+line being traced), not to retrax's own files.
 """
 
 import functools
+import os
+import sys
+import sysconfig
 import threading
 import warnings
 
@@ -62,28 +67,80 @@ def reset():
     _pending = None
 
 
-def _warn_once(message):
+def _library_dirs():
+  """Folders whose frames are not the user's: retrax, JAX, gin, the stdlib."""
+  dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+  for name in ('jax', 'jaxlib', 'gin'):
+    path = getattr(sys.modules.get(name), '__file__', None)
+    if path:
+      dirs.append(os.path.dirname(os.path.abspath(path)))
+  return tuple(os.path.join(d, '') for d in dirs)
+
+
+_STDLIB = os.path.join(os.path.abspath(sysconfig.get_paths()['stdlib']), '')
+
+
+def _is_library(filename):
+  if filename.startswith('<frozen'):
+    return True
+  path = os.path.abspath(filename)
+  if path.startswith(_STDLIB) and not any(
+      d in path for d in ('site-packages', 'dist-packages')):
+    return True
+  return path.startswith(_library_dirs())
+
+
+def _user_frame():
+  """`(frame, its depth below the caller)` of the innermost user frame, or
+  `(None, None)` when every frame is a library's."""
+  frame, depth = sys._getframe(2), 1
+  while frame is not None and _is_library(frame.f_code.co_filename):
+    frame, depth = frame.f_back, depth + 1
+  return frame, depth
+
+
+def _user_site():
+  """The innermost user frame's `(filename, lineno, globals)`, or None."""
+  frame, _ = _user_frame()
+  return None if frame is None else (frame.f_code.co_filename, frame.f_lineno,
+                                     frame.f_globals)
+
+
+def _warn_once(message, site=None):
+  """Warns once per process, at `site` (from `_user_site`) if given, else at
+  the user's frame that called into retrax."""
   global _warned
   with _lock:
     if _warned:
       return
     _warned = True
-  warnings.warn(message, LogProbabilitiesWarning, stacklevel=3)
+  if site is None:
+    frame, depth = _user_frame()
+    # stacklevel 1 is this function; depth 1 its caller.
+    warnings.warn(message, LogProbabilitiesWarning,
+                  stacklevel=depth + 1 if frame is not None else 2)
+    return
+  filename, lineno, module_globals = site
+  warnings.warn_explicit(
+      message, LogProbabilitiesWarning, filename, lineno,
+      module=module_globals.get('__name__'),
+      registry=module_globals.setdefault('__warningregistry__', {}),
+      module_globals=module_globals)
 
 
-def _not_log_probs(layer_name, deviation):
+def _not_log_probs(layer_name, deviation, site=None):
   _warn_once(
       f'{layer_name} expects log-probabilities, but the model outputs fed to '
       f'it are not (mean |logsumexp| over the category axis = '
       f'{float(deviation):.3g}; log-probabilities give 0): the model likely '
-      f'ends in raw logits. {_fix(layer_name)}')
+      f'ends in raw logits. {_fix(layer_name)}', site)
 
 
-def _from_device(layer_name, deviation):
+def _from_device(layer_name, site, deviation):
   """The host side of the jitted check: a warning turned error waits for the host."""
   global _pending
   try:
-    _not_log_probs(layer_name, deviation)
+    _not_log_probs(layer_name, deviation, site)
   except Warning as e:  # Warnings as errors: raised by `raise_pending`.
     _pending = e
 
@@ -104,7 +161,8 @@ def check_log_probs(layer_name, model_output):
   rows = jax.lax.stop_gradient(rows).astype(jnp.float32)
   deviation = jnp.mean(jnp.abs(jax.nn.logsumexp(rows, axis=-1)))
   if isinstance(deviation, jax.core.Tracer):
-    report = functools.partial(_from_device, layer_name)
+    # The user's line being traced: the callback may run on another thread.
+    report = functools.partial(_from_device, layer_name, _user_site())
     jax.lax.cond(deviation > TOLERANCE,
                  lambda d: jax.debug.callback(report, d),
                  lambda d: None, deviation)

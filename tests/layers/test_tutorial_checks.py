@@ -188,3 +188,32 @@ def test_blog_trainer_without_log_softmax_warns(tmp_path):
   rec = _recorded(run)
   assert len(rec) == 1
   assert 'CrossEntropyLoss' in str(rec[0].message)
+
+
+def _line_of(fragment):
+  """The line number in this file of the line ending in `fragment`."""
+  with open(__file__, encoding='utf-8') as f:
+    (number,) = [i for i, line in enumerate(f, 1)
+                 if line.rstrip().endswith(fragment)]
+  return number
+
+
+def test_warning_names_the_users_line_not_retrax(tmp_path):
+  logits, t, w = _data()
+  layer = _layer(tl.CrossEntropyLoss, (logits, t, w))
+  (eager,) = _recorded(lambda: layer((logits, t, w)))  # EAGER-CALL
+  assert (eager.filename, eager.lineno) == (__file__, _line_of('# EAGER-CALL'))
+  tutorial_checks.reset()
+  f = jax.jit(lambda x: layer.pure_fn(  # JITTED-LOSS
+      (x, t, w), layer.weights, layer.state, layer.rng)[0])
+  (jitted,) = _recorded(lambda: f(logits).block_until_ready())
+  assert (jitted.filename, jitted.lineno) == (__file__,
+                                              _line_of('# JITTED-LOSS'))
+  tutorial_checks.reset()
+  loop = _quickstart_loop(tmp_path, with_log_softmax=False)
+  (in_loop,) = _recorded(lambda: loop.run(2))  # LOOP-RUN
+  assert (in_loop.filename, in_loop.lineno) == (__file__, _line_of('# LOOP-RUN'))
+  tutorial_checks.reset()
+  (value,) = _recorded(lambda: tutorial_checks.check_loss_value(  # VALUE
+      'CrossEntropyLoss', -1.0))
+  assert (value.filename, value.lineno) == (__file__, _line_of('# VALUE'))
