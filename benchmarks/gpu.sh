@@ -2,7 +2,8 @@
 # retrax on a GPU machine: vs_peers' table (retrax in float32 and with
 # bfloat16 matmuls and, where torch and transformers are installed, HF's
 # Reformer) and the longest sequence one
-# ReformerLM training step fits (d_model 256, 6 layers; target 1,048,576).
+# ReformerLM training step fits (d_model 256, 6 layers; target 1,048,576),
+# and between them the FSDP mesh (benchmarks/sharding.py) on its devices.
 # Under 8 minutes on an H200: the table gets GPU_SH_TABLE_S seconds (300),
 # the search what is left of GPU_SH_TOTAL_S (460); workers past a budget are
 # skipped and reported as such.
@@ -50,6 +51,14 @@ fi
 echo "== vs_peers table (budget ${TABLE_S} s)"
 "$PY" benchmarks/vs_peers.py "${SIZES[@]}" "${TABLE[@]}" "${PEERS[@]}" \
   --budget "$TABLE_S" --json "$OUT_DIR/gpu_vs_peers.json" || exit 1
+
+# The mesh path (sharding.py) on the devices there are: weights+slots per
+# device and step time, replicated (data=n) vs split (fsdp=n).
+SHARD=(--steps 5 --timeout 120)
+[ -n "${RETRAX_GPU_SH_TINY:-}" ] && SHARD=(--tiny --steps 1 --timeout 120)
+echo "== FSDP mesh: bytes per device and step time"
+"$PY" benchmarks/sharding.py --platform gpu "${SHARD[@]}" \
+  --json "$OUT_DIR/gpu_sharding.json" || exit 1
 
 LEFT=$((TOTAL_S - SECONDS))
 echo "== longest training step (budget ${LEFT} s)"

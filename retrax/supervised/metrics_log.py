@@ -20,7 +20,6 @@ import socket
 import struct
 import time
 
-import google_crc32c
 import numpy as np
 
 from retrax.checkpoints import ownership
@@ -157,9 +156,36 @@ class JsonlWriter:
 # --- TensorBoard event files ------------------------------------------------------
 
 
+def _crc32c_table():
+  table = []
+  for byte in range(256):
+    crc = byte
+    for _ in range(8):
+      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    table.append(crc)
+  return table
+
+
 def crc32c(data):
-  """CRC-32C (Castagnoli), as TFRecord framing uses (the `google-crc32c` package)."""
+  """CRC-32C (Castagnoli), as TFRecord framing uses (the `google-crc32c` package).
+
+  Without that package (a machine where retrax was installed with --no-deps
+  and no network, say) a table-driven Python loop gives the same value; event
+  records are small, so its speed does not matter.
+  """
+  try:
+    import google_crc32c
+  except ImportError:
+    global _TABLE
+    _TABLE = _TABLE or _crc32c_table()
+    crc = 0xFFFFFFFF
+    for byte in bytes(data):
+      crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
   return google_crc32c.value(bytes(data))
+
+
+_TABLE = None
 
 
 def masked_crc32c(data):

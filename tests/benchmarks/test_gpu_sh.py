@@ -26,5 +26,8 @@ def test_gpu_sh_tiny(tmp_path):
   for peer in ('retrax', 'retrax-bf16'):
     step = table['train']['32'][peer]['step_s']
     assert len(step) == 1 and 0 < step[0] < 60
+  shards = json.loads((tmp_path / 'gpu_sharding.json').read_text())
+  assert [r['mesh'] for r in shards] == ['data=1', 'fsdp=1']
+  assert all(r['ratio'] == 1.0 and r['step_s'] > 0 for r in shards)
   search = json.loads((tmp_path / 'gpu_max_length.json').read_text())
   assert search['fits'] == 32 and list(search['tries']) == ['32']
