@@ -1,13 +1,25 @@
 """The CLI's jobs: build a model and data from a RunConfig, train, sample, evaluate.
 
+And `load_run` (`retrax.load_run`): a run directory's model rebuilt in any
+mode with its latest weights, like Hugging Face's ``from_pretrained`` for a
+local directory::
+
+    run = retrax.load_run('runs/text', mode='predict')
+    run.model, run.tokenizer, run.config, run.checkpoint
+
+It reads ``model.json`` (the constructor a `training.Loop` recorded; see
+`retrax.models.registry`) or, for runs of `retrax train`, the run's config.
+
 The default job trains a small ReformerLM with LSH attention on the Reformer
 paper's duplication task (`0 w 0 w`) and then shows sampled copies.
 """
 
+import dataclasses
 import functools
 import json
 import os
 import shlex
+from typing import Any
 
 import jax
 import numpy as np
@@ -18,20 +30,22 @@ from retrax import layers as tl
 from retrax import lr
 from retrax import models
 from retrax import optimizers
-from retrax import run as run_lib
 from retrax import shapes
+from retrax.checkpoints import layer_io
+from retrax.checkpoints import tree
 from retrax.checkpoints.atomic import atomic_write
 from retrax.data import tasks
 from retrax.errors import read_json
 from retrax.fastmath import precision
 from retrax.fastmath import xla_cpu
+from retrax.models import registry
+from retrax.run_layout import CONFIG_FILE
+from retrax.run_layout import MODEL_FILE
+from retrax.run_layout import TOKENIZER_FILE
 from retrax.supervised import checkpointing
 from retrax.supervised import decoding
 from retrax.supervised import devices
 from retrax.supervised import training
-
-CONFIG_FILE = 'run_config.json'
-TOKENIZER_FILE = 'tokenizer.model'  # A text run's copy of its SentencePiece model.
 
 
 def build_model(config, mode='train'):
@@ -230,6 +244,95 @@ def config_of_run(output_dir):
   return config_lib.RunConfig.from_dict(values)
 
 
+@dataclasses.dataclass
+class Run:
+  """What `load_run` returns.
+
+  Attributes:
+    model: the model in the requested mode with the run's latest weights.
+    tokenizer: a `retrax.data.tasks.TextTokenizer` for text runs, else None.
+    config: the CLI's `RunConfig` for runs of `retrax train`, else None.
+    checkpoint: the checkpoint the weights came from.
+    directory: the run directory.
+  """
+  model: Any
+  tokenizer: Any
+  config: Any
+  checkpoint: str
+  directory: str
+
+
+def _latest_checkpoint(directory):
+  path = checkpointing.find_latest_valid(directory)
+  if path is None:
+    path = checkpointing.trax_checkpoint_path(directory)
+  if path is None:
+    raise FileNotFoundError(f'{directory} holds no valid checkpoint; train '
+                            'first (`retrax train` or a `Loop` with '
+                            'output_dir).')
+  return path
+
+
+def _signature(stored, n_in, mode, batch_size):
+  """The stored input signature with batch `batch_size` (length 1 to predict)."""
+  one = not isinstance(stored, (list, tuple))
+  items = [stored] if one else list(stored)[:n_in]
+  out = []
+  for s in items:
+    shape = (batch_size,) + tuple(s.shape[1:])
+    if mode == 'predict' and len(shape) == 2 and np.issubdtype(
+        np.dtype(s.dtype), np.integer):
+      shape = (batch_size, 1)  # Token models decode one position at a time.
+    out.append(shapes.ShapeDtype(shape, s.dtype))
+  return out[0] if one or len(out) == 1 else tuple(out)
+
+
+def _build(directory, mode):
+  """(model, config, tokenizer) of a run directory, not yet with weights."""
+  model_file = os.path.join(directory, MODEL_FILE)
+  config = tokenizer = None
+  if os.path.exists(os.path.join(directory, CONFIG_FILE)):
+    config = config_of_run(directory)
+    tokenizer = tokenizer_of_run(config)
+  if os.path.exists(model_file):
+    return registry.build_from_file(model_file, mode), config, tokenizer
+  if config is not None:
+    return build_model(config, mode), config, tokenizer
+  raise FileNotFoundError(
+      f'{directory} has no {MODEL_FILE}: the run was not made by `retrax '
+      'train` or by a Loop over a retrax.models constructor with JSON '
+      'arguments; rebuild the model yourself and call model.init_from_file.')
+
+
+def load_run(directory, mode='predict', batch_size=1) -> Run:
+  """Rebuilds a run's model in `mode` and loads its latest weights.
+
+  Args:
+    directory: a run directory (`retrax train --output_dir`, or a
+      `training.Loop`'s `output_dir`).
+    mode: 'train', 'eval' or 'predict' (fresh decoding state).
+    batch_size: the batch size the model is initialized for.
+
+  Raises:
+    FileNotFoundError: not a run directory, or no valid checkpoint in it.
+  """
+  directory = os.fspath(directory)
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'run directory {directory!r} does not exist.')
+  model, config, tokenizer = _build(directory, mode)
+  path = _latest_checkpoint(directory)
+  flat_weights, _, stored = layer_io.read_flat_checkpoint(path)
+  if stored is None:
+    raise ValueError(f'{path} records no input signature.')
+  signature = _signature(stored, model.n_in, mode, batch_size)
+  model.init(signature)
+  weights, _ = tree.unflatten_weights_and_state(
+      flat_weights, None, model.weights_and_state_signature(signature),
+      weights_only=True)
+  model.weights = weights
+  return Run(model, tokenizer, config, path, directory)
+
+
 def load_model(config, mode='predict', batch_size=1, seed=None):
   """A model in `mode` with the run's latest weights; with `seed`, its fresh
   state (e.g. LSH attention's hashing key) comes from `PRNGKey(seed)`."""
@@ -316,7 +419,7 @@ def sample_text(run_dir, prompt='', n=1, temperature=0.0, max_length=None,
 
 
 def _text_run(run_dir, n, what):
-  run = run_lib.load_run(run_dir, mode='predict', batch_size=n)
+  run = load_run(run_dir, mode='predict', batch_size=n)
   if run.tokenizer is None:
     raise config_lib.ConfigError(f'{run_dir} is not a text run; {what} to '
                                  'runs of --data text:FILE.')

@@ -17,6 +17,7 @@ import os
 from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import missing_package
 from retrax.supervised import metrics_log
+from retrax import run_layout
 
 _LOSS_WORDS = ('loss', 'crossentropy', 'perplexity')
 _MODE_STYLES = {'train': '-', 'eval': '--'}
@@ -35,7 +36,7 @@ def _pyplot():
 def load_metrics(output_dir):
   """`{metric: {mode: ([steps], [values])}}` from a run's metrics.jsonl."""
   path = os.path.join(os.path.expanduser(os.fspath(output_dir)),
-                      metrics_log.METRICS_FILE)
+                      run_layout.METRICS_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(
         f'{path} does not exist; is {output_dir} the output_dir of a '

@@ -12,7 +12,8 @@ import retrax
 from retrax import layers as tl
 from retrax import models
 from retrax import optimizers
-from retrax import run as run_lib
+from retrax import run_layout
+from retrax.models import registry
 from retrax.supervised import decoding
 from retrax.supervised import training
 
@@ -39,7 +40,7 @@ def test_loop_run_of_a_retrax_model_loads_back(tmp_path):
   model = models.TransformerLM(vocab_size=16, d_model=8, d_ff=16, n_layers=1,
                                n_heads=2, max_len=16, dropout=0.0)
   loop = _train(model, out)
-  doc = json.loads(pathlib.Path(out, run_lib.MODEL_FILE).read_text())
+  doc = json.loads(pathlib.Path(out, run_layout.MODEL_FILE).read_text())
   assert doc['constructor'] == 'TransformerLM'
   assert doc['kwargs']['d_model'] == 8 and 'mode' not in doc['kwargs']
 
@@ -81,14 +82,14 @@ def test_layer_arguments_are_stored_by_name(tmp_path):
                             d_attention_key=4, d_attention_value=4,
                             n_layers=1, n_heads=2, max_len=8, dropout=0.0,
                             attention_type=attention)
-  spec = run_lib.constructor_of(model)
+  spec = registry.constructor_of(model)
   assert spec['kwargs']['attention_type'] == {
       'layer': 'SelfAttention', 'kwargs': {'chunk_len': 4,
                                            'n_chunks_before': 1}}
-  path = run_lib.write_model_file(str(tmp_path), model)
-  again = run_lib.build_from_file(path, mode='eval')
+  path = registry.write_model_file(str(tmp_path), model)
+  again = registry.build_from_file(path, mode='eval')
   sig = retrax.shapes.ShapeDtype((1, 8), np.int32)
-  assert (run_lib.constructor_of(again)['kwargs'] == spec['kwargs'])
+  assert (registry.constructor_of(again)['kwargs'] == spec['kwargs'])
   w1, _ = model.init(sig)
   w2, _ = again.init(sig)
   shapes = lambda w: [np.shape(a) for a in retrax.fastmath.tree_leaves(w)]
@@ -97,9 +98,9 @@ def test_layer_arguments_are_stored_by_name(tmp_path):
 
 def test_models_with_unstorable_arguments_have_no_model_file(tmp_path):
   model = models.MLP(layer_widths=(4,), activation_fn=lambda: tl.Relu())
-  assert run_lib.constructor_of(model) is None
-  assert run_lib.write_model_file(str(tmp_path), model) is None
+  assert registry.constructor_of(model) is None
+  assert registry.write_model_file(str(tmp_path), model) is None
   plain = tl.Serial(tl.Dense(2))
-  assert run_lib.constructor_of(plain) is None
+  assert registry.constructor_of(plain) is None
   with pytest.raises(FileNotFoundError, match='no model.json'):
     retrax.load_run(str(tmp_path))

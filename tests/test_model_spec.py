@@ -16,7 +16,7 @@ import pytest
 from retrax import layers as tl
 from retrax import model_spec
 from retrax import models
-from retrax import run as run_lib
+from retrax.models import registry
 
 _SMALL = dict(vocab_size=16, d_model=8, d_ff=16, n_layers=1, n_heads=2,
               max_len=8, dropout=0.0)
@@ -24,7 +24,7 @@ _SMALL = dict(vocab_size=16, d_model=8, d_ff=16, n_layers=1, n_heads=2,
 
 def _model_file(tmp_path, **kwargs):
   model = models.TransformerLM(**_SMALL)
-  path = run_lib.write_model_file(str(tmp_path), model)
+  path = registry.write_model_file(str(tmp_path), model)
   with open(path) as f:
     doc = json.load(f)
   doc['kwargs'].update(kwargs)
@@ -35,7 +35,7 @@ def _model_file(tmp_path, **kwargs):
 
 def test_a_valid_file_loads(tmp_path):
   path = _model_file(tmp_path, ff_activation={'layer': 'Gelu'})
-  assert run_lib.constructor_of(run_lib.build_from_file(path))['kwargs'][
+  assert registry.constructor_of(registry.build_from_file(path))['kwargs'][
       'ff_activation'] == {'layer': 'Gelu'}
 
 
@@ -56,7 +56,7 @@ def test_a_valid_file_loads(tmp_path):
 def test_crafted_files_are_refused(tmp_path, capsys, kwargs, fragment):
   path = _model_file(tmp_path, **kwargs)
   with pytest.raises(model_spec.ModelFileError) as e:
-    run_lib.build_from_file(path)
+    registry.build_from_file(path)
   assert fragment in str(e.value) and path in str(e.value)
   assert '\n' not in str(e.value)
   assert capsys.readouterr().out == ''  # No PrintShape ran.
@@ -72,19 +72,19 @@ def test_unreadable_files_are_one_line(tmp_path, content):
   path = tmp_path / 'model.json'
   path.write_bytes(content)
   with pytest.raises(model_spec.ModelFileError) as e:
-    run_lib.build_from_file(str(path))
+    registry.build_from_file(str(path))
   assert '\n' not in str(e.value) and str(path) in str(e.value)
 
 
 def test_models_with_arguments_loading_refuses_record_no_constructor():
   model = models.TransformerLM(ff_activation=tl.PrintShape, **_SMALL)
-  assert run_lib.constructor_of(model) is None
+  assert registry.constructor_of(model) is None
   attention = functools.partial(tl.SelfAttention, chunk_len=4)
   model = models.ReformerLM(vocab_size=16, d_model=8, d_ff=16,
                             d_attention_key=4, d_attention_value=4,
                             n_layers=1, n_heads=2, max_len=8, dropout=0.0,
                             attention_type=attention)
-  assert run_lib.constructor_of(model)['kwargs']['attention_type'] == {
+  assert registry.constructor_of(model)['kwargs']['attention_type'] == {
       'layer': 'SelfAttention', 'kwargs': {'chunk_len': 4}}
 
 
@@ -95,8 +95,8 @@ def test_a_list_of_attention_layers_records_and_loads(tmp_path):
                             d_attention_key=4, d_attention_value=4,
                             n_layers=2, n_heads=2, max_len=8, dropout=0.0,
                             attention_type=types)
-  path = run_lib.write_model_file(str(tmp_path), model)
-  loaded = run_lib.build_from_file(path, mode='eval')
-  assert run_lib.constructor_of(loaded)['kwargs']['attention_type'] == [
+  path = registry.write_model_file(str(tmp_path), model)
+  loaded = registry.build_from_file(path, mode='eval')
+  assert registry.constructor_of(loaded)['kwargs']['attention_type'] == [
       {'layer': 'SelfAttention', 'kwargs': {'chunk_len': 4}},
       {'layer': 'LSHSelfAttention', 'kwargs': {'chunk_len': 4, 'n_hashes': 2}}]

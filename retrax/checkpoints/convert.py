@@ -28,6 +28,7 @@ import glob
 import os
 
 from retrax import local_paths
+from retrax import run_layout
 from retrax.checkpoints import native
 from retrax.checkpoints.errors import CheckpointFormatError
 from retrax.checkpoints.errors import malformed_is_format_error
@@ -89,7 +90,7 @@ def _not_a_checkpoint(src):
   newest = max(native_dirs, key=lambda n: (n.rsplit('_', 1)[-1], n),
                default=None)
   picks = [os.path.join(src, n) for n in [newest] + trax_files[:1] if n]
-  what = ('a retrax run directory' if 'run_config.json' in names else
+  what = ('a retrax run directory' if run_layout.CONFIG_FILE in names else
           'a directory but not a native checkpoint')
   fix = (f'; in it: {" or ".join(picks)} (e.g. retrax convert {picks[0]} '
          'OUT)' if picks else '')

@@ -34,6 +34,8 @@ from retrax.checkpoints.hf_reformer import HFReformerError
 from retrax.checkpoints.tree import tree_leaves
 from retrax.errors import one_line
 from retrax.errors import read_json
+from retrax.run_layout import HF_CONFIG_COPY
+from retrax.run_layout import MODEL_FILE
 from retrax.shapes import ShapeDtype
 
 HF_CONFIG = 'config.json'
@@ -41,7 +43,7 @@ SAFETENSORS = 'model.safetensors'
 SAFETENSORS_INDEX = 'model.safetensors.index.json'
 TORCH_BIN = 'pytorch_model.bin'
 TORCH_BIN_INDEX = 'pytorch_model.bin.index.json'
-RUN_HF_CONFIG = 'hf_config.json'
+RUN_HF_CONFIG = HF_CONFIG_COPY
 EXTRA_TREE = 'hf_extra'
 _WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
 _BFLOAT16 = ml_dtypes.bfloat16  # Imported for safetensors' numpy API to know it.
@@ -154,8 +156,8 @@ def hf_to_run(src, dst, force=False):
   """Converts HF directory `src` into run directory `dst`; returns `dst`."""
   # Lazy: the models import retrax.checkpoints (and this module with it).
   from retrax import models
-  from retrax import run
   from retrax.checkpoints import convert
+  from retrax.models import registry
   from retrax.supervised import checkpointing
   cfg = read_config(os.path.join(src, HF_CONFIG))
   kwargs = hf_reformer.lm_kwargs(cfg)
@@ -172,7 +174,7 @@ def hf_to_run(src, dst, force=False):
           'format': 'hf-reformer', 'tensors': sorted(tensors),
           'directory': os.path.basename(os.path.abspath(src))}})
   _write_json(os.path.join(dst, RUN_HF_CONFIG), cfg)
-  if run.write_model_file(dst, model) is None:
+  if registry.write_model_file(dst, model) is None:
     raise HFReformerError(f'{src}: the ReformerLM it describes has no '
                           'model.json form; this is a retrax bug.')
   return dst
@@ -182,7 +184,7 @@ def _run_model_kwargs(src):
   """The ReformerLM arguments (model.json's form) of run directory `src`."""
   from retrax import models
   from retrax import model_spec
-  path = os.path.join(src, 'model.json')
+  path = os.path.join(src, MODEL_FILE)
   if not os.path.isfile(path):
     raise HFReformerError(
         f'{src} has no model.json; --to hf converts a run directory whose '

@@ -26,8 +26,8 @@ import socket
 import weakref
 
 from retrax.errors import UserInputError
+from retrax.run_layout import LOCK_FILE
 
-LOCK_FILE = 'retrax.lock'
 
 _log = logging.getLogger('retrax.supervised')
 

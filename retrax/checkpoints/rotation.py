@@ -30,8 +30,9 @@ from retrax.checkpoints.errors import CheckpointFormatError
 from retrax.checkpoints.native import METADATA_FILE
 from retrax.checkpoints.native import read_metadata
 from retrax.checkpoints.native import verify_native
+from retrax.run_layout import ROLLING_PREFIX
 
-DEFAULT_PREFIX = 'ckpt_'
+DEFAULT_PREFIX = ROLLING_PREFIX
 # What a save killed before its commit point leaves in a checkpoint directory.
 _PARTIAL_FILE_RE = re.compile(
     r'^(arrays\.[0-9a-f]{16}\.safetensors|\.arrays\.[a-z0-9_]+\.tmp|'

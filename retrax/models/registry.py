@@ -5,7 +5,8 @@ where it is defined, so every import path gives the same function
 (`retrax.models.ReformerLM is retrax.models.reformer.ReformerLM`). The
 layers it builds remember the constructor's name and arguments in JSON
 form (`constructor_of`): a `training.Loop` writes them to a run's
-``model.json`` and `retrax.load_run` rebuilds the model from it (`build`).
+``model.json`` (`write_model_file`) and `retrax.load_run` rebuilds the
+model from it (`build_from_file`).
 
 Arguments are stored as JSON: numbers, strings, booleans, None, lists and
 tuples, dicts, and for the arguments that take a layer, a layer constructor
@@ -16,6 +17,8 @@ model built with anything else (a lambda, an array) records no constructor.
 
 import functools
 import inspect
+import json
+import os
 import weakref
 from typing import Optional
 
@@ -24,7 +27,12 @@ import numpy as np
 from retrax import layers as tl
 from retrax import model_spec
 from retrax import trax_gin
+from retrax.checkpoints.atomic import atomic_write
+from retrax.errors import read_json
+from retrax.run_layout import MODEL_FILE
 
+_FORMAT = 'retrax-model'  # model.json's format tag and version.
+_VERSION = 1
 MODELS: dict = {}  # Constructor name -> the registered constructor.
 _SPECS: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
 
@@ -133,3 +141,42 @@ def build(name, kwargs, mode, where):
         f'{", ".join(sorted(MODELS))}.')
   model_spec.check_kwargs(fn, kwargs, where)
   return fn(**{k: _decode(v, where) for k, v in kwargs.items()}, mode=mode)
+
+
+def write_model_file(output_dir, model):
+  """Writes ``model.json`` (the model's constructor) into `output_dir`, if known.
+
+  Returns the path written, or None for a model of unknown constructor.
+  """
+  spec = constructor_of(model)
+  if spec is None or output_dir is None:
+    return None
+  doc = {'format': _FORMAT, 'version': _VERSION, 'constructor': spec['name'],
+         'kwargs': spec['kwargs']}
+  path = os.path.join(os.fspath(output_dir), MODEL_FILE)
+  with atomic_write(path) as f:
+    f.write(json.dumps(doc, indent=1).encode())
+  return path
+
+
+def _read_model_file(path):
+  """The checked document of a ``model.json``; `ModelFileError` if unusable."""
+  doc = read_json(path, model_spec.ModelFileError, 'it describes the run\'s '
+                  'model: restore it, or resume the run\'s training, which '
+                  'writes it again.')
+  if (not isinstance(doc, dict) or doc.get('format') != _FORMAT or
+      doc.get('version') != _VERSION):
+    raise model_spec.ModelFileError(
+        f'{path} is not a {_FORMAT} v{_VERSION} file.')
+  return doc
+
+
+def build_from_file(path, mode='train'):
+  """The model a ``model.json`` describes, built in `mode`.
+
+  Raises:
+    ModelFileError: the file is unreadable, names no `retrax.models`
+      constructor, or arguments or layers it may not (see `model_spec`).
+  """
+  doc = _read_model_file(path)
+  return build(doc.get('constructor'), doc.get('kwargs'), mode, path)

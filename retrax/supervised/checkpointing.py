@@ -40,15 +40,15 @@ import numpy as np
 from retrax import checkpoints as ckpt_lib
 from retrax.checkpoints import errors as ckpt_errors
 from retrax.checkpoints import ownership
+from retrax.run_layout import PERMANENT_PREFIX
+from retrax.run_layout import ROLLING_PREFIX
+from retrax.run_layout import TRAX_BASENAME
 from retrax.shapes import ShapeDtype
 from retrax.supervised import history as trax_history
 from retrax.supervised import train_state as train_state_lib
 from retrax.supervised.batch_checks import NonFiniteLossError
 from retrax.supervised.train_state import TrainState
 
-ROLLING_PREFIX = 'ckpt_'
-PERMANENT_PREFIX = 'model_'
-TRAX_BASENAME = 'model'
 FORMAT_KIND_VERSION = 1
 _NAME_RE = re.compile(f'^({ROLLING_PREFIX}|{PERMANENT_PREFIX})(\\d+)$')
 _TASK_FIELDS = ('loss_weights', 'loss_state', 'slots', 'opt_params')

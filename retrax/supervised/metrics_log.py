@@ -26,10 +26,10 @@ from retrax.checkpoints import ownership
 from retrax.checkpoints.atomic import append
 from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import UserInputError
+from retrax.run_layout import EVENTS_PREFIX
+from retrax.run_layout import RUN_FILES
 from retrax.supervised import progress
 
-METRICS_FILE = 'metrics.jsonl'
-RUN_FILES = 'run_files.json'
 _RUN_FILES_FORMAT = 'retrax-run-files'
 
 
@@ -247,7 +247,7 @@ class EventWriter:
 
   def __init__(self, log_dir, on_create=None):
     os.makedirs(log_dir, exist_ok=True)
-    name = (f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.'
+    name = (f'{EVENTS_PREFIX}{int(time.time())}.{socket.gethostname()}.'
             f'{os.getpid()}.retrax')
     self._path = os.path.join(log_dir, name)
     if on_create is not None:

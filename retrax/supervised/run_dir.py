@@ -16,6 +16,7 @@ written. Every scalar recorded also goes to the run's reporters
 import os
 
 from retrax import local_paths
+from retrax import run_layout
 from retrax.checkpoints import ownership
 from retrax.supervised import checkpointing
 from retrax.supervised import metrics_log
@@ -39,7 +40,7 @@ class RunDir:
       self._lock = ownership.RunLock(self.path)
       self._run_files = metrics_log.RunFiles(self.path)
       self.jsonl = metrics_log.JsonlWriter(
-          os.path.join(self.path, metrics_log.METRICS_FILE),
+          os.path.join(self.path, run_layout.METRICS_FILE),
           on_create=self._claim)
 
   @property
@@ -132,10 +133,10 @@ class RunDir:
       return
     metrics = self.jsonl.path
     if os.path.exists(metrics) and not self._run_files.owns(
-        metrics_log.METRICS_FILE):
+        run_layout.METRICS_FILE):
       raise FileExistsError(
           f'{metrics} was not written by a retrax run in this directory '
-          f'({metrics_log.RUN_FILES} does not list it) and retrax never '
+          f'({run_layout.RUN_FILES} does not list it) and retrax never '
           'rewrites a log it did not write: move it or choose another '
           'output_dir.')
     for path in self._run_files.files():
@@ -144,5 +145,5 @@ class RunDir:
       ownership.check_inside(self.path, path, 'truncate')
       if path == metrics:
         self.jsonl.truncate(step)
-      elif os.path.basename(path).startswith('events.out.tfevents.'):
+      elif os.path.basename(path).startswith(run_layout.EVENTS_PREFIX):
         metrics_log.truncate_event_file(path, step)

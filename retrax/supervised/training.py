@@ -23,9 +23,10 @@ import numpy as np
 
 from retrax import fastmath
 from retrax import local_paths
-from retrax import run as run_lib
+from retrax import run_layout
 from retrax import shapes
 from retrax.layers import base
+from retrax.models import registry
 from retrax.optimizers import placement
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
@@ -175,7 +176,7 @@ class Loop(loop_internals.TraxLoopInternals):
     self._run_dir = run_dir.RunDir(output_dir, self._is_chief)
     self._resume_or_start()  # Run files are written only after this succeeds.
     if self._is_chief:  # model.json: what `retrax.load_run` rebuilds.
-      run_lib.write_model_file(self.output_dir, self._model)
+      registry.write_model_file(self.output_dir, self._model)
       self._run_dir.reporters = reporters.make(report_to, run_name=(
           output_dir and os.path.basename(os.path.normpath(output_dir))))
 
@@ -342,7 +343,7 @@ class Loop(loop_internals.TraxLoopInternals):
     if at_checkpoint:
       self._save_newest()
     if self._permanent_checkpoint_at(self.step):
-      self.save_checkpoint(f'{checkpointing.TRAX_BASENAME}_{self.step}')
+      self.save_checkpoint(f'{run_layout.TRAX_BASENAME}_{self.step}')
     if at_checkpoint:
       if self._checkpoint_low_metric is not None and self._at_lowest():
         self.save_checkpoint(f'lowest_{self._checkpoint_low_metric}')
@@ -351,7 +352,7 @@ class Loop(loop_internals.TraxLoopInternals):
 
   def _save_newest(self):
     """The `save_checkpoint('model')` hook; the step counts as saved (once)."""
-    self.save_checkpoint(checkpointing.TRAX_BASENAME)
+    self.save_checkpoint(run_layout.TRAX_BASENAME)
     self._last_rolling_step = self.step
 
   def _call_callbacks(self, hook):
@@ -468,9 +469,9 @@ class Loop(loop_internals.TraxLoopInternals):
       host is not the chief.
     """
     step = self.step
-    if basename == checkpointing.TRAX_BASENAME:
+    if basename == run_layout.TRAX_BASENAME:
       basename = None
-    elif basename == f'{checkpointing.TRAX_BASENAME}_{step}':
+    elif basename == f'{run_layout.TRAX_BASENAME}_{step}':
       basename, permanent = None, True
     host_state = self._host_state()  # Never saves weights after a NaN loss.
     if host_state is None:

@@ -24,7 +24,7 @@ import retrax
 from retrax import cli
 from retrax import layers as tl
 from retrax import models
-from retrax import run as run_lib
+from retrax.models import registry
 from retrax.checkpoints import hf_files
 from retrax.checkpoints import hf_reformer
 from retrax.checkpoints import native
@@ -131,7 +131,7 @@ def test_config_maps_to_reformer_lm_arguments():
 def test_run_arguments_map_back_to_the_hf_config():
   model = models.MODELS['ReformerLM'](
       **hf_reformer.lm_kwargs(SPECS['lsh_axial']), mode='eval')
-  cfg = hf_reformer.hf_config(run_lib.constructor_of(model)['kwargs'])
+  cfg = hf_reformer.hf_config(registry.constructor_of(model)['kwargs'])
   for key, value in SPECS['lsh_axial'].items():
     if key != 'layer_norm_eps':  # Without a base config: Trax's 1e-6.
       assert cfg[key] == value, key
@@ -140,7 +140,7 @@ def test_run_arguments_map_back_to_the_hf_config():
   # Unchunked SelfAttention is one local chunk covering max_len positions.
   full = models.MODELS['ReformerLM'](20, d_model=8, n_layers=1, max_len=64,
                                      pos_type=None, mode='eval')
-  cfg = hf_reformer.hf_config(run_lib.constructor_of(full)['kwargs'])
+  cfg = hf_reformer.hf_config(registry.constructor_of(full)['kwargs'])
   assert (cfg['attn_layers'], cfg['local_attn_chunk_length'],
           cfg['local_num_chunks_before'], cfg['hidden_act'],
           cfg['axial_pos_embds']) == (['local'], 64, 0, 'gelu_fast', False)
@@ -187,7 +187,7 @@ def test_runs_hf_cannot_express_are_refused(change, named):
                 max_len=32, mode='eval')
   model = models.MODELS['ReformerLM'](**dict(kwargs, **change))
   assert named in _error_of(hf_reformer.hf_config,
-                            run_lib.constructor_of(model)['kwargs'])
+                            registry.constructor_of(model)['kwargs'])
 
 
 def _flat_weights(run_dir):
@@ -250,7 +250,7 @@ def test_a_trained_run_without_hf_config_writes_a_full_hf_config(tmp_path):
   native.save_native(checkpointing.permanent_path(tmp_path / 'run', 7),
                      {'weights': model.weights, 'input_signature': signature},
                      {'step': 7})
-  run_lib.write_model_file(tmp_path / 'run', model)
+  registry.write_model_file(tmp_path / 'run', model)
   hf_files.convert(tmp_path / 'run', tmp_path / 'hf', to='hf')
   cfg = json.loads((tmp_path / 'hf' / 'config.json').read_text())
   assert (cfg['attn_layers'], cfg['num_buckets'], cfg['axial_pos_shape'],

@@ -19,6 +19,7 @@ import pytest
 import resume_worker
 import supervised_toys as toys
 from retrax import cli
+from retrax import run_layout
 from retrax.checkpoints import native
 from retrax.checkpoints import ownership
 from retrax.supervised import metrics_log
@@ -82,7 +83,7 @@ def test_a_second_writer_is_refused_and_a_killed_ones_lock_taken_over(
   proc.wait()
   loop = resume_worker.make_loop(out)  # The dead process's lock is taken over.
   assert loop.step == 2
-  with open(os.path.join(out, ownership.LOCK_FILE)) as f:
+  with open(os.path.join(out, run_layout.LOCK_FILE)) as f:
     assert json.load(f)['pid'] == os.getpid()
 
 
@@ -100,10 +101,10 @@ def test_the_newest_loop_of_a_process_takes_the_directory_over(tmp_path):
 
 def test_a_stale_lock_file_of_a_dead_process_is_taken_over(tmp_path):
   out = str(tmp_path)
-  with open(os.path.join(out, ownership.LOCK_FILE), 'w') as f:
+  with open(os.path.join(out, run_layout.LOCK_FILE), 'w') as f:
     json.dump({'pid': 2 ** 22 + 12345, 'host': socket.gethostname()}, f)
   resume_worker.run(out, 1)
-  with open(os.path.join(out, ownership.LOCK_FILE)) as f:
+  with open(os.path.join(out, run_layout.LOCK_FILE)) as f:
     assert json.load(f)['pid'] == os.getpid()
 
 
@@ -133,7 +134,7 @@ def test_run_files_entries_never_lead_outside(tmp_path, entry):
   before = _outside_files(tmp_path / 'outside')
   if entry == 'ABSOLUTE':
     entry = str(tmp_path / 'outside' / 'metrics.jsonl')
-  path = out / metrics_log.RUN_FILES
+  path = out / run_layout.RUN_FILES
   doc = json.loads(path.read_text())
   doc['files'].append(entry)
   path.write_text(json.dumps(doc))
@@ -149,7 +150,7 @@ def test_a_log_file_behind_a_symlink_is_neither_cut_nor_cleaned(tmp_path):
   before = _outside_files(tmp_path / 'outside')
   shutil.rmtree(out / 'train')
   os.symlink(tmp_path / 'outside' / 'train', out / 'train')
-  path = out / metrics_log.RUN_FILES
+  path = out / run_layout.RUN_FILES
   doc = json.loads(path.read_text())
   doc['files'].append('train/events.out.tfevents.1.h.1.retrax')
   path.write_text(json.dumps(doc))

@@ -11,6 +11,7 @@ import supervised_toys as toys
 from retrax import checkpoints as ckpt_lib
 from retrax import optimizers
 from retrax import shapes
+from retrax import run_layout
 from retrax.optimizers import placement
 from retrax.supervised import checkpointing
 from retrax.supervised import training
@@ -110,7 +111,7 @@ def test_never_schedules_save_only_the_final_step(tmp_path):
       checkpoint_kind='Trainer')
   loop.run(4)
   names = sorted(n for n in os.listdir(tmp_path) if n.startswith(
-      (checkpointing.ROLLING_PREFIX, checkpointing.PERMANENT_PREFIX)))
+      (run_layout.ROLLING_PREFIX, run_layout.PERMANENT_PREFIX)))
   assert names == ['ckpt_000000004']
   assert loop.history.get('eval', 'metrics/WeightedAccuracy') == []
   meta = ckpt_lib.load_native(os.path.join(tmp_path, names[0])).metadata
