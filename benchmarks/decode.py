@@ -85,15 +85,22 @@ matrix-vector products at the memory-bandwidth floor (3.2 ms).
 `ReversibleSerial` skips its weight-to-data tie in predict mode (it halved
 ReformerLM's batch-1 step).
 
+With --vs-trax it times every predict-mode model against Trax 1.4.1's
+`autoregressive_sample` instead (decode_vs_trax.py; docs/benchmarks.md,
+"Decoding vs Trax 1.4.1").
+
 Usage: python benchmarks/decode.py [--quick] [--tokens 512] [--loop-tokens 8]
          [--repeats 3] [--batches 1,8]
          [--models TransformerLM,ReformerLM,Transformer]
          [--reformer-attention causal|self|lsh]
+       python benchmarks/decode.py --vs-trax [--tokens 128] [--models ...]
+         [--trax-python PATH] [--out benchmarks/results/decode_vs_trax.json]
 """
 
 import functools
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -253,16 +260,37 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true',
                       help='2 layers, d_model 128, 64 tokens, 3 loop positions')
-  parser.add_argument('--tokens', type=int, default=512)
+  parser.add_argument('--tokens', type=int, default=None,
+                      help='decoded tokens (default 512)')
   parser.add_argument('--loop-tokens', type=int, default=8,
                       help='positions at which the eager loop is timed')
   parser.add_argument('--repeats', type=int, default=3,
                       help='timed runs of each side; the best one counts')
   parser.add_argument('--batches', default='1,8')
-  parser.add_argument('--models', default='TransformerLM,ReformerLM,Transformer')
+  parser.add_argument('--models', default=None,
+                      help='default TransformerLM,ReformerLM,Transformer')
   parser.add_argument('--reformer-attention', default='causal',
                       choices=['causal', 'self', 'lsh'])
+  parser.add_argument('--vs-trax', action='store_true',
+                      help='every predict-mode model against Trax 1.4.1 '
+                      '(decode_vs_trax.py; --tokens default 128, --models '
+                      'default all)')
+  parser.add_argument('--trax-python', default=os.path.expanduser(
+      '~/.cache/trax-oracle-venv/bin/python'))
+  parser.add_argument('--trax-timeout', type=float, default=3600,
+                      help='seconds for the Trax subprocess (all models)')
+  parser.add_argument('--out', default=os.path.join(
+      os.path.dirname(os.path.abspath(__file__)), 'results',
+      'decode_vs_trax.json'), help='--vs-trax JSON results')
   args = parser.parse_args()
+  if args.vs_trax:
+    import decode_vs_trax
+    decode_vs_trax.run(
+        (args.models or ','.join(decode_vs_trax.SPECS)).split(','),
+        args.tokens or 128, args.trax_python, args.trax_timeout, args.out)
+    return
+  args.tokens = args.tokens or 512
+  args.models = args.models or 'TransformerLM,ReformerLM,Transformer'
   import jax
 
   d_model, n_layers, n_tokens, loop_tokens = 512, 6, args.tokens, args.loop_tokens
