@@ -10,9 +10,11 @@ from retrax.checkpoints.errors import CheckpointNotFoundError as CheckpointNotFo
 from retrax.checkpoints.errors import TreeStructureError as TreeStructureError
 from retrax.checkpoints.errors import UnsafeCheckpointError as UnsafeCheckpointError
 from retrax.checkpoints.native import NativeCheckpoint as NativeCheckpoint
+from retrax.checkpoints.native import Shards as Shards
 from retrax.checkpoints.native import is_native_checkpoint as is_native_checkpoint
 from retrax.checkpoints.native import load_native as load_native
 from retrax.checkpoints.native import save_native as save_native
+from retrax.checkpoints.native import save_native_sharded as save_native_sharded
 from retrax.checkpoints.native import verify_native as verify_native
 from retrax.checkpoints.npy_stream import from_bits as from_bits
 from retrax.checkpoints.npy_stream import read_npy_gz as read_npy_gz

@@ -116,8 +116,9 @@ def append(path, data):
 _TEMP_RE = re.compile(r'^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$')
 # The files retrax writes with `atomic_write` (and native's `.arrays.` temps).
 _OWN_TARGETS = re.compile(
-    r'^(metadata\.json|arrays|metrics\.jsonl|run_files\.json|'
-    r'run_config\.json|model\.json|.+\.pkl\.gz|.+\.npy\.gz)$')
+    r'^(metadata\.json|arrays|shards|metrics\.jsonl|run_files\.json|'
+    r'run_config\.json|model\.json|.+\.pkl\.gz|.+\.npy\.gz|'
+    r'shards_\d{5}_of_\d{5}\.[0-9a-f]{16}\.json)$')
 
 
 def remove_orphan_temps(directory, targets=None):

@@ -21,6 +21,25 @@ still names the previous (untouched) arrays file, so overwriting a checkpoint
 in place never leaves a mix. On load the checksums are verified, so a
 truncated or bit-flipped file raises `CheckpointCorruptedError`.
 
+A run whose arrays are split over the devices of several processes (FSDP over
+processes) writes a sharded checkpoint (format version 2) with
+`save_native_sharded`, gathering no array on any host: each process writes
+the pieces it holds of each split array (one copy of each) to its own
+
+  shards_<i>_of_<n>.<token>.safetensors   pieces keyed `<key>[a:b,c:d]` (their
+                                          slices of the whole array)
+
+with a small `shards_<i>_of_<n>.<token>.json` naming the file, its sha256
+and each piece's slices (`token`: 16 hex digits drawn for the save, the same
+on every process). After a barrier, process 0 writes the arrays file (every
+array not split), then `metadata.json` holding the pieces tables and each
+shards file's size and sha256: the commit point, as above; the `.json`
+tables, now inside it, go. A kill before that leaves the previous metadata
+(or none) and files no metadata names, which loading ignores and rotation
+removes. Loading verifies every file's checksum and assembles each split
+array whole from its pieces (which must cover it), so a sharded checkpoint
+loads like any other, on any number of processes and devices.
+
 Trees are nested tuples/lists/dicts (str keys)/namedtuples whose leaves may be
 numpy or jax arrays (any dtype incl. bfloat16 and other ml_dtypes), numpy
 scalars, Python scalars, strings, None, jax PRNG keys and ShapeDtype records.
@@ -66,8 +85,14 @@ from retrax.errors import read_json
 
 FORMAT_NAME = 'retrax-native'
 FORMAT_VERSION = 1
+# Written only by `save_native_sharded`: version 1 readers refuse it cleanly.
+SHARDED_FORMAT_VERSION = 2
 METADATA_FILE = 'metadata.json'
 _ARRAYS_FILE_RE = re.compile(r'^arrays\.[0-9a-f]{16}\.safetensors$')
+# A process's pieces and their table: `shards_<i>_of_<n>.<token>.<ext>`.
+SHARDS_FILE_PATTERN = r'shards_\d{5}_of_\d{5}\.[0-9a-f]{16}\.(?:safetensors|json)'
+_SHARDS_FILE_RE = re.compile(f'^{SHARDS_FILE_PATTERN}$')
+_TOKEN_RE = re.compile(r'^[0-9a-f]{16}$')
 _DTYPE_STR_RE = re.compile(r'^[<>|=]?[a-zA-Z]\d*(\[[a-zA-Z0-9]+\])?$')
 # Dtypes that safetensors' numpy API stores natively; others go as raw bytes.
 _SAFETENSORS_DTYPES = frozenset(np.dtype(t) for t in (
@@ -75,6 +100,21 @@ _SAFETENSORS_DTYPES = frozenset(np.dtype(t) for t in (
     np.uint32, np.int16, np.uint16, np.int8, np.uint8, np.bool_,
     np.complex64))
 _HASH_CHUNK = 1 << 20
+
+
+class Shards:
+  """The pieces of an array split over processes that this process holds.
+
+  A leaf for `save_native_sharded`. Attributes: `shape` and `dtype` of the
+  whole array; `pieces`, `[(index, array), ...]` with `index` a tuple of
+  slices (one per axis, as `jax.Array.addressable_shards[k].index`) and
+  `array` the part of the whole it selects.
+  """
+
+  def __init__(self, shape, dtype, pieces):
+    self.shape = tuple(int(d) for d in shape)
+    self.dtype = np.dtype(dtype)
+    self.pieces = list(pieces)
 
 
 class NativeCheckpoint(typing.NamedTuple):
@@ -121,6 +161,9 @@ class _Encoder:
 
   def __init__(self):
     self.arrays = {}
+    self.pieces = {}  # This process's pieces of split arrays, by entry name.
+    self.piece_table = []  # [{'key', 'entry', 'index'}, ...] of `pieces`.
+    self._split_keys = set()
 
   def encode(self, tree, name):
     self._name = name
@@ -131,9 +174,37 @@ class _Encoder:
     weight 2); made unique with `#n` if dict keys holding '/' collide."""
     key = '/'.join([self._name, *map(str, path)])
     base, n = key, 1
-    while key in self.arrays:
+    while key in self.arrays or key in self._split_keys:
       key, n = f'{base}#{n}', n + 1
     return key
+
+  def _split_node(self, x, path):
+    """A `Shards` leaf: the node of the whole array; its pieces go to
+    `pieces` (the process's shards file), none to `arrays`."""
+    dtype = x.dtype.newbyteorder('<') if x.dtype.byteorder == '>' else x.dtype
+    try:
+      check_dtype(dtype)
+    except CheckpointError:
+      raise TypeError(f'{self._name}{_path_str(path)}: dtype {dtype} cannot '
+                      'be saved.') from None
+    key = self._key(path)
+    self._split_keys.add(key)
+    node = {'t': 'array', 'key': key, 'dtype': _dtype_name(dtype),
+            'shape': list(x.shape), 'split': True}
+    raw = dtype not in _SAFETENSORS_DTYPES
+    if raw:
+      node['raw'] = True
+    for index, piece in x.pieces:
+      bounds = _bounds(index, x.shape, f'{self._name}{_path_str(path)}')
+      arr = np.asarray(piece).astype(dtype, copy=False)
+      if arr.shape != tuple(b - a for a, b in bounds):
+        raise ValueError(f'{self._name}{_path_str(path)}: a piece of shape '
+                         f'{arr.shape} for the slices {bounds}.')
+      entry = key + '[' + ','.join(f'{a}:{b}' for a, b in bounds) + ']'
+      self.pieces[entry] = (np.frombuffer(arr.tobytes(order='C'), np.uint8)
+                            if raw else np.ascontiguousarray(arr))
+      self.piece_table.append({'key': key, 'entry': entry, 'index': bounds})
+    return node
 
   def _array_node(self, x, path, kind='array'):
     arr = np.asarray(x)
@@ -159,6 +230,8 @@ class _Encoder:
   def _node(self, x, path):
     if x is None:
       return {'t': 'none'}
+    if isinstance(x, Shards):
+      return self._split_node(x, path)
     if isinstance(x, bool):
       return {'t': 'bool', 'v': x}
     if isinstance(x, int) and type(x) is int:
@@ -201,6 +274,21 @@ class _Encoder:
         f'{self._name}{_path_str(path)}: cannot save a '
         f'{type(x).__module__}.{type(x).__qualname__}; supported leaves are '
         f'arrays, numbers, strings, bytes, None, PRNG keys and ShapeDtype.')
+
+
+def _bounds(index, shape, where):
+  """`[[start, stop], ...]` of `index` (slices of step 1, one per axis; axes
+  left out are whole)."""
+  index = tuple(index) + (slice(None),) * (len(shape) - len(tuple(index)))
+  if len(index) != len(shape):
+    raise ValueError(f'{where}: index {index} for shape {shape}.')
+  bounds = []
+  for s, dim in zip(index, shape):
+    start, stop, step = s.indices(dim)
+    if step != 1:
+      raise ValueError(f'{where}: a piece with a strided index {index}.')
+    bounds.append([start, max(start, stop)])
+  return bounds
 
 
 def _jsonable(x, path):
@@ -251,10 +339,11 @@ def _save_file(arrays, tmp, path):
     raise OSError(code, os.strerror(code), path) from None
 
 
-def _write_arrays_file(path, arrays):
-  """Writes `arrays` into checkpoint directory `path` under a name derived
-  from their sha256 (fsynced, renamed into place); `(name, sha256, size)`."""
-  with temp_file(path, '.arrays.', path) as (fd, tmp):
+def _write_safetensors(path, arrays, prefix, name_of):
+  """Writes `arrays` into checkpoint directory `path` as `name_of(sha256)`
+  (under a temporary name `<prefix>...tmp`, fsynced, renamed into place);
+  `(name, sha256, size)`."""
+  with temp_file(path, prefix, path) as (fd, tmp):
     os.close(fd)
     _save_file(arrays, tmp, path)
     with open(tmp, 'rb+') as f:
@@ -262,24 +351,38 @@ def _write_arrays_file(path, arrays):
       os.fsync(f.fileno())
     digest = _file_sha256(tmp)
     size = os.path.getsize(tmp)
-    arrays_file = f'arrays.{digest[:16]}.safetensors'
-    os.replace(tmp, os.path.join(path, arrays_file))
+    name = name_of(digest)
+    os.replace(tmp, os.path.join(path, name))
   fsync_dir(path)
-  return arrays_file, digest, size
+  return name, digest, size
 
 
-def _write_files(path, arrays, nodes, user_metadata):
+def _write_arrays_file(path, arrays):
+  """Writes `arrays` into checkpoint directory `path` under a name derived
+  from their sha256 (fsynced, renamed into place); `(name, sha256, size)`."""
+  return _write_safetensors(path, arrays, '.arrays.',
+                            lambda digest: f'arrays.{digest[:16]}.safetensors')
+
+
+def _write_files(path, arrays, nodes, user_metadata, shard_files=None):
   """The arrays file, then `metadata.json` (the commit point); then the old
-  arrays file, no longer referenced, goes."""
+  arrays file and shards files, no longer referenced, go (and the shards
+  tables, now in the metadata)."""
   arrays_file, digest, size = _write_arrays_file(path, arrays)
   doc = {'format': FORMAT_NAME, 'version': FORMAT_VERSION,
          'arrays_file': arrays_file, 'arrays_sha256': digest,
-         'arrays_size': size, 'trees': nodes, 'metadata': user_metadata}
+         'arrays_size': size}
+  if shard_files is not None:
+    doc['version'] = SHARDED_FORMAT_VERSION
+    doc['shard_files'] = shard_files
+  doc.update(trees=nodes, metadata=user_metadata)
   doc['checksum'] = hashlib.sha256(_canonical(doc)).hexdigest()
   with atomic_write(os.path.join(path, METADATA_FILE)) as f:
     f.write(json.dumps(doc, indent=1).encode('utf-8'))
+  keep = {arrays_file, *(f['file'] for f in shard_files or ())}
   for name in os.listdir(path):
-    if _ARRAYS_FILE_RE.match(name) and name != arrays_file:
+    if (_ARRAYS_FILE_RE.match(name) or _SHARDS_FILE_RE.match(name)) and (
+        name not in keep):
       with contextlib.suppress(OSError):
         os.remove(os.path.join(path, name))
 
@@ -314,16 +417,10 @@ def save_native(path, trees, metadata=None):
       the previous checkpoint at `path` is intact, a new directory removed.
   """
   path = os.fspath(path)
-  if not isinstance(trees, dict):
-    raise TypeError(f'trees must be a dict of named trees; got '
-                    f'{type(trees).__name__}.')
-  bad = [k for k in trees if not (isinstance(k, str) and k and '/' not in k)]
-  if bad:
-    raise TypeError(f'tree names must be non-empty str without "/"; got '
-                    f'{bad!r}.')
-  encoder = _Encoder()
-  nodes = {name: encoder.encode(tree, name) for name, tree in trees.items()}
-  user_metadata = _jsonable(dict(metadata or {}), 'metadata')
+  encoder, nodes, user_metadata = _encode(trees, metadata)
+  if encoder._split_keys:  # pylint: disable=protected-access
+    raise TypeError('Shards leaves (arrays split over processes) are saved '
+                    'with save_native_sharded.')
 
   created = not os.path.isdir(path)
   os.makedirs(path, exist_ok=True)
@@ -335,6 +432,99 @@ def save_native(path, trees, metadata=None):
     if created:  # A full disk leaves no empty checkpoint directory behind.
       _discard(path)
     raise
+  return path
+
+
+def _encode(trees, metadata):
+  """`(encoder, nodes, user metadata)` of `save_native`'s arguments."""
+  if not isinstance(trees, dict):
+    raise TypeError(f'trees must be a dict of named trees; got '
+                    f'{type(trees).__name__}.')
+  bad = [k for k in trees if not (isinstance(k, str) and k and '/' not in k)]
+  if bad:
+    raise TypeError(f'tree names must be non-empty str without "/"; got '
+                    f'{bad!r}.')
+  encoder = _Encoder()
+  nodes = {name: encoder.encode(tree, name) for name, tree in trees.items()}
+  return encoder, nodes, _jsonable(dict(metadata or {}), 'metadata')
+
+
+def _shards_name(token, process_index, process_count, ext):
+  return (f'shards_{process_index:05d}_of_{process_count:05d}.{token}.'
+          f'{ext}')
+
+
+def write_process_shards(path, encoder, token, process_index, process_count):
+  """Writes this process's pieces (`encoder.pieces`) into checkpoint
+  directory `path`: the shards file, then its table (`.json`, atomically)."""
+  name, digest, size = _write_safetensors(
+      path, encoder.pieces, '.shards.',
+      lambda _: _shards_name(token, process_index, process_count,
+                             'safetensors'))
+  table = {'file': name, 'sha256': digest, 'size': size,
+           'process': process_index, 'pieces': encoder.piece_table}
+  with atomic_write(os.path.join(path, _shards_name(
+      token, process_index, process_count, 'json'))) as f:
+    f.write(json.dumps(table).encode('utf-8'))
+
+
+def _read_table(path, token, process_index, process_count):
+  """The table process `process_index` wrote for this save."""
+  table_path = os.path.join(path, _shards_name(token, process_index,
+                                               process_count, 'json'))
+  table = read_json(table_path, CheckpointCorruptedError,
+                    'the file is truncated or corrupted.')
+  if not isinstance(table, dict) or table.get('process') != process_index:
+    raise CheckpointFormatError(f'{table_path}: not a shards table.')
+  return table
+
+
+def save_native_sharded(path, trees, metadata=None, *, process_index,
+                        process_count, token, all_ok):
+  """`save_native` of trees whose split arrays are `Shards`, called by every
+  process at the same point (see the module docstring).
+
+  Args:
+    path: the checkpoint directory, the same on every process (a shared
+      file system).
+    trees, metadata: as `save_native`'s; leaves that are not `Shards` must
+      be the same on every process (process 0 writes them).
+    process_index, process_count: this process and how many there are.
+    token: 16 hex digits, the same on every process and new for each save
+      (it names this save's shards files).
+    all_ok: `all_ok(ok) -> [ok of each process]`: a barrier that every
+      process calls once, after writing its shards.
+
+  Returns:
+    `path`.
+
+  Raises:
+    OSError, TypeError: this process could not write its shards.
+    CheckpointError: another process could not; nothing was committed (a
+      previous checkpoint at `path` is intact).
+  """
+  path = os.fspath(path)
+  if not isinstance(token, str) or not _TOKEN_RE.match(token):
+    raise ValueError(f'token must be 16 hex digits; got {token!r}.')
+  error = None
+  try:
+    encoder, nodes, user_metadata = _encode(trees, metadata)
+    os.makedirs(path, exist_ok=True)
+    write_process_shards(path, encoder, token, process_index, process_count)
+  except Exception as e:  # pylint: disable=broad-except
+    error = e  # Raised after the barrier, which the others wait at.
+  oks = all_ok(error is None)
+  if error is not None:
+    raise error
+  failed = [i for i, ok in enumerate(oks) if not ok]
+  if failed:
+    raise CheckpointError(
+        f'{path}: process(es) {", ".join(map(str, failed))} could not write '
+        'their shards, so the checkpoint was not committed.')
+  if process_index == 0:
+    shard_files = [_read_table(path, token, i, process_count)
+                   for i in range(process_count)]
+    _write_files(path, encoder.arrays, nodes, user_metadata, shard_files)
   return path
 
 
@@ -362,10 +552,10 @@ def _read_metadata_doc(path):
                   'the file is truncated or corrupted.')
   if not isinstance(doc, dict) or doc.get('format') != FORMAT_NAME:
     raise CheckpointFormatError(f'{meta_path}: not a {FORMAT_NAME} checkpoint.')
-  if doc.get('version') != FORMAT_VERSION:
+  if doc.get('version') not in (FORMAT_VERSION, SHARDED_FORMAT_VERSION):
     raise CheckpointFormatError(
         f'{meta_path}: format version {doc.get("version")!r}; this retrax '
-        f'reads version {FORMAT_VERSION}.')
+        f'reads versions {FORMAT_VERSION} and {SHARDED_FORMAT_VERSION}.')
   body = {k: v for k, v in doc.items() if k != 'checksum'}
   if hashlib.sha256(_canonical(body)).hexdigest() != doc.get('checksum'):
     raise CheckpointCorruptedError(
@@ -381,32 +571,52 @@ def read_metadata(path):
   return _read_metadata_doc(path)['metadata']
 
 
-def _read_verified(path):
-  """Returns (metadata document, arrays file bytes), both checksum-verified."""
-  path = os.fspath(path)
-  doc = _read_metadata_doc(path)
-  meta_path = os.path.join(path, METADATA_FILE)
+def _read_checked(path, name, size, sha256):
+  """The bytes of file `name` of checkpoint `path`, of the recorded `size`
+  and `sha256`."""
+  file_path = os.path.join(path, name)
   limit = limits.max_bytes()
-  arrays_file = doc.get('arrays_file')
-  if not isinstance(arrays_file, str) or not _ARRAYS_FILE_RE.match(arrays_file):
-    raise CheckpointFormatError(f'{meta_path}: bad arrays_file {arrays_file!r}.')
-  arrays_path = os.path.join(path, arrays_file)
-  if os.path.isfile(arrays_path) and os.path.getsize(arrays_path) > limit:
-    raise limits.too_big(arrays_path, 'the file', limit)
+  if os.path.isfile(file_path) and os.path.getsize(file_path) > limit:
+    raise limits.too_big(file_path, 'the file', limit)
   try:
-    with open(arrays_path, 'rb') as f:
+    with open(file_path, 'rb') as f:
       data = f.read()
   except FileNotFoundError:
     raise CheckpointCorruptedError(
-        f'{arrays_path}: missing; the checkpoint is incomplete.') from None
-  if len(data) != doc.get('arrays_size'):
+        f'{file_path}: missing; the checkpoint is incomplete.') from None
+  if len(data) != size:
     raise CheckpointCorruptedError(
-        f'{arrays_path}: {len(data)} bytes but the metadata records '
-        f'{doc.get("arrays_size")}; the file is truncated or corrupted.')
-  if hashlib.sha256(data).hexdigest() != doc.get('arrays_sha256'):
+        f'{file_path}: {len(data)} bytes but the metadata records '
+        f'{size}; the file is truncated or corrupted.')
+  if hashlib.sha256(data).hexdigest() != sha256:
     raise CheckpointCorruptedError(
-        f'{arrays_path}: sha256 mismatch; the array data is corrupted.')
-  return doc, data
+        f'{file_path}: sha256 mismatch; the array data is corrupted.')
+  return data
+
+
+def _read_verified(path):
+  """Returns (metadata document, arrays file bytes, [(shards table, shards
+  file bytes), ...]), all checksum-verified."""
+  path = os.fspath(path)
+  doc = _read_metadata_doc(path)
+  meta_path = os.path.join(path, METADATA_FILE)
+  arrays_file = doc.get('arrays_file')
+  if not isinstance(arrays_file, str) or not _ARRAYS_FILE_RE.match(arrays_file):
+    raise CheckpointFormatError(f'{meta_path}: bad arrays_file {arrays_file!r}.')
+  data = _read_checked(path, arrays_file, doc.get('arrays_size'),
+                       doc.get('arrays_sha256'))
+  shards = []
+  tables = doc.get('shard_files', [])
+  if not isinstance(tables, list):
+    raise CheckpointFormatError(f'{meta_path}: bad shard_files.')
+  for table in tables:
+    name = table.get('file') if isinstance(table, dict) else None
+    if not isinstance(name, str) or not _SHARDS_FILE_RE.match(name) or (
+        not name.endswith('.safetensors')):
+      raise CheckpointFormatError(f'{meta_path}: bad shards file {name!r}.')
+    shards.append((table, _read_checked(path, name, table.get('size'),
+                                        table.get('sha256'))))
+  return doc, data, shards
 
 
 def verify_native(path):
@@ -416,7 +626,7 @@ def verify_native(path):
     CheckpointCorruptedError: missing, truncated or altered files.
     CheckpointFormatError: not a native checkpoint of a supported version.
   """
-  doc, _ = _read_verified(path)
+  doc, _, _ = _read_verified(path)
   return doc['metadata']
 
 
@@ -436,9 +646,10 @@ def _namedtuple_type(name, fields, where):
 class _Decoder:
   """Rebuilds trees from JSON nodes and the loaded safetensors arrays."""
 
-  def __init__(self, arrays, shape_dtype_factory):
+  def __init__(self, arrays, shape_dtype_factory, pieces=None):
     self._arrays = arrays
     self._factory = shape_dtype_factory
+    self._pieces = pieces or {}  # key -> [(bounds, stored), ...]
 
   def _array(self, node, where):
     dtype = _dtype_from_name(node.get('dtype'), where)
@@ -446,6 +657,8 @@ class _Decoder:
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and d >= 0 for d in shape):
       raise CheckpointFormatError(f'{where}: bad shape {shape!r}.')
+    if node.get('split'):
+      return self._assemble(node, dtype, shape, where)
     stored = self._arrays.get(node.get('key'))
     if stored is None:
       raise CheckpointFormatError(
@@ -459,6 +672,38 @@ class _Decoder:
           f'{where}: stored {stored.dtype}{list(stored.shape)} does not match '
           f'the recorded {dtype}{shape}.')
     return np.array(stored)  # A writable copy, detached from the file buffer.
+
+  def _assemble(self, node, dtype, shape, where):
+    """A split array, whole, from the pieces of every process's file."""
+    out = np.zeros(shape, dtype)
+    covered = np.zeros(shape, bool)
+    for bounds, stored in self._pieces.get(node.get('key'), ()):
+      if not isinstance(bounds, list) or len(bounds) != len(shape) or not all(
+          isinstance(b, list) and len(b) == 2 and
+          all(isinstance(i, int) and not isinstance(i, bool) for i in b) and
+          0 <= b[0] <= b[1] <= dim for b, dim in zip(bounds, shape)):
+        raise CheckpointFormatError(f'{where}: bad piece slices {bounds!r}.')
+      piece_shape = tuple(b - a for a, b in bounds)
+      if node.get('raw'):
+        if stored.nbytes != int(np.prod(piece_shape, dtype=np.int64)) * (
+            dtype.itemsize):
+          raise CheckpointFormatError(f'{where}: a raw piece has the wrong '
+                                      'size.')
+        piece = np.frombuffer(stored.tobytes(), dtype).reshape(piece_shape)
+      elif stored.dtype != dtype or stored.shape != piece_shape:
+        raise CheckpointFormatError(
+            f'{where}: a stored piece {stored.dtype}{list(stored.shape)} for '
+            f'the slices {bounds}.')
+      else:
+        piece = stored
+      index = tuple(slice(a, b) for a, b in bounds)
+      out[index] = piece
+      covered[index] = True
+    if not covered.all():
+      raise CheckpointFormatError(
+          f'{where}: the shards files do not cover the whole array (a '
+          'process\'s shards are missing).')
+    return out
 
   def node(self, node, where):
     if not isinstance(node, dict):
@@ -513,6 +758,25 @@ class _Decoder:
     raise CheckpointFormatError(f'{where}: unknown node type {t!r}.')
 
 
+def _pieces(path, shards):
+  """`{key: [(slices, stored array), ...]}` of the verified shards files."""
+  pieces = collections.defaultdict(list)
+  for table, data in shards:
+    try:
+      stored = st_numpy.load(data)
+    except (safetensors.SafetensorError, ValueError, KeyError) as e:
+      raise CheckpointCorruptedError(
+          f'{path}: unreadable shards file {table["file"]} ({e}).') from None
+    entries = table.get('pieces')
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and e.get('entry') in stored for e in entries):
+      raise CheckpointFormatError(
+          f'{path}: the table of {table["file"]} does not match its pieces.')
+    for e in entries:
+      pieces[e.get('key')].append((e.get('index'), stored[e['entry']]))
+  return pieces
+
+
 def load_native(path, shape_dtype_factory=None):
   """Loads a checkpoint written by `save_native`, verifying its checksums.
 
@@ -529,7 +793,7 @@ def load_native(path, shape_dtype_factory=None):
       array is decoded).
     CheckpointFormatError: not a native checkpoint of a supported version.
   """
-  doc, data = _read_verified(path)
+  doc, data, shards = _read_verified(path)
   try:
     arrays = st_numpy.load(data)
   except (safetensors.SafetensorError, ValueError, KeyError) as e:
@@ -538,7 +802,7 @@ def load_native(path, shape_dtype_factory=None):
   if shape_dtype_factory is None:
     def shape_dtype_factory(shape, dtype):
       return convert_shape_dtypes(TraxShapeDtype(shape, dtype))
-  decoder = _Decoder(arrays, shape_dtype_factory)
+  decoder = _Decoder(arrays, shape_dtype_factory, _pieces(path, shards))
   nodes = doc.get('trees')
   if not isinstance(nodes, dict):
     raise CheckpointFormatError(f'{path}: metadata has no trees.')

@@ -29,14 +29,17 @@ from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointFormatError
 from retrax.checkpoints.native import METADATA_FILE
 from retrax.checkpoints.native import read_metadata
+from retrax.checkpoints.native import SHARDS_FILE_PATTERN
 from retrax.checkpoints.native import verify_native
 from retrax.run_layout import ROLLING_PREFIX
 
 DEFAULT_PREFIX = ROLLING_PREFIX
-# What a save killed before its commit point leaves in a checkpoint directory.
+# What a save killed before its commit point leaves in a checkpoint directory
+# (a sharded save: also each process's shards file and table).
 _PARTIAL_FILE_RE = re.compile(
     r'^(arrays\.[0-9a-f]{16}\.safetensors|\.arrays\.[a-z0-9_]+\.tmp|'
-    r'\.metadata\.json\.[a-z0-9_]+\.tmp)$')
+    r'\.metadata\.json\.[a-z0-9_]+\.tmp|\.shards\.[a-z0-9_]+\.tmp|'
+    f'{SHARDS_FILE_PATTERN}|\\.{SHARDS_FILE_PATTERN}\\.[a-z0-9_]+\\.tmp)$')
 
 
 class Entry(typing.NamedTuple):

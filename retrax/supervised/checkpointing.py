@@ -22,6 +22,10 @@ if each stream yields the same batches every time it is created), `kind` and
     save_trax_state(f'{output_dir}/model', host, h, sig)
     train_state, meta = restore_state(path, template_state)
 
+A state split over several processes (FSDP over processes) is saved by every
+process with `save_split_in_dir`: each writes the pieces it holds, nothing
+is gathered, and Trax's files are not written; it restores like any other.
+
 Rolling checkpoints are `<output_dir>/ckpt_<step>` (the `keep` of highest
 recorded step are kept), permanent ones `<output_dir>/model_<step>`.
 Resuming takes the checkpoint of either kind with the highest recorded step
@@ -83,32 +87,57 @@ def save_state(path, host_state, *, input_signature, history, batches,
     kind: 'Loop' or 'Trainer' (what wrote it).
     loss_sums: `LossSums.to_dict()`, so a resumed run logs the same means.
   """
+  return ckpt_lib.save_native(path, _trees(host_state, input_signature),
+                              _metadata(host_state.step, history, batches,
+                                        kind, loss_sums))
+
+
+def _metadata(step, history, batches, kind, loss_sums):
   metadata = {'kind': kind, 'kind_version': FORMAT_KIND_VERSION,
-              'step': int(host_state.step),
-              'history': history.to_dict()['_values'], 'batches': batches}
+              'step': int(step), 'history': history.to_dict()['_values'],
+              'batches': batches}
   if loss_sums is not None:
     metadata['accumulator'] = loss_sums
-  return ckpt_lib.save_native(path, _trees(host_state, input_signature),
-                              metadata)
+  return metadata
+
+
+_CHECKED_PARTS = ('weights', 'slots')
+
+
+def _non_finite_part(host_state):
+  """0 if the weights and optimizer slots of `host_state` are finite, else
+  1 + the index in `_CHECKED_PARTS` of the first that holds NaN/inf (of a
+  split array, the pieces held here are checked)."""
+  for i, tree in enumerate((host_state.weights,
+                            tuple(t.slots for t in host_state.tasks))):
+    for x in ckpt_lib.tree_leaves(tree):
+      pieces = ([p for _, p in x.pieces] if isinstance(x, ckpt_lib.Shards)
+                else [x])
+      for p in pieces:
+        a = np.asarray(p) if hasattr(p, 'dtype') else None
+        if a is None or a.dtype.kind not in 'fcV':
+          continue
+        if not np.all(np.isfinite(a.astype(np.float32) if a.dtype.kind == 'V'
+                                  else a)):
+          return i + 1
+  return 0
+
+
+def _non_finite_error(step, part, last_saved_step):
+  last = ('no checkpoint was saved' if last_saved_step is None else
+          f'the last checkpoint is from step {last_saved_step}')
+  return NonFiniteLossError(
+      f'Step {step}: the {_CHECKED_PARTS[part - 1]} hold NaN or inf, so they '
+      f'are not saved ({last}). Check the learning rate and the data, or '
+      'clip gradients (clip_grad_norm=).')
 
 
 def check_finite(host_state, last_saved_step):
   """Raises `NonFiniteLossError` if the weights or optimizer slots of
   `host_state` hold NaN/inf: such a state is never saved."""
-  for name, tree in (('weights', host_state.weights),
-                     ('slots', tuple(t.slots for t in host_state.tasks))):
-    for x in ckpt_lib.tree_leaves(tree):
-      a = np.asarray(x) if hasattr(x, 'dtype') else None
-      if a is None or a.dtype.kind not in 'fcV':
-        continue
-      if not np.all(np.isfinite(a.astype(np.float32) if a.dtype.kind == 'V'
-                                else a)):
-        last = ('no checkpoint was saved' if last_saved_step is None else
-                f'the last checkpoint is from step {last_saved_step}')
-        raise NonFiniteLossError(
-            f'Step {host_state.step}: the {name} hold NaN or inf, so they are '
-            f'not saved ({last}). Check the learning rate and the data, or '
-            'clip gradients (clip_grad_norm=).')
+  part = _non_finite_part(host_state)
+  if part:
+    raise _non_finite_error(host_state.step, part, last_saved_step)
 
 
 def _like(loaded, template, what):
@@ -400,6 +429,48 @@ def save_in_dir(output_dir, host_state, basename=None, permanent=False, *,
   if write_trax_files:
     save_trax_state(trax_base, host_state, state_info['history'],
                     state_info['input_signature'])
+  return path
+
+
+def save_split_in_dir(output_dir, local_state, basename=None,
+                      permanent=False, *, keep, process_index, process_count,
+                      token, gather_ints, last_saved_step, report=None,
+                      **state_info):
+  """`save_in_dir` of a state split over processes, called by every process
+  at the same point: each writes the pieces it holds, process 0 commits (and
+  rotates); Trax's files are not written (they would need whole arrays).
+
+  Args:
+    output_dir, basename, permanent, keep, report, **state_info: as
+      `save_in_dir`'s (`state_info` is used by process 0).
+    local_state: `sharding.local_shards` of the `TrainState`.
+    process_index, process_count: this process and how many there are.
+    token: 16 hex digits, the same on every process, new for each save.
+    gather_ints: `gather_ints(n) -> [n of each process]`, a collective.
+    last_saved_step: for the message when the state is not finite.
+
+  Returns:
+    The checkpoint's path.
+
+  Raises:
+    NonFiniteLossError: on every process when any holds NaN/inf.
+  """
+  step = local_state.step
+  path = ownership.check_inside(output_dir, save_path(output_dir, step,
+                                                      basename, permanent))
+  # Every process learns of NaN/inf held anywhere, so all stop alike.
+  part = max(gather_ints(_non_finite_part(local_state)))
+  if part:
+    raise _non_finite_error(step, part, last_saved_step)
+  ckpt_lib.save_native_sharded(
+      path, _trees(local_state, state_info['input_signature']),
+      _metadata(step, state_info['history'], state_info['batches'],
+                state_info.get('kind', 'Loop'), state_info.get('loss_sums')),
+      process_index=process_index, process_count=process_count, token=token,
+      all_ok=lambda ok: [bool(v) for v in gather_ints(int(ok))])
+  if process_index == 0 and basename is None and not permanent:
+    ckpt_lib.rotate_checkpoints(output_dir, keep, ROLLING_PREFIX,
+                                report=report)
   return path
 
 

@@ -16,9 +16,16 @@ replicated.
 
 Trax's `N_WEIGHTS_SHARDS` (`trainer_lib.train(n_weights_shards=k)`) maps onto
 the same thing: a mesh `data=D/k, fsdp=k` over the D devices.
+
+A checkpoint of a state split over several processes gathers nothing: each
+process writes the pieces it holds (`local_shards`, one copy of each) and
+process 0 commits the checkpoint once all have (`gather_ints` is the
+barrier);
+see `retrax.checkpoints.native`. It restores onto any mesh.
 """
 
 import math
+import os
 
 import jax
 import numpy as np
@@ -225,3 +232,41 @@ def to_host(tree, writes=True):
               if _needs_gather(x) else x for x in leaves]
     tree = jax.tree_util.tree_unflatten(treedef, leaves)
   return placement.to_host(tree) if writes else None
+
+
+def split_over_processes(tree):
+  """True if an array of `tree` is split over the devices of several
+  processes (FSDP over processes): its checkpoints are then sharded."""
+  return any(_needs_gather(x) for x in jax.tree_util.tree_leaves(tree))
+
+
+def local_shards(tree):
+  """`tree` on the host without gathering: each array split over processes
+  becomes a `Shards` of the pieces this process holds (replica 0 of each, so
+  every piece is written once over all processes); the others are fetched."""
+  from retrax.checkpoints.native import Shards
+
+  def local(x):
+    if not _needs_gather(x):
+      return x
+    return Shards(x.shape, x.dtype, [
+        (s.index, np.asarray(s.data)) for s in x.addressable_shards
+        if s.replica_id == 0])
+  return placement.to_host(jax.tree_util.tree_map(local, tree))
+
+
+def gather_ints(value):
+  """`[value of each process]` of an int every process passes (a collective:
+  every process calls it at the same point; also a barrier)."""
+  from jax.experimental import multihost_utils
+  values = multihost_utils.process_allgather(np.asarray(value, np.int32))
+  return [int(v) for v in np.ravel(values)]
+
+
+def shared_token():
+  """16 hex digits drawn by process 0, the same on every process (a
+  collective): names one save's shards files."""
+  from jax.experimental import multihost_utils
+  mine = np.frombuffer(os.urandom(8), np.uint8).astype(np.int32)
+  agreed = multihost_utils.broadcast_one_to_all(mine)
+  return bytes(np.asarray(agreed).astype(np.uint8).tolist()).hex()

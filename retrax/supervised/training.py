@@ -116,6 +116,8 @@ class Loop(loop_internals.TraxLoopInternals):
     mesh: e.g. 'data=2,fsdp=4' (dict, jax Mesh): FSDP, see `sharding`.
   """
 
+  _said_no_trax_files = False  # Said once per loop (see `_save_split`).
+
   def __init__(self, model, tasks, eval_model=None, eval_tasks=None,
                output_dir=None, checkpoint_at=None, checkpoint_low_metric=None,
                checkpoint_high_metric=None, permanent_checkpoint_at=None,
@@ -473,20 +475,53 @@ class Loop(loop_internals.TraxLoopInternals):
       basename = None
     elif basename == f'{run_layout.TRAX_BASENAME}_{step}':
       basename, permanent = None, True
-    host_state = self._host_state()  # Never saves weights after a NaN loss.
-    if host_state is None:
+    split = self.output_dir is not None and sharding.split_over_processes(
+        self._train_state)
+    path = (self._save_split if split else self._save_whole)(basename,
+                                                             permanent)
+    if path is None:
       return None
-    path = checkpointing.save_in_dir(
-        self.output_dir, host_state, basename, permanent,
-        keep=self._keep_checkpoints, write_trax_files=self._write_trax_files,
-        report=self._log, input_signature=self._input_signature,
-        history=self._history, batches=self._batch_counts(),
-        kind=self._checkpoint_kind, loss_sums=self._loss_sums.to_dict())
     if basename is None and not permanent:
       self._last_rolling_step = step
     self._last_saved_step = step
     self.log_step(f'Saved checkpoint {path}', stdout=False)
     return path
+
+  def _save_whole(self, basename, permanent):
+    """`save_checkpoint` of a state fetched whole to the host (the chief's
+    path; None elsewhere)."""
+    host_state = self._host_state()  # Never saves weights after a NaN loss.
+    if host_state is None:
+      return None
+    return checkpointing.save_in_dir(
+        self.output_dir, host_state, basename, permanent,
+        keep=self._keep_checkpoints, write_trax_files=self._write_trax_files,
+        report=self._log, input_signature=self._input_signature,
+        history=self._history, batches=self._batch_counts(),
+        kind=self._checkpoint_kind, loss_sums=self._loss_sums.to_dict())
+
+  def _save_split(self, basename, permanent):
+    """`save_checkpoint` of a state split over processes: every process
+    writes the pieces it holds, none gathers a whole array (the chief's
+    path; None elsewhere)."""
+    self._pending.check()  # Next: collectives that every process joins.
+    writes = self._run_dir.writes
+    if writes and self._write_trax_files and not self._said_no_trax_files:
+      self._said_no_trax_files = True
+      self._log("Trax's model.pkl.gz files are not written: the weights and "
+                'slots are split over processes and no host gathers them '
+                '(export_trax_checkpoint gathers them on request).',
+                stdout=False)
+    path = checkpointing.save_split_in_dir(
+        self.output_dir, sharding.local_shards(self._train_state), basename,
+        permanent, keep=self._keep_checkpoints,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        token=sharding.shared_token(), gather_ints=sharding.gather_ints,
+        last_saved_step=self._last_saved_step, report=self._log,
+        input_signature=self._input_signature, history=self._history,
+        batches=self._batch_counts(), kind=self._checkpoint_kind,
+        loss_sums=self._loss_sums.to_dict())
+    return path if writes else None
 
   def export_trax_checkpoint(self, basename='model'):
     """Writes Trax's `Loop` checkpoint files (`<basename>.pkl.gz` ...).
@@ -567,6 +602,8 @@ class Loop(loop_internals.TraxLoopInternals):
   def _repair_trax_files(self):
     """Rewrites Trax's files of the resumed step where a kill came between
     the native save and theirs."""
+    if sharding.split_over_processes(self._train_state):
+      return  # Such runs write no Trax files (see `_save_split`).
     stale = checkpointing.stale_trax_names(self.output_dir, self.step)
     host_state = placement.to_host(self._train_state) if stale else None
     for name in stale:
