@@ -67,7 +67,7 @@ BAD = {
     'ReformerLM dropout': (
         lambda: models.ReformerLM(32, dropout=1.5, **TINY), 'dropout'),
     # The attention layer's own type errors are not mistaken for the dense
-    # signature (ApplyAttentionLayer retries on TypeError).
+    # signature (ApplyAttentionLayer chooses by the signature, not by errors).
     'ReformerLM attention n_heads': (
         lambda: models.ReformerLM(32, attention_type=functools.partial(
             LSH, chunk_len='4'), **TINY), 'chunk_len'),

@@ -61,6 +61,13 @@ class Layer:
 
   _mode = None
   _max_len = None
+  # What this layer keeps besides its configuration: weights, state, key and
+  # bookkeeping (name, caller, printing, init cache, path names). `same_layer`
+  # ignores these when it compares layers; a subclass that keeps caches of
+  # its own extends its parent's set (`Parent.runtime_attributes | {...}`).
+  runtime_attributes = frozenset({
+      '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
+      '_path_element_fn', '_name', '_sublayers_to_print'})
 
   def __init__(self, n_in=1, n_out=1, name=None, sublayers_to_print=None,
                mode=None):

@@ -20,29 +20,6 @@ from retrax.layers.stacked import stackable as stackable
 from retrax.layers.stacked import tree_spec as tree_spec
 from retrax.layers.stacked import unstack_groups as unstack_groups
 
-# What every `Layer` keeps besides its configuration: its weights, state and
-# key, and bookkeeping (its name, caller, printing, init cache, path names).
-LAYER_RUNTIME_ATTRIBUTES = frozenset({
-    '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
-    '_path_element_fn', '_name', '_sublayers_to_print'})
-
-
-def runtime_attributes(layer):
-  """The attributes of `layer` that do not change the function it computes.
-
-  `LAYER_RUNTIME_ATTRIBUTES`, plus the names each class in the layer's MRO
-  declares in a class attribute `runtime_attributes` (caches, memoized
-  lookups: anything a layer sets on itself while running or that is derived
-  from its configuration). Every other attribute counts as configuration.
-  Undeclared caches are safe (the layers compare as different, so they run
-  in a loop instead of a scan) but cost the scan; declare them.
-  """
-  names = set(LAYER_RUNTIME_ATTRIBUTES)
-  for cls in type(layer).__mro__:
-    names.update(vars(cls).get('runtime_attributes', ()))
-  return names
-
-
 def same_layer(a, b):
   """True if layers `a` and `b` compute the same function of (inputs, weights, state, rng).
 
@@ -64,7 +41,10 @@ def _same(a, b, seen):
   if isinstance(a, Layer):
     seen.add(key)
     da, db = vars(a), vars(b)
-    names = (set(da) | set(db)) - runtime_attributes(a)
+    # Layer's own bookkeeping always; the class's declared caches (a class
+    # extends its parent's set, see `Layer.runtime_attributes`).
+    names = ((set(da) | set(db)) - Layer.runtime_attributes -
+             set(type(a).runtime_attributes))
     return all(_same(da.get(k), db.get(k), seen) for k in names)
   if isinstance(a, (tuple, list)):
     return len(a) == len(b) and all(_same(x, y, seen) for x, y in zip(a, b))

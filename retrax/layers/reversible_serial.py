@@ -40,8 +40,8 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   """
 
   # Caches of its mode and block length, and the stacked weights it owns.
-  runtime_attributes = ('_predict_mode', '_period', '_own_weights', '_spread',
-                        '_spread_ids')
+  runtime_attributes = cb.Serial.runtime_attributes | {
+      '_predict_mode', '_period', '_own_weights', '_spread', '_spread_ids'}
 
   def __init__(self, *layers):
     super().__init__(*layers)

@@ -173,7 +173,7 @@ def test_gradient_memory_flat_in_depth_with_weights_larger_than_activations():
 class _CountingDense(core.Dense):
   """A Dense that counts its calls in a cache attribute it declares."""
 
-  runtime_attributes = ('_n_calls',)
+  runtime_attributes = core.Dense.runtime_attributes | {'_n_calls'}
 
   def forward(self, x):
     self._n_calls = getattr(self, '_n_calls', 0) + 1

@@ -7,6 +7,8 @@ feed-forward, positional-encoding type, sparse output layer); with default
 arguments their layer and weight trees are Trax's, leaf for leaf.
 """
 
+import inspect
+
 from retrax import layers as tl
 from retrax.layers.research import sparsity as research_sparsity
 from retrax.layers import validation
@@ -137,18 +139,30 @@ def _sru_block(ff_use_sru, d_model, center_layernorm, mode):
 def ApplyAttentionLayer(attention_type, d_model, n_heads, d_qk, d_v, causal,
                         masked, attention_dropout, output_dropout,
                         attention_chunk_size, mode):
-  """Builds `attention_type` with the efficient-attention or dense-attention signature."""
-  try:
+  """Builds `attention_type` with the efficient-attention or dense-attention signature.
+
+  Efficient attention (`SelfAttention`, `LSHSelfAttention`, any callable
+  taking `d_qk` or `**kwargs`) gets heads, sizes, causality and dropouts by
+  keyword; dense attention (`Attention`, `CausalAttention`) takes
+  `d_feature` first instead.
+  """
+  if _takes_efficient_arguments(attention_type):
     attention = attention_type(
         n_heads=n_heads, d_qk=d_qk, d_v=d_v, causal=causal, masked=masked,
         output_dropout=output_dropout, attention_dropout=attention_dropout,
         mode=mode)
-  except validation.ArgumentError:
-    raise
-  except TypeError:  # Dense attention layers take d_feature instead.
+  else:
     attention = attention_type(d_model, n_heads=n_heads,
                                dropout=attention_dropout, mode=mode)
   return tl.Chunk(attention, attention_chunk_size)
+
+
+def _takes_efficient_arguments(attention_type):
+  try:
+    params = inspect.signature(attention_type).parameters.values()
+  except (TypeError, ValueError):  # No readable signature (a builtin).
+    return True
+  return any(p.name == 'd_qk' or p.kind is p.VAR_KEYWORD for p in params)
 
 
 @tl.assert_shape('...d->...d')
