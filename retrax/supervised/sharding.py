@@ -33,7 +33,9 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
+from retrax.checkpoints.native import Shards
 from retrax.errors import UserInputError
+from retrax.layers.stacked import StackedLayers
 from retrax.optimizers import placement
 from retrax.supervised import devices
 
@@ -243,16 +245,42 @@ def split_over_processes(tree):
 def local_shards(tree):
   """`tree` on the host without gathering: each array split over processes
   becomes a `Shards` of the pieces this process holds (replica 0 of each, so
-  every piece is written once over all processes); the others are fetched."""
-  from retrax.checkpoints.native import Shards
-
+  every piece is written once over all processes); the others are fetched.
+  Stacked layers become their per-layer tuples, as checkpoints list them."""
   def local(x):
     if not _needs_gather(x):
       return x
     return Shards(x.shape, x.dtype, [
         (s.index, np.asarray(s.data)) for s in x.addressable_shards
         if s.replica_id == 0])
-  return placement.to_host(jax.tree_util.tree_map(local, tree))
+  return _unstacked(placement.to_host(jax.tree_util.tree_map(local, tree)))
+
+
+def _row(x, r):
+  """Row `r` of a stacked leaf: an array's, or a `Shards` of the rows of
+  the pieces that hold it (none where another process holds it)."""
+  if isinstance(x, Shards):
+    pieces = []
+    for index, piece in x.pieces:
+      start, stop, _ = index[0].indices(x.shape[0])
+      if start <= r < stop:
+        pieces.append((tuple(index[1:]), piece[r - start]))
+    return Shards(x.shape[1:], x.dtype, pieces)
+  return x[r] if isinstance(x, (np.ndarray, jax.Array)) else x
+
+
+def _unstacked(tree):
+  """`tree` with each `StackedLayers` (whose iteration cannot slice a
+  `Shards`) replaced by the plain tuple of its per-layer trees."""
+  def unstack(x):
+    if not isinstance(x, StackedLayers):
+      return x
+    p = x.period
+    return tuple(_unstacked(jax.tree_util.tree_map(
+        lambda leaf, i=i: _row(leaf, i // p), x.groups[i % p]))
+                 for i in range(x.n))
+  return jax.tree_util.tree_map(
+      unstack, tree, is_leaf=lambda x: isinstance(x, StackedLayers))
 
 
 def gather_ints(value):

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -84,3 +85,37 @@ def test_weights_shards_mesh_is_trax_n_weights_shards():
     sharding.weights_shards_mesh(2)
   with pytest.raises(sharding.MeshError, match='positive int'):
     sharding.weights_shards_mesh(0)
+
+
+def test_stacked_layers_split_over_processes_save_their_layers(tmp_path):
+  """Weights stacked over layers and split over 2 (fake) processes, on a
+  feature axis and on the layer axis, load back as the per-layer arrays."""
+  from retrax.checkpoints import native
+  from retrax.layers import stacked
+  rng = np.random.default_rng(0)
+  layers = tuple((rng.normal(size=(4, 6)).astype(np.float32),
+                  rng.normal(size=(3,)).astype(np.float32)) for _ in range(4))
+  groups = stacked.stack_layers(layers, 2).groups  # Leaves (2, 4, 6), (2, 3).
+
+  def split(x, p):
+    """Process `p`'s half: (2, 4, 6) by columns, (2, 3) by layer rows."""
+    if x.ndim == 3:
+      index = (slice(None), slice(None), slice(3 * p, 3 * p + 3))
+    else:
+      index = (slice(p, p + 1), slice(None))
+    return native.Shards(x.shape, x.dtype, [(index, x[index])])
+
+  path = str(tmp_path / 'c')
+  for p in (1, 0):
+    tree = stacked.StackedLayers(
+        [jax.tree_util.tree_map(lambda x, p=p: split(x, p), g)
+         for g in groups], 4)
+    native.save_native_sharded(
+        path, {'weights': sharding._unstacked((tree,))}, {}, process_index=p,
+        process_count=2, token='0123456789abcdef',
+        all_ok=lambda ok: [True, True])
+  (got,) = native.load_native(path).trees['weights']
+  assert len(got) == 4
+  for want, have in zip(layers, got):
+    for w, h in zip(want, have):
+      np.testing.assert_array_equal(h, w)
