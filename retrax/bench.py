@@ -21,6 +21,7 @@ import functools
 import os
 import tempfile
 import time
+from typing import Any, Callable, List
 
 import jax
 import numpy as np
@@ -124,9 +125,10 @@ def main(quick=False):
   print(f'retrax {retrax.__version__}, jax {jax.__version__}, '
         f'{jax.default_backend()} x {jax.device_count()}'
         f'{" (quick)" if quick else ""}', flush=True)
-  steps = [functools.partial(bench_train, quick),
-           functools.partial(bench_decode, quick),
-           functools.partial(bench_data, quick)]
+  steps: List[Callable[[], Any]] = [
+      functools.partial(bench_train, quick),
+      functools.partial(bench_decode, quick),
+      functools.partial(bench_data, quick)]
   if not quick:
     steps.insert(1, bench_train_1k)
   lines = []

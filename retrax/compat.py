@@ -120,14 +120,16 @@ def _patch_jax():
   `jax.ops.index_update`/`add`/`mul`/`min`/`max`,
   `jax.device_put_replicated` and `jax.ShapedArray`.
   """
+  # The assignments below add names this JAX's stubs no longer declare, hence
+  # the attr-defined ignores.
   if not hasattr(jax.lax, 'tie_in'):
-    jax.lax.tie_in = lambda x, y: y
+    jax.lax.tie_in = lambda x, y: y  # type: ignore[attr-defined]
   _module_alias('jax.config', config=jax.config)
   for old, new in _JAX_TOP_LEVEL.items():
     if not hasattr(jax, old):
       setattr(jax, old, getattr(jax.tree_util, new))
   if not hasattr(jax.ops, 'index'):
-    jax.ops.index = jax.numpy.index_exp
+    jax.ops.index = jax.numpy.index_exp  # type: ignore[attr-defined]
   for method in ('set', 'add', 'mul', 'min', 'max'):
     name = 'index_update' if method == 'set' else f'index_{method}'
     if not hasattr(jax.ops, name):
@@ -135,7 +137,7 @@ def _patch_jax():
   if not hasattr(jax, 'device_put_replicated'):
     jax.device_put_replicated = _device_put_replicated
   if not hasattr(jax, 'ShapedArray'):
-    jax.ShapedArray = jax.core.ShapedArray
+    jax.ShapedArray = jax.core.ShapedArray  # type: ignore[attr-defined]
 
 
 def install():

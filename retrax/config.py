@@ -141,7 +141,7 @@ class RunConfig:
 
   def replace(self, **values):
     """A copy with settings replaced, named by flat (or dotted) keys."""
-    by_section = {}
+    by_section: typing.Dict[str, typing.Dict[str, typing.Any]] = {}
     for name, value in values.items():
       key = key_of(name)
       by_section.setdefault(key.section, {})[key.field] = value

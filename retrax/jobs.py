@@ -56,6 +56,7 @@ def build_model(config, mode='train'):
         vocab_size=m.vocab_size, d_model=m.d_model, d_ff=m.d_ff,
         n_layers=m.n_layers, n_heads=m.n_heads, max_len=m.length,
         dropout=m.dropout, mode=mode)
+  attention: Any  # A layer class, or one with some arguments bound.
   if m.attention == 'lsh':
     attention = functools.partial(
         tl.LSHSelfAttention, chunk_len=m.chunk_len, n_hashes=m.n_hashes,

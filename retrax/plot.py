@@ -41,8 +41,10 @@ def load_metrics(output_dir):
     raise FileNotFoundError(
         f'{path} does not exist; is {output_dir} the output_dir of a '
         'training run?')
-  series = collections.defaultdict(lambda: collections.defaultdict(
-      lambda: ([], [])))
+  # metric -> mode -> (steps, values)
+  series: collections.defaultdict[
+      str, collections.defaultdict[str, tuple[list, list]]] = collections.defaultdict(
+          lambda: collections.defaultdict(lambda: ([], [])))
   for record in metrics_log.read_jsonl(path):
     steps, values = series[record['metric']][record['mode']]
     steps.append(record['step'])

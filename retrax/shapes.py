@@ -75,7 +75,7 @@ def signature(obj):
 
 def splice_signatures(*sigs):
   """Flattens the top level of several signatures into one signature."""
-  result = []
+  result: list = []
   for sig in sigs:
     if isinstance(sig, (list, tuple)):
       result.extend(sig)

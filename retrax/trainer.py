@@ -124,8 +124,9 @@ def train_from_gin(config_files, bindings, output_dir=None):
   os.makedirs(output_dir, exist_ok=True)
   with atomic.atomic_write(os.path.join(output_dir, 'config.gin')) as f:
     f.write(gin.config_str().encode())
-  # The gin-configured `train` (registered by `retrax.trax_gin`).
-  return trainer_lib.train(output_dir=output_dir)
+  # The gin-configured `train` (registered by `retrax.trax_gin`): gin
+  # supplies `model` and the rest, which the signature cannot show.
+  return trainer_lib.train(output_dir=output_dir)  # type: ignore[call-arg]
 
 
 def _main_gin(args):

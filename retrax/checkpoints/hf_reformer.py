@@ -31,6 +31,7 @@ the bucket count from the length by different rules.
 
 import functools
 import inspect
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -235,7 +236,7 @@ def _attention_fields(kwargs, max_len):
   n_layers = kwargs['n_layers']
   settings = [_attention_setting(types[i % len(types)])
               for i in range(n_layers)]
-  fields = {'attn_layers': [kind for kind, _ in settings]}
+  fields: Dict[str, Any] = {'attn_layers': [kind for kind, _ in settings]}
   for kind in ('local', 'lsh'):
     distinct = {repr(s) for k, s in settings if k == kind}
     if len(distinct) > 1:
@@ -344,7 +345,8 @@ def weight_layout(cfg):
                                     'vocab_size'))
   hd = _get(cfg, 'num_attention_heads') * _get(cfg, 'attention_head_size')
   emb = 'reformer.embeddings.'
-  names = [(emb + 'word_embeddings.weight', 'same', (v, m))]
+  names: List[Tuple[str, str, tuple]] = [
+      (emb + 'word_embeddings.weight', 'same', (v, m))]
   if _get(cfg, 'axial_pos_embds'):
     shape = list(_get(cfg, 'axial_pos_shape'))
     for i, d in enumerate(_get(cfg, 'axial_pos_embds_dim')):

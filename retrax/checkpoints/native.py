@@ -128,8 +128,9 @@ class NativeCheckpoint(typing.NamedTuple):
 
 def _dtype_name(dtype):
   ml = ml_dtypes
-  if getattr(ml, dtype.type.__name__, None) is dtype.type:
-    return dtype.type.__name__
+  name = dtype.type.__name__
+  if getattr(ml, name, None) is dtype.type:
+    return name
   return dtype.str
 
 
@@ -250,10 +251,11 @@ class _Encoder:
       return {'t': 'shape_dtype', 'dtype': _dtype_name(np.dtype(x.dtype)),
               'shape': [None if d is None else int(d) for d in x.shape]}
     if isinstance(x, tuple) and hasattr(type(x), '_fields'):
-      return {'t': 'namedtuple', 'name': type(x).__name__,
-              'fields': list(type(x)._fields),
+      cls: typing.Any = type(x)  # A namedtuple class.
+      return {'t': 'namedtuple', 'name': cls.__name__,
+              'fields': list(cls._fields),
               'items': [self._node(c, path + (f,))
-                        for f, c in zip(type(x)._fields, x)]}
+                        for f, c in zip(cls._fields, x)]}
     if isinstance(x, (tuple, list)):
       return {'t': 'tuple' if isinstance(x, tuple) else 'list',
               'items': [self._node(c, path + (i,)) for i, c in enumerate(x)]}
@@ -630,7 +632,7 @@ def verify_native(path):
   return doc['metadata']
 
 
-_NAMEDTUPLE_TYPES = {}
+_NAMEDTUPLE_TYPES: typing.Dict[typing.Tuple[str, tuple], type] = {}
 
 
 def _namedtuple_type(name, fields, where):
@@ -718,10 +720,13 @@ class _Decoder:
         raise CheckpointFormatError(f'{where}: bad {t} value {value!r}.')
       return value
     if t == 'float':
+      value = node.get('v')
       try:
-        return float.fromhex(node.get('v'))
-      except (TypeError, ValueError):
-        raise CheckpointFormatError(f'{where}: bad float.') from None
+        if isinstance(value, str):
+          return float.fromhex(value)
+      except ValueError:
+        pass
+      raise CheckpointFormatError(f'{where}: bad float.')
     if t == 'bytes':
       try:
         return base64.b64decode(node.get('v', ''), validate=True)
@@ -769,11 +774,12 @@ def _pieces(path, shards):
           f'{path}: unreadable shards file {table["file"]} ({e}).') from None
     entries = table.get('pieces')
     if not isinstance(entries, list) or not all(
-        isinstance(e, dict) and e.get('entry') in stored for e in entries):
+        isinstance(entry, dict) and entry.get('entry') in stored
+        for entry in entries):
       raise CheckpointFormatError(
           f'{path}: the table of {table["file"]} does not match its pieces.')
-    for e in entries:
-      pieces[e.get('key')].append((e.get('index'), stored[e['entry']]))
+    for entry in entries:
+      pieces[entry.get('key')].append((entry.get('index'), stored[entry['entry']]))
   return pieces
 
 

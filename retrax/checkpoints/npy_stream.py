@@ -154,10 +154,11 @@ def read_npy_gz(path, max_bytes=None, sha256=None):
   limit = limits.max_bytes(max_bytes)
   if not os.path.exists(path):
     raise CheckpointNotFoundError(f'array file not found: {path}')
-  out, total = [], 0
+  out: list = []
+  total = 0
   try:
     with open(path, 'rb') as raw, gzip.GzipFile(
-        fileobj=_Hashing(raw), mode='rb') as gz:
+        fileobj=(hashing := _Hashing(raw)), mode='rb') as gz:
       while gz.peek(1):
         dtype, shape, fortran, header_bytes = _read_header(gz, path, len(out))
         n_bytes = math.prod(shape) * dtype.itemsize
@@ -173,7 +174,6 @@ def read_npy_gz(path, max_bytes=None, sha256=None):
         else:
           arr = arr.reshape(shape)
         out.append(arr)
-      hashing = gz.fileobj
       while hashing.read(1 << 20):  # Bytes after the stream count too.
         pass
   except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as e:

@@ -83,7 +83,7 @@ def check_entry(root, relpath, where):
 # --- the lock -----------------------------------------------------------------
 
 
-_HELD = {}  # resolved run dir -> [lock file descriptor, owner token]
+_HELD: dict[str, list] = {}  # resolved run dir -> [lock file descriptor, owner token]
 
 
 def _describe(holder):

@@ -19,6 +19,7 @@ records. Anything else raises `TypeError` naming its path in the object.
 import collections
 import io
 import struct
+from typing import Any, Dict
 
 import numpy as np
 
@@ -57,7 +58,7 @@ _REDUCE = b'R'
 _BUILD = b'b'
 _NEWOBJ = b'\x81'
 
-_BUILTIN_FACTORIES = {list: 'list', dict: 'dict', tuple: 'tuple', set: 'set',
+_BUILTIN_FACTORIES: Dict[Any, str] = {list: 'list', dict: 'dict', tuple: 'tuple', set: 'set',
                       int: 'int', float: 'float', str: 'str'}
 
 

@@ -84,7 +84,8 @@ def _is_incomplete(path):
       _PARTIAL_FILE_RE.match(n) for n in names)
 
 
-_VERIFIED = {}  # path -> (files' stat signature, {'step': recorded step}).
+# path -> (files' stat signature, {'step': recorded step}).
+_VERIFIED: typing.Dict[typing.Any, tuple] = {}
 
 
 def _signature(path):
@@ -197,7 +198,7 @@ def _remove_checkpoint(path):
     os.rmdir(path)
 
 
-_REPORTED = set()
+_REPORTED: typing.Set[tuple] = set()
 
 
 def _report_once(path, why, report, state='is unusable and '):

@@ -19,6 +19,7 @@ import collections
 import functools
 import io
 import pickle
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -206,6 +207,8 @@ class _SafeCallable:
   """A table entry: calls `fn`; pickle's BUILD cannot alter it (no attributes)."""
 
   __slots__ = ('_fn', '_name')
+  _fn: Callable[..., Any]
+  _name: str
 
   def __init__(self, fn, name):
     object.__setattr__(self, '_fn', fn)
@@ -238,7 +241,8 @@ def _allowed_globals():
       safe[(f'{core}.{mod}', 'scalar')] = _scalar
     safe[(f'{core}.numeric', '_frombuffer')] = _frombuffer
   wrapped = {fn: _SafeCallable(fn, f'{m}.{n}') for (m, n), fn in safe.items()}
-  table = {key: wrapped[fn] for key, fn in safe.items()}
+  table: Dict[Tuple[str, str], Any] = {
+      key: wrapped[fn] for key, fn in safe.items()}
   table.update({
       ('numpy', 'ndarray'): _NDARRAY,
       ('collections', 'OrderedDict'): collections.OrderedDict,

@@ -117,7 +117,7 @@ def _stack_examples(buf, index):
         raise ValueError(f'examples have different numbers of elements '
                          f'{sorted(lengths)}')
       columns = list(zip(*buf))
-      out = []
+      out: list = []
       for j, column in enumerate(columns):
         # A column of the very same objects as an earlier one (e.g. after
         # Dup) is padded once and copied, so the arrays stay distinct.
@@ -234,7 +234,7 @@ def bucket_by_length(generator: Iterable[Any],
     ValueError: for inconsistent `boundaries`/`batch_sizes`.
   """
   _check_buckets(boundaries, batch_sizes)
-  buckets = [[] for _ in batch_sizes]
+  buckets: list[list] = [[] for _ in batch_sizes]
   bounds = list(boundaries) + [math.inf]
   for example in generator:
     length = length_fn(example)

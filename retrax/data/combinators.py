@@ -165,7 +165,7 @@ def _gradual(counters, generators, use_remainders):
   while True:
     yield from _emit_gradually(pairs, min(counters))
     if use_remainders:
-      fractions = []
+      fractions: list[int] = []
       for i, (counter, generator) in enumerate(pairs):
         processed = math.prod(fractions)
         for _ in range(counter - processed):

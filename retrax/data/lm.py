@@ -68,8 +68,11 @@ def PrefixLM(input_length: int = 128, output_length: int = 512) -> StreamFn:
   return _f
 
 
-def generate_sequential_chunks(max_length: int) -> StreamFn:
-  """Returns a stream function cutting sequences into chunks of <= max_length."""
+def generate_sequential_chunks(max_length: Optional[int]) -> StreamFn:
+  """Returns a stream function cutting sequences into chunks of <= max_length.
+
+  `None` (an unset gin binding, or `MLM`'s default) raises a `ValueError`.
+  """
   if max_length is None or max_length < 1:
     raise ValueError(f'max_length must be a positive int, got {max_length}.')
 

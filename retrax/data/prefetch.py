@@ -61,7 +61,7 @@ def prefetch(source: Iterable[Any], n_prefetch: int = 2) -> Iterator[Any]:
   """
   if n_prefetch < 1:
     raise ValueError(f'n_prefetch must be >= 1, got {n_prefetch}.')
-  q = queue.Queue(maxsize=n_prefetch)
+  q: queue.Queue[Any] = queue.Queue(maxsize=n_prefetch)
   stop = threading.Event()
   thread = threading.Thread(target=_produce, args=(source, q, stop),
                             name='retrax-data-prefetch', daemon=True)

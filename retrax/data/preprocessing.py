@@ -293,10 +293,10 @@ def c4_preprocess(dataset: Examples, training: bool,
     features['targets'] = features['inputs'] = encode(features['text'])
     return features, features['targets']
 
-  dataset = _map_pairs(tokenized, dataset)
+  pairs = _map_pairs(tokenized, dataset)
   if max_target_length > 0:
-    dataset = _filter_pairs(dataset, max_target_length, lambda _, t: len(t))
-  return dataset
+    pairs = _filter_pairs(pairs, max_target_length, lambda _, t: len(t))
+  return pairs
 
 
 # Feature dicts (the T5-style token preprocessors).
@@ -372,11 +372,11 @@ def add_eos_to_output_features(
     eos: int = 1) -> Iterator[Dict[str, Any]]:
   """Appends `eos` to each feature named in `output_features`."""
   del training
-  if not isinstance(output_features, (list, tuple)):
-    output_features = [output_features]
+  keys = (output_features if isinstance(output_features, (list, tuple))
+          else [output_features])
   for x in dataset:
     x = dict(x)
-    for key in output_features:
+    for key in keys:
       value = np.asarray(x[key])
       x[key] = np.concatenate([value, np.asarray([eos], value.dtype)])
     yield x

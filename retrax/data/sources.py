@@ -14,7 +14,7 @@ Empty files yield nothing.
 import codecs
 import fnmatch
 import os
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from retrax import local_paths
 Source = Callable[..., Iterator[Any]]
 
 
-def list_files(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
+def list_files(path_or_dir: Union[str, os.PathLike, List[Any], Tuple[Any, ...]],
                pattern: str = '*') -> List[str]:
   """Returns the files a source reads, in a deterministic order.
 
@@ -44,7 +44,7 @@ def list_files(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
   if not os.path.isdir(path):
     raise FileNotFoundError(f'Text source {path!r} does not exist (expected a '
                             f'file or a directory).')
-  files = []
+  files: List[str] = []
   for root, dirs, names in os.walk(path):
     dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
     files.extend(os.path.join(root, n) for n in sorted(names)
@@ -90,7 +90,7 @@ def _read_lines(path, encoding, errors, keep_newlines, skip_empty):
       raise _decode_error(path, f'after line {n}', encoding, e) from e
 
 
-def TextLines(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
+def TextLines(path_or_dir: Union[str, os.PathLike, List[Any], Tuple[Any, ...]],
               pattern: str = '*',
               encoding: Optional[str] = 'utf-8',
               errors: str = 'replace',
@@ -164,7 +164,7 @@ def _read_chunks(path, chunk_size, encoding, errors, drop_remainder):
       yield chunk
 
 
-def TextChunks(path_or_dir: Union[str, os.PathLike, Sequence[Any]],
+def TextChunks(path_or_dir: Union[str, os.PathLike, List[Any], Tuple[Any, ...]],
                chunk_size: int,
                pattern: str = '*',
                encoding: Optional[str] = 'utf-8',

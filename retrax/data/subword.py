@@ -131,7 +131,7 @@ class SubwordTextEncoder:
     self._max_subtoken_len = max(len(s) for s in subtokens)
     self._subtoken_to_id = {s: i for i, s in enumerate(subtokens) if s}
     self._alphabet = frozenset(c for s in subtokens for c in s) | _ESCAPE_CHARS
-    self._cache = {}
+    self._cache: dict[str, List[int]] = {}
 
   @property
   def vocab_size(self) -> int:

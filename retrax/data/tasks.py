@@ -372,6 +372,9 @@ class TextTokenizer:
 
   def __init__(self, spec='bytes'):
     self.spec = spec
+    # Exactly one of the two is set.
+    self._bytes: Optional[tokenizers.ByteTextEncoder]
+    self._spm: Optional[tokenizers.SentencePieceVocabulary]
     if spec == 'bytes':
       self._bytes = tokenizers.ByteTextEncoder(num_reserved_ids=0)
       self._spm = None
@@ -394,6 +397,7 @@ class TextTokenizer:
   def encode(self, text):
     """A str -> int32 ids (for SentencePiece: EOS after every line but the last)."""
     if self._spm is None:
+      assert self._bytes is not None
       return self._bytes.encode_array(text).astype(np.int32)
     lines = text.split('\n')
     pieces = self._spm.encode_batch(lines) if len(lines) > 1 else [
@@ -410,9 +414,11 @@ class TextTokenizer:
     """Ids -> str (invalid UTF-8 bytes become U+FFFD)."""
     ids = [int(i) for i in ids]
     if self._spm is None:
+      assert self._bytes is not None
       return self._bytes.decode(ids)
     eos = self._spm.eos_id
-    lines, line = [], []
+    lines: list[list[int]] = []
+    line: list[int] = []
     for i in ids:
       if i == eos:
         lines.append(line)

@@ -58,7 +58,7 @@ def _read_filepattern(filepattern: str, max_lines: Optional[int] = None,
 def corpus_token_counts(text_filepattern: str, corpus_max_lines: int,
                         split_on_newlines: bool = True) -> Dict[str, int]:
   """Counts of the `encode` tokens of the files matching `text_filepattern`."""
-  counts = collections.Counter()
+  counts: collections.Counter[str] = collections.Counter()
   for doc in _read_filepattern(text_filepattern, max_lines=corpus_max_lines,
                                split_on_newlines=split_on_newlines):
     counts.update(encode(doc))

@@ -118,7 +118,7 @@ class CharTextEncoder:
   @classmethod
   def from_text(cls, texts: Iterable[str], **kwargs) -> 'CharTextEncoder':
     """Builds the alphabet (sorted) from all characters in `texts`."""
-    chars = set()
+    chars: set[str] = set()
     for t in texts:
       chars.update(t)
     return cls(sorted(chars), **kwargs)
@@ -367,7 +367,7 @@ def _tokenize_grouped(stream, keys, encoder, n_reserved_ids, group_size):
     group = list(itertools.islice(iterator, group_size))
     if not group:
       return
-    texts = []
+    texts: list = []
     shells = [_collect_texts(ex, keys, texts) for ex in group]
     arrays = [np.asarray(ids, dtype=np.int64) + n_reserved_ids
               for ids in encoder.encode_batch(texts)]

@@ -58,7 +58,9 @@ def _set_default_x64(b):
   """Enables 64-bit JAX types while TFNP is the default; restores them after."""
   global _x64_before_tfnp
   if b == Backend.TFNP and _x64_before_tfnp is None:
-    _x64_before_tfnp = bool(jax.config.jax_enable_x64)
+    # Options are instance attributes JAX's Config sets at runtime (and
+    # `config.read` refuses options that have a context manager).
+    _x64_before_tfnp = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
     jax.config.update('jax_enable_x64', True)
   elif b != Backend.TFNP and _x64_before_tfnp is not None:
     jax.config.update('jax_enable_x64', _x64_before_tfnp)

@@ -231,7 +231,7 @@ def promoted(*xs, ranks=True):
   `ranks=False` leaves the shapes alone (operands of a matrix product).
   """
   if _is_numpy():  # The NumPy backend stays on NumPy arrays.
-    arrays = [onp.asarray(x) for x in xs]
+    arrays: list = [onp.asarray(x) for x in xs]
     dtype = onp.result_type(*arrays)
   else:
     arrays = [jnp.asarray(x) for x in xs]

@@ -70,8 +70,12 @@ def _rebuild(like, items):
   A tuple subclass with a `rebuild(items)` method (`StackedLayers`: stacked
   weights seen as per-layer trees) builds its own.
   """
-  if isinstance(like, tuple) and callable(getattr(type(like), 'rebuild', None)):
-    return like.rebuild(items)
+  if isinstance(like, tuple):
+    # Looked up on the type: a namedtuple field named `rebuild` is a property
+    # there, not callable, so it never counts as the method.
+    rebuild = getattr(type(like), 'rebuild', None)
+    if callable(rebuild):
+      return rebuild(like, items)
   if _is_namedtuple(like):
     return type(like)(*items)
   if isinstance(like, tuple):
@@ -195,10 +199,10 @@ def tree_unflatten(flat, tree, copy_from_tree=None):
       new.append(t_new)
     return (new if isinstance(tree, list) else tuple(new)), flat
   if isinstance(tree, dict):
-    new = {}
+    new_dict = {}
     for k, t in tree.items():
-      new[k], flat = tree_unflatten(flat, t, copy_from_tree)
-    return new, flat
+      new_dict[k], flat = tree_unflatten(flat, t, copy_from_tree)
+    return new_dict, flat
   if not flat:
     raise ValueError('tree_unflatten: ran out of leaves to fill the tree.')
   return flat[0], flat[1:]

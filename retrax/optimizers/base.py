@@ -300,14 +300,14 @@ class Optimizer:
     if self._clip_grad_norm is not None:
       grads_flat = _clip_flat(grads_flat, grads_norm, self._clip_grad_norm)
     weights_norm = _flat_l2_norm(weights_flat)
-    new_weights_flat, new_slots = [], []
+    new_weights_flat, new_slots_flat = [], []
     for index, (g, w, s) in enumerate(zip(grads_flat, weights_flat, slots)):
       new_w, new_s = self.update(step, g, w, s, opt_params)
       _check_new_weights(index, w, new_w)
       new_weights_flat.append(new_w)
-      new_slots.append(new_s)
+      new_slots_flat.append(new_s)
     new_weights = tree_unflatten(new_weights_flat, weight_tree)
-    new_slots = tuple(new_slots)
+    new_slots = tuple(new_slots_flat)
     if store_slots:
       self._slots = new_slots
     stats = {'gradients_l2': grads_norm, 'weights_l2': weights_norm}

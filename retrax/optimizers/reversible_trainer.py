@@ -23,6 +23,7 @@ those of `optimizers.Trainer` on the whole model.
 """
 
 import logging
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -167,7 +168,8 @@ class ReversibleSerialTrainer:
                     [_Unit(layer, optimizer_fn, 'reversible') for layer in revs])
                    for std, revs in self._blocks]
     self._loss_unit = _Unit(loss_layer, optimizer_fn, 'loss')
-    self._pending = None  # The last updated unit, its weights still moving.
+    # The last updated unit, its weights still moving.
+    self._pending: Optional[_Unit] = None
 
   @property
   def loss_layer(self):
@@ -242,6 +244,7 @@ class ReversibleSerialTrainer:
     for b in reversed(range(len(self._units))):
       stack, grad_stack = self._block_backward(b, stack, grad_stack, saved[b],
                                                rngs, step, stats)
+    assert self._pending is not None  # _loss_backward stored the loss layer.
     self._pending.collect()
     joint = {}
     for i, layer_stats in enumerate(reversed(stats)):

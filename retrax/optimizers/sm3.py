@@ -134,7 +134,7 @@ def scale_by_trax_sm3(beta2, graft) -> optax.GradientTransformation:
       acc = (beta2 * _cover_minimum(v1s, g.shape)
              + one_minus_beta2 * g * g)
     pg = _preconditioned(g, acc)
-    new_v2s = []
+    new_v2s: list = []
     if graft:
       previous = v2s[0] if diagonal else _cover_minimum(v2s, g.shape)
       acc_graft = previous + g * g
