@@ -20,6 +20,7 @@ JAX traces; `__call__(x)` is the eager convenience and updates `self.state`.
 import importlib
 import inspect
 import random
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -77,11 +78,12 @@ class Layer:
     self._n_out = n_out
     self._name = self.__class__.__name__ if name is None else name
     self._sublayers_to_print = sublayers_to_print
-    self._sublayers = ()
+    self._sublayers: Sequence[Layer] = ()
     self._rng = None
     self._rng_seed_int = random.randint(0, 2**31 - 1)
-    self._weights = EMPTY_WEIGHTS
-    self._state = EMPTY_STATE
+    # Trees of arrays (or cache markers), replaced whole by subclasses.
+    self._weights: Any = EMPTY_WEIGHTS
+    self._state: Any = EMPTY_STATE
     self._caller = errors.find_caller()
     self._init_cached = False
     self._path_element_fn = None

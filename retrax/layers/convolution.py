@@ -218,8 +218,8 @@ class Conv(ConvLayoutMixin, base.Layer):
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
     w = self._kernel_initializer(kernel_shape, rng_w)
     if self._use_bias:
-      bias_shape = [self._filters if c == 'C' else 1 for c in self._out_spec]
-      bias_shape = tuple(itertools.dropwhile(lambda d: d == 1, bias_shape))
+      bias_dims = [self._filters if c == 'C' else 1 for c in self._out_spec]
+      bias_shape = tuple(itertools.dropwhile(lambda d: d == 1, bias_dims))
       self.weights = (w, self._bias_initializer(bias_shape, rng_b))
     else:
       self.weights = w

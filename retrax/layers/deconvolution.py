@@ -95,8 +95,8 @@ class ConvTranspose(convolution.ConvLayoutMixin, base.Layer):
     convolution.check_float_input(self, input_signature)
     shape = self._conv_shape(input_signature.shape)
     kernel_shape = self._conv_kernel_shape(shape)
-    bias_shape = [self._filters if c == 'C' else 1 for c in self._out_spec]
-    bias_shape = tuple(itertools.dropwhile(lambda d: d == 1, bias_shape))
+    bias_dims = [self._filters if c == 'C' else 1 for c in self._out_spec]
+    bias_shape = tuple(itertools.dropwhile(lambda d: d == 1, bias_dims))
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
     w = self._kernel_initializer(kernel_shape, rng_w)
     b = self._bias_initializer(bias_shape, rng_b)

@@ -1,5 +1,7 @@
 """`LocallyConnected1d` (a convolution with separate weights per position) and `SummaryScalar`."""
 
+from typing import Any
+
 import numpy as np
 
 from retrax import fastmath
@@ -72,7 +74,7 @@ class LocallyConnected1d(base.Layer):
     x, w = fastmath.promoted(x, w, ranks=False)  # Integer inputs, as Trax.
     per_slot = jnp.einsum('...lp,lkpd->...lkd', x, w)
     src, valid = self._sources(length)
-    y = 0.
+    y: Any = 0.  # An array after the first kernel position.
     for k in range(self._kernel_size):
       part = jnp.take(per_slot[..., k, :], src[k], axis=-2)
       y = y + part * fastmath.with_rank(valid[k][:, None].astype(part.dtype),

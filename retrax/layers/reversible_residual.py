@@ -140,13 +140,13 @@ class ReversibleHalfResidual(ReversibleLayer):
                       for c, p in zip(stack_ct[:len(cr_items)], cr_items))
     cr_out_ct = cr_out_ct if isinstance(cr_out, (list, tuple)) else cr_out_ct[0]
     cr_in_ct, cr_w_ct = cr_vjp(cr_out_ct)
-    ctx_ct = [None] * len(context)
+    ctx_cts: list = [None] * len(context)
     for j, ct in enumerate(make_tuple(cr_in_ct)):
-      ctx_ct[j] = ct
+      ctx_cts[j] = ct
     for j in range(len(cr_items), len(stack)):
       k = cr.n_in + j - len(cr_items)
-      ctx_ct[k] = add_cotangents(ctx_ct[k], stack_ct[j])
-    ctx_ct = tuple(cotangent_like(c, p) for c, p in zip(ctx_ct, context))
+      ctx_cts[k] = add_cotangents(ctx_cts[k], stack_ct[j])
+    ctx_ct = tuple(cotangent_like(c, p) for c, p in zip(ctx_cts, context))
     return residual, ctx_ct, (cr_w_ct, attn_w_ct)
 
   def init_weights_and_state(self, input_signature):

@@ -53,6 +53,9 @@ class StackedLayers(tuple):
   code rebuilds a tuple) it gives the plain tuple of them.
   """
 
+  groups: tuple
+  n: int
+
   def __new__(cls, groups, n=None):
     if n is None:  # `type(t)(items)`, as tree code rebuilds tuples: per-layer.
       return tuple(groups)

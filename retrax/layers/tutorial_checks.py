@@ -25,7 +25,9 @@ import os
 import sys
 import sysconfig
 import threading
+import types
 import warnings
+from typing import Optional
 
 import jax
 import numpy as np
@@ -93,7 +95,8 @@ def _is_library(filename):
 def _user_frame():
   """`(frame, its depth below the caller)` of the innermost user frame, or
   `(None, None)` when every frame is a library's."""
-  frame, depth = sys._getframe(2), 1
+  frame: Optional[types.FrameType] = sys._getframe(2)
+  depth = 1
   while frame is not None and _is_library(frame.f_code.co_filename):
     frame, depth = frame.f_back, depth + 1
   return frame, depth

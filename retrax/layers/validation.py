@@ -51,7 +51,7 @@ def is_real_scalar(value):
     return not isinstance(value, bool)
   dtype = getattr(value, 'dtype', None)
   return (getattr(value, 'shape', None) == () and dtype is not None and
-          getattr(dtype, 'kind', None) in 'iuf')
+          getattr(dtype, 'kind', None) in ('i', 'u', 'f'))
 
 
 def check_real(owner, name, value, minimum=None, maximum=None,

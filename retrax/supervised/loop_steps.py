@@ -103,7 +103,8 @@ class PendingLosses:
   """
 
   def __init__(self, loss_names, loss_sums, last_checkpoint_note):
-    self._queue = collections.deque()  # (step, task, loss, stats) unchecked
+    # (step, task, loss, stats) unchecked
+    self._queue: collections.deque = collections.deque()
     self._loss_names = loss_names
     self._sums = loss_sums
     self._note = last_checkpoint_note

@@ -90,7 +90,7 @@ class RunFiles:
 
 def read_jsonl(path):
   """Returns the records of a metrics JSONL file; a torn last line is skipped."""
-  records = []
+  records: list = []
   if not os.path.exists(path):
     return records
   with open(path, 'rb') as f:
@@ -309,7 +309,7 @@ def _parse_message(buf):
 
 def decode_event(data):
   """Parses a serialized Event into a dict: wall_time, step, file_version, scalars."""
-  event = {'wall_time': None, 'step': 0, 'file_version': None, 'scalars': []}
+  event: dict = {'wall_time': None, 'step': 0, 'file_version': None, 'scalars': []}
   for number, _, value in _parse_message(data):
     if number == 1:
       event['wall_time'] = struct.unpack('<d', value)[0]

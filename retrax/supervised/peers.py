@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, Dict
 
 import jax
 
@@ -66,6 +67,7 @@ def _start_service(port, num_processes):
        str(num_processes), str(os.getpid())],
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
       start_new_session=True)
+  assert proc.stdout is not None  # stdout=PIPE.
   line = proc.stdout.readline()
   if not line.startswith('serving'):
     raise RuntimeError(f'the coordination service did not start on port '
@@ -75,7 +77,7 @@ def _start_service(port, num_processes):
 
 def join(coordinator, num_processes, process_id):
   """`jax.distributed.initialize` with the (recoverable) service apart."""
-  options = dict(heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
+  options: Dict[str, Any] = dict(heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
                  shutdown_timeout_seconds=SHUTDOWN_SECONDS)
   if process_id == 0:
     _start_service(int(coordinator.rsplit(':', 1)[1]), num_processes)

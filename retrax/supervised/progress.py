@@ -27,6 +27,7 @@ import importlib.util
 import sys
 import time
 import warnings
+from typing import Optional, Tuple
 
 import numpy as np
 import tqdm
@@ -229,7 +230,8 @@ class Progress:
     self._steps = 0
     self._tokens = 0
     self._start = time.time()
-    self._compiled_at = None  # (time, steps, tokens) when compiled.
+    # (time, steps, tokens) when compiled.
+    self._compiled_at: Optional[Tuple[float, int, int]] = None
     self._status = ''
     self._last_status = -float('inf')
     self._shapes = set()
@@ -278,6 +280,7 @@ class Progress:
 
   def _status_text(self, now, loss):
     """'9.1 steps/s, 582 tokens/s, ETA 03:17, loss 2.3100'."""
+    assert self._compiled_at is not None  # Called only once rate() is set.
     t, _, tokens = self._compiled_at
     parts = [f'{self.rate():.1f} steps/s',
              f'{(self._tokens - tokens) / max(now - t, 1e-9):.0f} tokens/s',

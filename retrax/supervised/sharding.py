@@ -60,18 +60,18 @@ def parse_mesh(spec):
   else:
     items = []
     for part in str(spec).replace(' ', '').split(','):
-      name, sep, size = part.partition('=')
+      name, sep, value = part.partition('=')
       if not sep:
         raise MeshError(f'mesh {spec!r}: expected axis=size pairs separated '
                         f'by commas, e.g. data=2,fsdp=4; got {part!r}.')
-      items.append((name, size))
+      items.append((name, value))
   axes = {}
-  for name, size in items:
+  for name, value in items:
     if name not in AXES or name in axes:
       raise MeshError(f'mesh {spec!r}: axis {name!r} is unknown or repeated; '
                       f'the axes are {", ".join(AXES)} (each at most once).')
     try:
-      size = int(size)
+      size = int(value)
     except (TypeError, ValueError):
       size = 0
     if size < 1:
@@ -163,7 +163,8 @@ class MeshParallel(devices.DataParallel):
 def bytes_per_device(tree):
   """`(largest bytes any one device holds, bytes of the whole arrays)` of the
   JAX arrays in `tree`."""
-  per_device, total = {}, 0
+  per_device: dict = {}
+  total = 0
   for x in jax.tree_util.tree_leaves(tree):
     if not isinstance(x, jax.Array):
       continue

@@ -51,9 +51,9 @@ def replicate(parallel, train_state):
   PRNG key stays a plain device array, as the host splits it)."""
   step, weights, state, eval_state, tasks, rng = train_state
   tasks = tuple(place_task(parallel, t) for t in tasks)
-  return TrainState(step, parallel.place_weights(weights),
-                    *parallel.replicate((state, eval_state)), tasks,
-                    jnp.asarray(rng))
+  state, eval_state = parallel.replicate((state, eval_state))
+  return TrainState(step, parallel.place_weights(weights), state, eval_state,
+                    tasks, jnp.asarray(rng))
 
 
 def place_task(parallel, task):

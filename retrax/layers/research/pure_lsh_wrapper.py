@@ -139,6 +139,7 @@ class MixedLSHSelfAttention(base.Layer):
         n_heads=n_heads, d_qk=d_qk, d_v=d_v, causal=causal, masked=masked,
         mode=mode, output_dropout=output_dropout,
         attention_dropout=attention_dropout, **pure_lsh_implementation_kwargs)
+    std: base.Layer
     if causal:
       preprocess = core.Fn('dup_shared_qk', lambda q, v: (q, q, v), n_out=3)
       std = attention.DotProductCausalAttention(dropout=attention_dropout,

@@ -7,6 +7,7 @@ fit the same call in `models.research.hourglass`.
 """
 
 import numbers
+from typing import Union
 
 from retrax.fastmath import numpy as jnp
 from retrax.layers import combinators as cb
@@ -111,7 +112,7 @@ def AttentionResampling(shorten_factor, d_model, is_upsampling, d_ff, n_heads,
     return core.Dropout(rate=dropout, shared_axes=dropout_shared_axes,
                         mode=mode)
 
-  add_original = (cb.Serial(cb.Select([0, 2, 1, 2]), cb.Add())
+  add_original: Union[cb.Serial, list] = (cb.Serial(cb.Select([0, 2, 1, 2]), cb.Add())
                   if is_upsampling else [])
   return [
       LayerNorm(),                                              # h

@@ -1,5 +1,6 @@
 """Beam search over `batch * n_beams` predict-mode rows, in one compiled loop."""
 
+import numbers
 from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
@@ -145,7 +146,9 @@ def beam_search(model, inputs=None, batch_size=1, n_beams=2, start_id=0,
   """
   inspection.check_count('n_beams', n_beams)
   inspection.check_count('max_length', max_length)
-  if isinstance(length_penalty, bool) or not np.isscalar(length_penalty):
+  # numbers.Real, not np.isscalar: a str is a NumPy scalar too.
+  if isinstance(length_penalty, bool) or not isinstance(length_penalty,
+                                                         numbers.Real):
     raise ValueError(f'length_penalty must be a number; got {length_penalty!r}.')
   inspection.check_mode(model, False)
   decoder = decoder_for(model)

@@ -8,6 +8,8 @@ share a program. Eval mode reruns the whole sequence, zero-padded to a power
 of two, at every step.
 """
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,8 +22,9 @@ from retrax.supervised.decoding.decoder import step
 
 
 def _check_sampling(temperature, top_k, top_p):
-  if isinstance(temperature, bool) or not np.isscalar(temperature) or (
-      temperature < 0):
+  # numbers.Real, not np.isscalar: a str is a NumPy scalar too.
+  if isinstance(temperature, bool) or not isinstance(
+      temperature, numbers.Real) or temperature < 0:
     raise ValueError(f'temperature must be a number >= 0; got {temperature!r}.')
   if top_k is not None and (not isinstance(top_k, (int, np.integer)) or
                             isinstance(top_k, bool) or top_k < 1):
