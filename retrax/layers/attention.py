@@ -136,12 +136,11 @@ class PureAttention(base.Layer):
   """
 
   def __init__(self, n_heads=1, dropout=0.0, mode='train'):
-    super().__init__(n_in=4, n_out=2)
+    super().__init__(n_in=4, n_out=2, mode=mode)
     _check_dropout('PureAttention', dropout)
     _check_mode('PureAttention', mode)
     self._n_heads = n_heads
     self._dropout = dropout
-    self._mode = mode
 
   def forward(self, inputs):
     q, k, v, mask = inputs
@@ -220,11 +219,10 @@ class DotProductAttention(base.Layer):
   """
 
   def __init__(self, dropout=0.0, mode='train'):
-    super().__init__(n_in=4, n_out=1)
+    super().__init__(n_in=4, n_out=1, mode=mode)
     _check_dropout('DotProductAttention', dropout)
     _check_mode('DotProductAttention', mode)
     self._dropout = dropout
-    self._mode = mode
 
   def forward(self, inputs):
     q, k, v, mask = inputs
@@ -361,14 +359,13 @@ class DotProductCausalAttention(base.Layer):
 
   def __init__(self, dropout=0.0, max_inference_length=2048, mode='train',
                n_heads=None):
-    super().__init__(n_in=3, n_out=1)
+    super().__init__(n_in=3, n_out=1, mode=mode)
     _check_dropout('DotProductCausalAttention', dropout)
     _check_mode('DotProductCausalAttention', mode)
     max_inference_length = validation.check_int(
         'DotProductCausalAttention', 'max_inference_length',
         max_inference_length, 1)
     self._dropout = dropout
-    self._mode = mode
     self._max_len = max_inference_length
     self._n_heads = validation.check_int('DotProductCausalAttention',
                                          'n_heads', n_heads, 1,
@@ -416,11 +413,10 @@ class _CausalDepthwiseConv(base.Layer):
   def __init__(self, kernel_size=3,
                kernel_initializer=init.GlorotUniformInitializer(),
                use_bfloat16=False, mode='train'):
-    super().__init__(name='CausalDepthwiseConv')
+    super().__init__(name='CausalDepthwiseConv', mode=mode)
     self._kernel_size = kernel_size
     self._kernel_initializer = kernel_initializer
     self._use_bfloat16 = use_bfloat16
-    self._mode = mode
 
   def predict_state_layout(self, state):
     """The last inputs, one row per example."""

@@ -201,12 +201,11 @@ class Scan(base.Layer):
                        f'least {n_carry} inputs and outputs (the carries); '
                        f'got {layer.name} with n_in={layer.n_in}, '
                        f'n_out={layer.n_out}.')
-    super().__init__(n_in=layer.n_in, n_out=layer.n_out)
+    super().__init__(n_in=layer.n_in, n_out=layer.n_out, mode=mode)
     self._sublayers = [layer]
     self._n_carry = n_carry
     self._axis = axis
     self._remat = remat
-    self._mode = mode
     self._weights = (None,)
     self._state = (None, ())
 

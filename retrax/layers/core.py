@@ -123,11 +123,10 @@ class Dropout(base.Layer):
   """
 
   def __init__(self, rate=0.0, shared_axes=None, mode='train'):
-    super().__init__()
+    super().__init__(mode=mode)
     validation.check_rate('Dropout', 'rate', rate)
     self._initial_rate = rate
     self._shared_axes = [] if shared_axes is None else list(shared_axes)
-    self._mode = mode
 
   def init_weights_and_state(self, input_signature):
     del input_signature

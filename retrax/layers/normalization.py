@@ -48,13 +48,12 @@ class BatchNorm(base.Layer):
 
   def __init__(self, axis=(0, 1, 2), epsilon=1e-5, center=True, scale=True,
                momentum=0.999, mode='train'):
-    super().__init__()
+    super().__init__(mode=mode)
     self._axis = (axis,) if isinstance(axis, int) else tuple(axis)
     self._epsilon = epsilon
     self._center = center
     self._scale = scale
     self._momentum = momentum
-    self._mode = mode
 
   def forward(self, x):
     if not isinstance(self.state, (tuple, list)) or len(self.state) != 3:

@@ -91,7 +91,7 @@ class PositionalEncoding(_PositionCounter):
   def __init__(self, max_len=2048, dropout=0.0, dropout_broadcast_dims=(-2,),
                use_bfloat16=False, start_from_zero_prob=1.0,
                max_offset_to_add=0, d_feature=None, mode='train'):
-    super().__init__()
+    super().__init__(mode=mode)
     _check_args('PositionalEncoding', dropout, mode)
     max_len = validation.check_int('PositionalEncoding', 'max_len', max_len, 1)
     self._max_len = max_len
@@ -100,7 +100,6 @@ class PositionalEncoding(_PositionCounter):
     self._use_bfloat16 = use_bfloat16
     self._start_from_zero_prob = start_from_zero_prob
     self._max_offset_to_add = max_offset_to_add
-    self._mode = mode
     self._d_feature = d_feature
 
   def forward(self, inputs):
@@ -170,7 +169,7 @@ class AxialPositionalEncoding(_PositionCounter):
   def __init__(self, shape=(64, 64, 3), d_embs=(384, 384, 256),
                kernel_initializer=init.RandomNormalInitializer(1.0),
                dropout=0.0, dropout_broadcast_dims=(), mode='train'):
-    super().__init__()
+    super().__init__(mode=mode)
     _check_args('AxialPositionalEncoding', dropout, mode)
     shape, d_embs = tuple(shape), tuple(d_embs)
     if len(shape) != len(d_embs) or not shape:
@@ -183,7 +182,6 @@ class AxialPositionalEncoding(_PositionCounter):
     self._max_len = functools.reduce(operator.mul, shape, 1)
     self._dropout = dropout if mode == 'train' else 0.0
     self._dropout_broadcast_dims = dropout_broadcast_dims
-    self._mode = mode
 
   def forward(self, inputs):
     _check_3d(self, inputs)
@@ -257,13 +255,12 @@ class SinCosPositionalEncoding(_PositionCounter):
 
   def __init__(self, add_offset=2048, dropout=0.0, dropout_broadcast_dims=(-2,),
                start_from_zero_one_in=2, mode='train'):
-    super().__init__()
+    super().__init__(mode=mode)
     _check_args('SinCosPositionalEncoding', dropout, mode)
     self._add_offset = add_offset
     self._dropout = dropout if mode == 'train' else 0.0
     self._dropout_broadcast_dims = dropout_broadcast_dims
     self._start_from_zero_one_in = start_from_zero_one_in
-    self._mode = mode
 
   def _sincos(self, start, length, d_feature):
     """The `(1, length, d_feature)` encoding of positions `start ...`."""
@@ -316,12 +313,11 @@ class FixedBasePositionalEncoding(_PositionCounter):
   def __init__(self, bases=(11, 13, 14, 15), n_digits=8,
                start_from_zero_one_in=2, base_dropout_one_in=100,
                mode='train', initializer=init.RandomUniformInitializer(1e-4)):
-    super().__init__()
+    super().__init__(mode=mode)
     if mode not in _MODES:
       raise ValueError(f'mode must be one of {_MODES}; got {mode!r}.')
     self._bases = tuple(bases)
     self._n_digits = n_digits
-    self._mode = mode
     self._initializer = initializer
     self._start_from_zero_one_in = start_from_zero_one_in
     self._base_dropout_one_in = base_dropout_one_in

@@ -87,13 +87,12 @@ class _SparseFFController(base.Layer):
                use_bfloat16, mode, kernel_initializer, bias_initializer,
                also_return_nondiscrete_output):
     super().__init__(name=f'_SparseFFController_{d_ff}', n_in=2,
-                     n_out=2 if also_return_nondiscrete_output else 1)
+                     n_out=2 if also_return_nondiscrete_output else 1, mode=mode)
     self._d_ff = d_ff
     self._d1, self._d2 = _split_blocks(self.name, d_ff, n_elements_in_block)
     self._d_lowrank = d_lowrank
     self._temperature = temperature if mode == 'train' else 0.0
     self._use_bfloat16 = use_bfloat16
-    self._mode = mode
     self._kernel_initializer = kernel_initializer
     self._bias_initializer = bias_initializer
     self._soft = also_return_nondiscrete_output
@@ -141,13 +140,12 @@ class _SparseFFMain(base.Layer):
                bias_initializer, multiply_by_controller_output, kernel_scaling):
     with_mask = mode == 'train' or multiply_by_controller_output
     super().__init__(name=f'_SparseFFMain_{d_ff}', n_in=3 if with_mask else 2,
-                     n_out=2)
+                     n_out=2, mode=mode)
     self._d_ff = d_ff
     self._d1, self._d2 = _split_blocks(self.name, d_ff, n_elements_in_block)
     self._quant_prob = quant_prob
     self._use_bfloat16 = use_bfloat16
     self._big_weights_in_bfloat16 = big_weights_in_bfloat16
-    self._mode = mode
     self._kernel_initializer = kernel_initializer
     self._bias_initializer = bias_initializer
     self._multiply = multiply_by_controller_output

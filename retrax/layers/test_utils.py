@@ -139,9 +139,8 @@ class MockTransformerLM(base.Layer):
   """
 
   def __init__(self, sequence_fn, mode, vocab_size):
-    super().__init__()
+    super().__init__(mode=mode)
     self._sequence_fn = sequence_fn
-    self._mode = mode
     self._vocab_size = vocab_size
     self._buffers = None
 

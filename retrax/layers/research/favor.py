@@ -57,7 +57,7 @@ class FavorAttention(base.Layer):
                numerical_stabilizer=0.001, use_approximate_softmax=False,
                scale_by_norm=True, normalize_data=False, epsilon=0.0001,
                mode='train'):
-    super().__init__(n_in=4, n_out=2)
+    super().__init__(n_in=4, n_out=2, mode=mode)
     if n_heads < 1 or d_feature % n_heads:
       raise ValueError(f'FavorAttention: d_feature ({d_feature}) must be a '
                        f'positive multiple of n_heads ({n_heads}).')
@@ -66,7 +66,6 @@ class FavorAttention(base.Layer):
     self._use_approximate_softmax = use_approximate_softmax
     self._normalize_data = normalize_data
     self._epsilon = epsilon
-    self._mode = mode
     self._projection = None
     if use_approximate_softmax:
       self._projection = orthogonal_feature_matrix(
@@ -183,9 +182,8 @@ class CausalFavorAttention(base.Layer):
 
   def __init__(self, numerical_stabilizer=0.001, mode='train', *,
                n_heads=None):
-    super().__init__(n_in=3, n_out=1)
+    super().__init__(n_in=3, n_out=1, mode=mode)
     self._numerical_stabilizer = numerical_stabilizer
-    self._mode = mode
     self._n_heads = n_heads
 
   def predict_state_layout(self, state):

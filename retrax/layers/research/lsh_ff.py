@@ -28,7 +28,7 @@ class LSHFF(base.Layer):
   def __init__(self, d_ff, n_buckets, n_hashes=4, mode='train',
                kernel_initializer=init.GlorotUniformInitializer(),
                bias_initializer=init.RandomNormalInitializer(1e-6)):
-    super().__init__(name=f'LSHFF_{d_ff}')
+    super().__init__(name=f'LSHFF_{d_ff}', mode=mode)
     self._d_ff = validation.check_int('LSHFF', 'd_ff', d_ff, 1)
     self._n_hashes = validation.check_int('LSHFF', 'n_hashes', n_hashes, 1)
     factors = n_buckets if isinstance(n_buckets, (list, tuple)) else [n_buckets]
@@ -37,7 +37,6 @@ class LSHFF(base.Layer):
       raise ValueError(f'LSHFF: n_buckets must be a positive even int or a '
                        f'list of them; got {n_buckets!r}.')
     self._n_buckets = n_buckets
-    self._mode = mode
     self._kernel_initializer = kernel_initializer
     self._bias_initializer = bias_initializer
 

@@ -179,7 +179,7 @@ class InfinitePositionalEncoding(base.Layer):
 
   def __init__(self, drift=.03, affine=True, transform='any',
                time_bin_length=None, mode='train'):
-    super().__init__()
+    super().__init__(mode=mode)
     if transform not in ('any', 'diag', 'none'):
       raise ValueError(f"InfinitePositionalEncoding: transform must be 'any', "
                        f"'diag' or 'none'; got {transform!r}.")
@@ -194,7 +194,6 @@ class InfinitePositionalEncoding(base.Layer):
     self._affine = affine
     self._transform = transform
     self._time_bin_length = time_bin_length
-    self._mode = mode
 
   def predict_state_layout(self, state):
     """Per-example positions (one row each) and a shared key."""
@@ -268,13 +267,12 @@ class TimeBinPositionalEncoding(base.Layer):
   num_features = 3
 
   def __init__(self, time_bin_length, mode='train'):
-    super().__init__()
+    super().__init__(mode=mode)
     if not isinstance(time_bin_length, (int, np.integer)) or time_bin_length < 1:
       raise ValueError('TimeBinPositionalEncoding: time_bin_length must be a '
                        f'positive int; got {time_bin_length!r}.')
     _check_mode('TimeBinPositionalEncoding', mode)
     self._time_bin_length = int(time_bin_length)
-    self._mode = mode
 
   def predict_state_layout(self, state):
     """Per-example positions, one row each."""

@@ -130,7 +130,7 @@ class RelativeAttention(base.Layer):
   """
 
   def __init__(self, separate_cls, n_heads=1, dropout=0.0, mode='train'):
-    super().__init__(n_in=7, n_out=2)
+    super().__init__(n_in=7, n_out=2, mode=mode)
     _check_mode('RelativeAttention', mode)
     if not 0.0 <= dropout < 1.0:
       raise ValueError(
@@ -138,7 +138,6 @@ class RelativeAttention(base.Layer):
     self._separate_cls = separate_cls
     self._n_heads = n_heads
     self._dropout = dropout
-    self._mode = mode
 
   def forward(self, inputs):
     location_bias, context_bias, pos_emb, q, k, v, mask = inputs

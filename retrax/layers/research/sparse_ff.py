@@ -36,14 +36,13 @@ class _ExpertFF(base.Layer):
 
   def __init__(self, d_ff, n_experts, temperature, mode, kernel_initializer,
                bias_initializer):
-    super().__init__(name=f'{type(self).__name__}_{d_ff}')
+    super().__init__(name=f'{type(self).__name__}_{d_ff}', mode=mode)
     if n_experts < 1 or d_ff % n_experts:
       raise ValueError(f'{type(self).__name__}: d_ff ({d_ff}) must be a '
                        f'positive multiple of n_experts ({n_experts}).')
     if mode not in _MODES:
       raise ValueError(f'{type(self).__name__}: mode must be one of {_MODES}; '
                        f'got {mode!r}.')
-    self._mode = mode
     self._d_ff = d_ff
     self._n_experts = n_experts
     self._temperature = temperature if mode == 'train' else 0.0

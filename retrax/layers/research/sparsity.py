@@ -155,9 +155,8 @@ class _RememberPad(base.Layer):
   """
 
   def __init__(self, n_items_to_remember, mode):
-    super().__init__(name='_RememberPad')
+    super().__init__(name='_RememberPad', mode=mode)
     self._n = n_items_to_remember
-    self._mode = mode
 
   def predict_state_layout(self, state):
     """The last items, one row per example."""

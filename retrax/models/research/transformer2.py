@@ -93,8 +93,7 @@ def _unpad_encoder(vecs_ed, toks_e):
 class _ConcatBase(reversible.ReversibleLayer):
 
   def __init__(self, n_in, n_out, mode):
-    super().__init__(n_in=n_in, n_out=n_out)
-    self._mode = mode
+    super().__init__(n_in=n_in, n_out=n_out, mode=mode)
 
   def init_weights_and_state(self, input_signature):
     del input_signature
@@ -111,8 +110,7 @@ class StripFromConcatenateWithPadding(base.Layer):
   """`(vec_ed, tok_e, tok_d) -> vec_d`: the decoder part of a concatenation."""
 
   def __init__(self, mode='train'):
-    super().__init__(n_in=3, n_out=1)
-    self._mode = mode
+    super().__init__(n_in=3, n_out=1, mode=mode)
 
   predict_state_layout = _flag_layout
 
