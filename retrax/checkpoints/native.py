@@ -164,7 +164,7 @@ class _Encoder:
     self.arrays = {}
     self.pieces = {}  # This process's pieces of split arrays, by entry name.
     self.piece_table = []  # [{'key', 'entry', 'index'}, ...] of `pieces`.
-    self._split_keys = set()
+    self.split_keys = set()  # Keys of the split arrays (`Shards` leaves).
 
   def encode(self, tree, name):
     self._name = name
@@ -175,7 +175,7 @@ class _Encoder:
     weight 2); made unique with `#n` if dict keys holding '/' collide."""
     key = '/'.join([self._name, *map(str, path)])
     base, n = key, 1
-    while key in self.arrays or key in self._split_keys:
+    while key in self.arrays or key in self.split_keys:
       key, n = f'{base}#{n}', n + 1
     return key
 
@@ -189,7 +189,7 @@ class _Encoder:
       raise TypeError(f'{self._name}{_path_str(path)}: dtype {dtype} cannot '
                       'be saved.') from None
     key = self._key(path)
-    self._split_keys.add(key)
+    self.split_keys.add(key)
     node = {'t': 'array', 'key': key, 'dtype': _dtype_name(dtype),
             'shape': list(x.shape), 'split': True}
     raw = dtype not in _SAFETENSORS_DTYPES
@@ -420,7 +420,7 @@ def save_native(path, trees, metadata=None):
   """
   path = os.fspath(path)
   encoder, nodes, user_metadata = _encode(trees, metadata)
-  if encoder._split_keys:  # pylint: disable=protected-access
+  if encoder.split_keys:
     raise TypeError('Shards leaves (arrays split over processes) are saved '
                     'with save_native_sharded.')
 
