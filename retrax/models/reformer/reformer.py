@@ -59,29 +59,6 @@ def _attention_types(attention_type, n_layers):
   return [types[i % len(types)] for i in range(n_layers)]
 
 
-def _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob):
-  if loss_sparsity or loss_d_lowrank or loss_sparsity_prob is not None:
-    raise ValueError('Sparse output layers (loss_sparsity, loss_d_lowrank, '
-                     'loss_sparsity_prob) are not supported by retrax; leave '
-                     'them at their defaults.')
-
-
-def _check_lm_args(sizes, n_layers, dropout):
-  """ReformerLM's sizes (ints >= 1), layer count and dropout rate."""
-  validation.check_sizes('ReformerLM', **sizes)
-  validation.check_counts('ReformerLM', n_layers=n_layers)
-  validation.check_rates('ReformerLM', dropout=dropout)
-
-
-def _positional_embedder(vocab_size, d_model, dropout, mode, max_len,
-                         pos_args):
-  """Embedding, Dropout and `PositionalEncoder(mode, dropout, max_len, *pos_args)`."""
-  return [vocab_layers.Embedding('ReformerLM', 'vocab_size', vocab_size,
-                                 d_model),
-          tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
-          ct.PositionalEncoder(mode, dropout, max_len, *pos_args)]
-
-
 @registry.register
 def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
@@ -93,37 +70,81 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                loss_sparsity_prob=None, attention_chunk_size=0, mode='train'):
   """Reversible Transformer language model (decoder only); outputs logits.
 
+  Tokens `[batch, length]` are shifted right, embedded and given positions,
+  duplicated into the two halves of a reversible residual stream, run
+  through `n_layers` reversible decoder blocks (attention half-residual,
+  swap, feed-forward half-residual, swap), concatenated, normalized and
+  projected to `vocab_size` logits. The layer tree is Trax 1.4.1's, leaf for
+  leaf.
+
   Args:
-    vocab_size: vocabulary size.
+    vocab_size: vocabulary size (checked when the model is initialized).
     d_model: depth of *each half* of the two-part residual stream.
     d_ff: depth of the feed-forward layer.
-    d_attention_key, d_attention_value: per-head key and value depth.
-    n_layers, n_heads: number of decoder blocks and attention heads.
-    dropout: dropout rate.
+    d_attention_key: per-head depth of queries and keys.
+    d_attention_value: per-head depth of values.
+    n_layers: number of decoder blocks.
+    n_heads: number of attention heads.
+    dropout: dropout rate of embeddings, attention, feed-forward and output
+      (0 outside training).
     max_len: maximum length for positional encodings (and predict caches).
     attention_type: attention class (default `tl.SelfAttention`), e.g.
-      `tl.LSHSelfAttention` or a `functools.partial` of it, or a list cycled
-      over layers.
-    pos_type: None (learned table), 'sin-cos', 'fixed-base', 'axial', 'no';
-      `pos_axial_shape`/`pos_d_axial_embs` select axial encoding.
+      `tl.LSHSelfAttention` or a `functools.partial` of it, or a list whose
+      types are cycled over the layers (`n_layers` must be a multiple of its
+      length).
+    pos_type: None (learned table), 'sin-cos', 'fixed-base', 'axial' or
+      'no' (no positional encoding).
+    pos_axial_shape: with `pos_type='axial'`, the factors of `max_len`
+      (e.g. `(64, 64)` for 4096 positions); the empty default means none.
+    pos_d_axial_embs: with axial encoding, the depth of each factor's table
+      (summing to `d_model`).
+    pos_start_from_zero_prob: in training, the probability that positions
+      start at 0; otherwise they start at a random offset (Trax's
+      augmentation for learned tables).
+    pos_max_offset_to_add: the largest such random offset.
     ff_activation: activation layer class (default `tl.FastGelu`).
+    ff_use_sru: if > 0, a residual branch `LayerNorm, Dense(n), SRU(n) x k,
+      Dense(d_model)` is added to each feed-forward's output: an int k
+      (n = 32) or a pair (k, n).
     ff_chunk_size: if > 0, the feed-forward runs in chunks of this many
       positions (bounded memory at long lengths).
-    attention_chunk_size: if > 0, attention runs over batch chunks.
-    mode: 'train', 'eval' or 'predict'.
+    ff_sparsity: if nonzero, a sparse feed-forward (`tl.SparseFF`) replaces
+      the dense one: an int N (blocks of N, low rank d_ff // N), or
+      (N, d_lowrank[, temperature, quant_prob]), or that as a string.
+    loss_sparsity_type: Trax's sparse output layer kind; retrax has no
+      sparse output layer, so this is ignored (its default is accepted).
+    loss_sparsity: must stay 0 (Trax's sparse output layer; not supported).
+    loss_d_lowrank: must stay 0 (same).
+    loss_sparsity_prob: must stay None (same).
+    attention_chunk_size: if > 0, attention runs over batch chunks of this
+      many examples.
+    mode: 'train', 'eval' or 'predict' (decoding one token at a time).
+
+  Raises:
+    ValueError: a size, count or rate out of range (naming the argument),
+      `n_layers` not a multiple of the attention types, or a sparse output
+      layer asked for.
   """
-  _check_lm_args(dict(d_model=d_model, d_ff=d_ff,
-                      d_attention_key=d_attention_key,
-                      d_attention_value=d_attention_value, n_heads=n_heads,
-                      max_len=max_len), n_layers, dropout)
+  validation.check_sizes('ReformerLM', d_model=d_model, d_ff=d_ff,
+                         d_attention_key=d_attention_key,
+                         d_attention_value=d_attention_value,
+                         n_heads=n_heads, max_len=max_len)
+  validation.check_counts('ReformerLM', n_layers=n_layers)
+  validation.check_rates('ReformerLM', dropout=dropout)
+  if loss_sparsity or loss_d_lowrank or loss_sparsity_prob is not None:
+    raise ValueError('Sparse output layers (loss_sparsity, loss_d_lowrank, '
+                     'loss_sparsity_prob) are not supported by retrax; leave '
+                     'them at their defaults.')
+  del loss_sparsity_type  # Only the sparse output layer reads it.
   attention_type = tl.SelfAttention if attention_type is None else attention_type
   ff_activation = tl.FastGelu if ff_activation is None else ff_activation
-  _check_loss_sparsity(loss_sparsity, loss_d_lowrank, loss_sparsity_prob)
-  del loss_sparsity_type
-  positional_embedder = _positional_embedder(
-      vocab_size, d_model, dropout, mode, max_len,
-      (pos_type, pos_axial_shape, pos_d_axial_embs, pos_start_from_zero_prob,
-       pos_max_offset_to_add))
+  positional_embedder = [
+      vocab_layers.Embedding('ReformerLM', 'vocab_size', vocab_size, d_model),
+      tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
+      ct.PositionalEncoder(mode, dropout, max_len, pos_type, pos_axial_shape,
+                           pos_d_axial_embs, pos_start_from_zero_prob,
+                           pos_max_offset_to_add),
+  ]
   decoder_blocks = [
       DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
                    attention_type=attn, dropout=dropout,
