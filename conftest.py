@@ -11,6 +11,9 @@ import pytest
 
 from retrax.layers import tutorial_checks
 
+# `--quick` / `--record-durations`: the quick subset (tests/quick_subset.py).
+pytest_plugins = ['tests.quick_subset']
+
 
 def pytest_collection_modifyitems(items):
   for item in items:

@@ -1,0 +1,55 @@
+"""`pytest --quick` leaves out the tests a timed run found slow, and keeps
+the rest, including tests written since (tests/quick_subset.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests import quick_subset
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TESTS = '''
+import time
+
+def test_fast():
+  pass
+
+def test_slow():
+  time.sleep({sleep})
+'''
+
+
+def _pytest(tmp_path, *args):
+  (tmp_path / 'pytest.ini').write_text('[pytest]\n')  # Not the repo's.
+  env = dict(os.environ, PYTHONPATH=_REPO)
+  proc = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-p', 'tests.quick_subset', '-p',
+       'no:cacheprovider', '-p', 'no:randomly', '-n', '0', '-v',
+       '--slow-tests-file', str(tmp_path / 'slow.json'), *args],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  return proc.stdout
+
+
+def test_recorded_slow_tests_are_left_out_and_new_ones_kept(tmp_path):
+  (tmp_path / 'test_a.py').write_text(_TESTS.format(
+      sleep=quick_subset.QUICK_SECONDS + 0.2))
+  _pytest(tmp_path, '--record-durations')
+  slow = json.loads((tmp_path / 'slow.json').read_text())['tests']
+  assert list(slow) == ['test_a.py::test_slow']
+  assert slow['test_a.py::test_slow'] >= quick_subset.QUICK_SECONDS
+  (tmp_path / 'test_b.py').write_text('def test_new():\n  pass\n')
+  out = _pytest(tmp_path, '--quick')
+  assert 'test_a.py::test_fast PASSED' in out
+  assert 'test_b.py::test_new PASSED' in out
+  assert 'test_slow' not in out and '1 deselected' in out
+  assert 'test_slow PASSED' in _pytest(tmp_path)  # Without --quick: all.
+
+
+def test_the_repository_file_lists_only_existing_slow_tests():
+  slow = quick_subset.read_slow_tests(quick_subset.SLOW_TESTS_FILE)
+  assert len(slow) > 100
+  assert all(s >= quick_subset.QUICK_SECONDS for s in slow.values())
+  for test in slow:
+    assert os.path.exists(os.path.join(_REPO, test.split('::')[0])), test
