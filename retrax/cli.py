@@ -328,7 +328,7 @@ def user_errors():
   saying what was kept. Anything else is a bug and keeps its traceback.
   """
   from retrax.checkpoints.errors import CheckpointError
-  from retrax.layers.validation import ArgumentError
+  from retrax.validation import ArgumentError
   from retrax.supervised.batch_checks import TrainingError
   return (UserInputError, CheckpointError, ArgumentError, TrainingError,
           FileNotFoundError, FileExistsError, NotADirectoryError,

@@ -33,7 +33,7 @@ def test_every_error_class_derives_from_retrax_error():
 
 def test_errors_keep_their_builtin_bases():
   from retrax.checkpoints import errors as checkpoint_errors
-  from retrax.layers import validation
+  from retrax import validation
   from retrax.supervised import batch_checks
   assert issubclass(validation.ArgumentTypeError, TypeError)
   assert issubclass(validation.ArgumentValueError, ValueError)

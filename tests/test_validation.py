@@ -14,7 +14,7 @@ from retrax import layers as tl
 from retrax import lr
 from retrax import models
 from retrax import optimizers
-from retrax.layers import validation
+from retrax import validation
 
 NAN = float('nan')
 TINY = dict(d_model=8, d_ff=8, n_heads=2, max_len=16)

@@ -27,7 +27,7 @@ from retrax.layers import core
 from retrax.layers import initializers as init
 from retrax.layers import kv_cache
 from retrax.layers import predict_state
-from retrax.layers import validation
+from retrax import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
 # Re-exported for Trax's module path (trax.layers.attention.ShiftRight etc.).

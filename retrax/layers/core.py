@@ -8,7 +8,7 @@ from retrax.fastmath import precision
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
-from retrax.layers import validation
+from retrax import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
 # Trax defines these in `trax.layers.core`.

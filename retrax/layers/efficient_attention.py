@@ -35,7 +35,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from retrax.fastmath import precision
-from retrax.layers import validation
+from retrax import validation
 from retrax.layers.efficient_attention_base import drop_oldest
 from retrax.layers.efficient_attention_base import fit_to_memory
 from retrax.layers.efficient_attention_base import EfficientAttentionBase

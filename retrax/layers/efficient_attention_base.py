@@ -29,7 +29,7 @@ from retrax.fastmath import xla_cpu
 from retrax.layers import base
 from retrax.layers import efficient_attention_groups as groups_lib
 from retrax.layers import predict_state
-from retrax.layers import validation
+from retrax import validation
 from retrax.shapes import ShapeDtype
 
 

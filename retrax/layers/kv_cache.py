@@ -17,7 +17,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from retrax.layers import validation
+from retrax import validation
 
 # Smallest cache prefix read by predict-mode causal attention on CPU.
 PREFIX_BLOCK = 128

@@ -8,7 +8,7 @@ from retrax import fastmath
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
-from retrax.layers import validation
+from retrax import validation
 
 _PADDINGS = ('VALID', 'SAME', 'WRAP')
 

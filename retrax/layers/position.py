@@ -21,7 +21,7 @@ from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
 from retrax.layers import predict_state
-from retrax.layers import validation
+from retrax import validation
 from retrax.layers.assert_shape import assert_shape
 
 _MODES = ('train', 'eval', 'predict', 'viz')

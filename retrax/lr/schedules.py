@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from retrax.layers import validation
+from retrax import validation
 
 __all__ = [
     'FACTOR_NAMES',

@@ -6,7 +6,7 @@ Vocabulary sizes are checked at init, where Trax first uses them (see
 """
 
 from retrax import layers as tl
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models import registry
 

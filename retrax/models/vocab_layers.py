@@ -14,7 +14,7 @@ when initialized or called.
 from retrax.layers import base
 from retrax.layers import combinators
 from retrax.layers import core
-from retrax.layers import validation
+from retrax import validation
 
 _MODES = ('train', 'eval', 'predict')
 

@@ -35,7 +35,7 @@ import optax
 
 from retrax.fastmath.tree import tree_flatten
 from retrax.fastmath.tree import unflatten_like as tree_unflatten
-from retrax.layers import validation
+from retrax import validation
 
 __all__ = [
     'Optimizer',

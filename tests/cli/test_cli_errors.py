@@ -9,7 +9,7 @@ import pytest
 from retrax import cli
 from retrax import jobs
 from retrax.checkpoints import errors as checkpoint_errors
-from retrax.layers import validation
+from retrax import validation
 from retrax.supervised import batch_checks
 
 

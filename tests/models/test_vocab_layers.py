@@ -12,7 +12,7 @@ import pytest
 from retrax import layers as tl
 from retrax import models
 from retrax import shapes
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models.reformer import reformer
 from retrax.models.research import configurable_transformer as ct

@@ -13,7 +13,7 @@ from jax import lax
 
 from retrax.layers import base
 from retrax.layers import initializers as init
-from retrax.layers import validation
+from retrax import validation
 from retrax.layers.efficient_attention_ops import hash_vecs
 
 

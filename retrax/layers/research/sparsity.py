@@ -34,7 +34,7 @@ from retrax.layers import core
 from retrax.layers import initializers as init
 from retrax.layers import predict_state
 from retrax.layers import reversible
-from retrax.layers import validation
+from retrax import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.locally_connected import LocallyConnected1d
 from retrax.layers.research.favor import CausalFavor as CausalFavor

@@ -9,7 +9,7 @@ where Trax first uses them (see `vocab_layers`).
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
 from retrax.models import registry

@@ -15,7 +15,7 @@ import numpy as np
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import registry
 
 # Trax's known model names and where Google publishes them.

@@ -11,7 +11,7 @@ import inspect
 
 from retrax import layers as tl
 from retrax.layers.research import sparsity as research_sparsity
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models import registry
 

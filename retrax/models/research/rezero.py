@@ -8,7 +8,7 @@ fresh model is the identity around every block. Layer trees equal Trax
 import numpy as np
 
 from retrax import layers as tl
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import registry
 
 

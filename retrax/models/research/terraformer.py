@@ -25,7 +25,7 @@ from retrax.layers import attention
 from retrax.layers import kv_cache
 from retrax.layers import predict_state
 from retrax.layers import rnn
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models.reformer import reformer
 from retrax.models.research import configurable_transformer as ct

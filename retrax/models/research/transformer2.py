@@ -22,7 +22,7 @@ from retrax import layers as tl
 from retrax.layers import base
 from retrax.layers import predict_state
 from retrax.layers import reversible
-from retrax.layers import validation
+from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
 from retrax.models import registry
