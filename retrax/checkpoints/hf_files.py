@@ -28,6 +28,7 @@ import safetensors
 import safetensors.numpy as st_numpy
 
 from retrax.checkpoints import hf_reformer
+from retrax.checkpoints import destination
 from retrax.checkpoints import native
 from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints.hf_reformer import HFReformerError
@@ -156,7 +157,6 @@ def hf_to_run(src, dst, force=False):
   """Converts HF directory `src` into run directory `dst`; returns `dst`."""
   # Lazy: the models import retrax.checkpoints (and this module with it).
   from retrax import models
-  from retrax.checkpoints import convert
   from retrax.models import registry
   from retrax.supervised import checkpointing
   cfg = read_config(os.path.join(src, HF_CONFIG))
@@ -164,7 +164,7 @@ def hf_to_run(src, dst, force=False):
   tensors = read_tensors(src)
   flat, extra = _flat_weights(tensors, cfg, src)
   model = models.MODELS['ReformerLM'](**kwargs, mode='eval')
-  convert.check_destination(dst, 'native', force)
+  destination.check_destination(dst, 'native', force)
   os.makedirs(dst, exist_ok=True)
   signature = ShapeDtype((1, _signature_length(cfg)), np.int32)
   native.save_native(
@@ -249,14 +249,13 @@ def hf_tensors(flat, cfg, extra, where, names=None):
 
 def run_to_hf(src, dst, force=False):
   """Converts run directory `src` (a ReformerLM) into HF directory `dst`."""
-  from retrax.checkpoints import convert
   kwargs = _run_model_kwargs(src)
   base_path = os.path.join(src, RUN_HF_CONFIG)
   base = read_config(base_path) if os.path.isfile(base_path) else None
   cfg = hf_reformer.hf_config(kwargs, base)
   flat, extra, path, names = _run_weights(src)
   tensors = hf_tensors(flat, cfg, extra, path, names)
-  convert.check_destination(dst, 'native', force)
+  destination.check_destination(dst, 'native', force)
   os.makedirs(dst, exist_ok=True)
   data = st_numpy.save({k: np.ascontiguousarray(v) for k, v in
                         tensors.items()}, metadata={'format': 'pt'})
