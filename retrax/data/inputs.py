@@ -7,7 +7,7 @@ Trax code that imports them from ``trax.data.inputs`` (e.g.
 """
 
 import logging
-from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 from retrax.data.batching import Batch as Batch
 from retrax.data.batching import batch as batch
@@ -23,6 +23,8 @@ from retrax.data.counters import data_counters as data_counters
 from retrax.data.counters import load_data_counters as load_data_counters
 from retrax.data.counters import save_data_counters as save_data_counters
 from retrax.data.counters import UniformlySeek as UniformlySeek
+from retrax.data.input_streams import Inputs as Inputs
+from retrax.data.input_streams import StreamFactory as StreamFactory
 from retrax.data.lm import ConcatenateToLMInput as ConcatenateToLMInput
 from retrax.data.lm import consume_noise_mask as consume_noise_mask
 from retrax.data.lm import generate_random_noise_mask as generate_random_noise_mask
@@ -41,98 +43,17 @@ from retrax.data.transforms import FilterEmptyExamples as FilterEmptyExamples
 from retrax.data.transforms import Log as Log
 from retrax.data.transforms import PadToLength as PadToLength
 from retrax.data.transforms import shuffle as shuffle
+from retrax.data.tasks import addition_input_stream as addition_input_stream
+from retrax.data.tasks import addition_inputs as addition_inputs
+from retrax.data.tasks import duplication_inputs as duplication_inputs
+from retrax.data.tasks import random_inputs as random_inputs
+from retrax.data.tasks import sequence_copy_inputs as sequence_copy_inputs
+from retrax.data.tasks import simple_sequence_copy_inputs as simple_sequence_copy_inputs
+from retrax.data.tasks import sine_inputs as sine_inputs
 from retrax.data.transforms import Shuffle as Shuffle
 from retrax.data.transforms import TruncateToLength as TruncateToLength
 
 _log = logging.getLogger('retrax.data')
-
-StreamFactory = Callable[[int], Iterator[Any]]
-
-
-class Inputs:
-  """Train / eval batch streams and the shapes of one batch.
-
-  Each stream is a function ``fn(n_devices) -> iterator of batches``; a batch
-  is a tuple ``(inputs[B, ...], targets[B, ...], ...)``. At construction one
-  batch of ``train_stream(1)`` is drawn to record shapes and dtypes.
-
-  Example::
-
-    def stream(n_devices):
-      while True:
-        yield np.zeros((8, 16), np.int32), np.ones((8, 16), np.int32)
-    inputs = Inputs(stream)
-    inputs.input_shape   # (16,)
-
-  Args:
-    train_stream: training batches.
-    eval_stream: evaluation batches (default: `train_stream`).
-    train_eval_stream: training data for evaluation (default:
-      `train_stream`). Trax ignores this argument (its method returns the
-      train stream); retrax uses it.
-
-  Raises:
-    TypeError: if `train_stream` is not callable.
-    ValueError: if the first train batch is not a non-empty tuple of arrays.
-  """
-
-  def __init__(self, train_stream: StreamFactory,
-               eval_stream: Optional[StreamFactory] = None,
-               train_eval_stream: Optional[StreamFactory] = None):
-    if not callable(train_stream):
-      raise TypeError(
-          'Inputs should be initialized with a function taking n_devices. If '
-          'your inputs do not use it, try `lambda _: your_iterator`; got '
-          f'{type(train_stream).__name__}.')
-    self._train_stream = train_stream
-    self._eval_stream = eval_stream or train_stream
-    self._train_eval_stream = train_eval_stream or train_stream
-
-    example = next(iter(train_stream(1)))
-    if not isinstance(example, (tuple, list)) or not example or not all(
-        hasattr(x, 'shape') and hasattr(x, 'dtype') for x in example):
-      raise ValueError(
-          f'Inputs: train_stream must yield tuples of arrays such as (inputs, '
-          f'targets), got {type(example).__name__}.')
-    self._input_shape = tuple(example[0].shape)[1:]
-    self._input_dtype = example[0].dtype
-    self._target_shape = tuple(example[-1].shape)[1:]
-    self._target_dtype = example[-1].dtype
-    self._example_shape = [x.shape for x in example]
-    self._example_dtype = [x.dtype for x in example]
-
-  def train_stream(self, n_devices: int) -> Iterator[Any]:
-    return self._train_stream(n_devices)
-
-  def eval_stream(self, n_devices: int) -> Iterator[Any]:
-    return self._eval_stream(n_devices)
-
-  def train_eval_stream(self, n_devices: int) -> Iterator[Any]:
-    return self._train_eval_stream(n_devices)
-
-  @property
-  def input_shape(self) -> Tuple[int, ...]:
-    """Shape of the first batch element, without the batch dimension."""
-    return self._input_shape
-
-  @property
-  def input_dtype(self):
-    return self._input_dtype
-
-  @property
-  def target_shape(self) -> Tuple[int, ...]:
-    """Shape of the *last* batch element, without batch dimension (as Trax)."""
-    return self._target_shape
-
-  @property
-  def target_dtype(self):
-    return self._target_dtype
-
-  @property
-  def example_shape_dtype(self):
-    """``(list of shapes, list of dtypes)`` of the elements of one batch."""
-    return self._example_shape, self._example_dtype
-
 
 def make_inputs(train_stream: Any, eval_stream: Any = None) -> Inputs:
   """Wraps ready iterators (or lists of stream functions) into `Inputs`.
@@ -272,28 +193,3 @@ def batcher(data_streams: Any = None,
       train_stream=lambda n: batch_fn(train_fn(), True, n, **kwargs),
       eval_stream=lambda n: batch_fn(eval_fn(), False, n, **kwargs),
       train_eval_stream=lambda n: batch_fn(train_fn(), False, n, **kwargs))
-
-
-# The synthetic tasks live in tasks.py, which imports `Inputs` from here; they
-# are re-exported lazily so that either module may be imported first.
-_TASK_NAMES = frozenset({
-    'addition_input_stream',
-    'addition_inputs',
-    'duplication_inputs',
-    'random_inputs',
-    'sequence_copy_inputs',
-    'simple_sequence_copy_inputs',
-    'sine_inputs',
-})
-
-
-def __getattr__(name):
-  if name in _TASK_NAMES:
-    # retrax.data.tasks imports this module (Inputs): a cycle.
-    from retrax.data import tasks
-    return getattr(tasks, name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-
-
-def __dir__():
-  return sorted(set(globals()) | _TASK_NAMES)

@@ -16,7 +16,7 @@ import numpy as np
 
 from retrax.data import tokenizers
 from retrax.data.batching import pad_to_max_dims
-from retrax.data.inputs import Inputs
+from retrax.data.input_streams import Inputs
 from retrax.errors import UserInputError
 
 
