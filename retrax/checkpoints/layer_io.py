@@ -15,7 +15,6 @@ from retrax.checkpoints.errors import CheckpointNotFoundError
 from retrax.checkpoints.tree import flatten_weights_and_state
 from retrax.checkpoints.tree import tree_leaves
 from retrax.checkpoints.tree import unflatten_weights_and_state
-from retrax.layers import base
 from retrax.shapes import ShapeDtype
 
 
@@ -92,9 +91,3 @@ def save_layer_to_file(layer, file_name, weights_only=False,
   trax_format.write_trax_layer_file(
       file_name, flat_weights, None if weights_only else flat_state,
       input_signature)
-
-
-# Behind `Layer.init_from_file`/`save_to_file` and
-# `tl.unflatten_weights_and_state` (the layers import this module on first use).
-base.install_weights_files(init_layer_from_file, save_layer_to_file,
-                           unflatten_weights_and_state)

@@ -17,7 +17,6 @@ Subclasses override `forward(inputs)` (reading `self.weights`, `self.state`,
 JAX traces; `__call__(x)` is the eager convenience and updates `self.state`.
 """
 
-import importlib
 import inspect
 import random
 from typing import Any, Sequence
@@ -439,40 +438,16 @@ class Layer:
     through a restricted unpickler that runs no code, and retrax's native
     files. Returns `(weights, state)`.
     """
-    return _weights_files('init_from_file')(self, file_name, weights_only,
-                                            input_signature)
+    # retrax.checkpoints reads and writes weights files (and imports no
+    # layer); imported on first use, so that importing the layers stays light.
+    from retrax.checkpoints import layer_io
+    return layer_io.init_layer_from_file(self, file_name, weights_only,
+                                         input_signature)
 
   def save_to_file(self, file_name, weights_only=False, input_signature=None):
     """Writes weights (and state) in Trax's single-file layout, atomically."""
-    _weights_files('save_to_file')(self, file_name, weights_only,
-                                   input_signature)
-
-
-# Weights files are read and written by `retrax.checkpoints`, which builds on
-# the layers (not the other way round): it is imported on first use and
-# installs its functions here (`install_weights_files`).
-_WEIGHTS_FILES: dict = {}
-
-
-def install_weights_files(init_from_file, save_to_file, unflatten):
-  """Sets the functions behind `Layer.init_from_file`/`save_to_file`.
-
-  And behind `unflatten_weights_and_state`.
-
-  Args:
-    init_from_file: `(layer, file_name, weights_only, input_signature) ->
-      (weights, state)`.
-    save_to_file: `(layer, file_name, weights_only, input_signature)`.
-    unflatten: `unflatten_weights_and_state`'s implementation.
-  """
-  _WEIGHTS_FILES.update(init_from_file=init_from_file,
-                        save_to_file=save_to_file, unflatten=unflatten)
-
-
-def _weights_files(name):
-  if name not in _WEIGHTS_FILES:
-    importlib.import_module('retrax.checkpoints.layer_io')  # Installs them.
-  return _WEIGHTS_FILES[name]
+    from retrax.checkpoints import layer_io  # On first use (init_from_file).
+    layer_io.save_layer_to_file(self, file_name, weights_only, input_signature)
 
 
 def unflatten_weights_and_state(flat_weights, flat_state,
@@ -484,9 +459,10 @@ def unflatten_weights_and_state(flat_weights, flat_state,
   that does not fit raises `TreeStructureError`; with `weights_only=True` the
   state is None.
   """
-  return _weights_files('unflatten')(flat_weights, flat_state,
-                                     weights_and_state_signature,
-                                     weights_only=weights_only)
+  from retrax.checkpoints import tree  # On first use (Layer.init_from_file).
+  return tree.unflatten_weights_and_state(flat_weights, flat_state,
+                                          weights_and_state_signature,
+                                          weights_only=weights_only)
 
 
 def _abstract(x):
