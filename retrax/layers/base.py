@@ -19,7 +19,7 @@ JAX traces; `__call__(x)` is the eager convenience and updates `self.state`.
 
 import inspect
 import random
-from typing import Any, Sequence
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -69,8 +69,9 @@ class Layer:
       '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
       '_path_element_fn', '_name', '_sublayers_to_print'})
 
-  def __init__(self, n_in=1, n_out=1, name=None, sublayers_to_print=None,
-               mode=None):
+  def __init__(self, n_in: int = 1, n_out: int = 1, name: Optional[str] = None,
+               sublayers_to_print: Optional[Sequence[int]] = None,
+               mode: Optional[str] = None) -> None:
     if mode is not None:
       self._mode = mode
     self._n_in = n_in
@@ -136,17 +137,17 @@ class Layer:
   # --- properties -----------------------------------------------------------
 
   @property
-  def name(self):
+  def name(self) -> str:
     """The layer's name, as its repr and error paths show it."""
     return self._name
 
   @property
-  def n_in(self):
+  def n_in(self) -> int:
     """How many items the layer takes from the data stack."""
     return self._n_in
 
   @property
-  def n_out(self):
+  def n_out(self) -> int:
     """How many items the layer pushes onto the data stack."""
     return self._n_out
 
@@ -156,12 +157,12 @@ class Layer:
     return self._sublayers
 
   @property
-  def mode(self):
+  def mode(self) -> Optional[str]:
     """`'train'`, `'eval'` or `'predict'` for a layer built with a mode; else None."""
     return self._mode
 
   @property
-  def max_len(self):
+  def max_len(self) -> Optional[int]:
     """The most positions the layer handles (a table or cache size), or None."""
     return self._max_len
 
@@ -170,7 +171,7 @@ class Layer:
     """Where the layer was created: `{'filename': ..., 'lineno': ...}`."""
     return self._caller
 
-  def walk(self):
+  def walk(self) -> Iterator['Layer']:
     """Yields this layer and all its sublayers, depth-first, parents first.
 
     The order is pre-order: the layer, then the walk of its first sublayer,
@@ -268,7 +269,8 @@ class Layer:
 
   # --- initialization -------------------------------------------------------
 
-  def init(self, input_signature, rng=None, use_cache=False):
+  def init(self, input_signature: Any, rng: Any = None,
+           use_cache: bool = False) -> Tuple[Any, Any]:
     """Initializes weights and state from an input signature; returns them.
 
     Args:
@@ -333,7 +335,8 @@ class Layer:
 
   # --- running --------------------------------------------------------------
 
-  def pure_fn(self, x, weights, state, rng, use_cache=False):
+  def pure_fn(self, x: Any, weights: Any, state: Any, rng: Any,
+              use_cache: bool = False) -> Tuple[Any, Any]:
     """Applies the layer as a pure function: returns `(outputs, new_state)`.
 
     Do not override; override `forward`. With `use_cache=True` (used inside
@@ -377,7 +380,7 @@ class Layer:
     except Exception:
       pass
 
-  def output_signature(self, input_signature):
+  def output_signature(self, input_signature: Any) -> Any:
     """Returns the output signature for inputs of `input_signature`."""
     return self._forward_abstract(signature(input_signature))[0]
 
@@ -430,7 +433,8 @@ class Layer:
 
   # --- files ----------------------------------------------------------------
 
-  def init_from_file(self, file_name, weights_only=False, input_signature=None):
+  def init_from_file(self, file_name: Any, weights_only: bool = False,
+                     input_signature: Any = None) -> Tuple[Any, Any]:
     """Loads weights (and state) from a Trax checkpoint or a retrax checkpoint.
 
     Reads Trax's `save_to_file` pickles, `Loop` checkpoints (`.pkl.gz` with a
@@ -444,7 +448,8 @@ class Layer:
     return layer_io.init_layer_from_file(self, file_name, weights_only,
                                          input_signature)
 
-  def save_to_file(self, file_name, weights_only=False, input_signature=None):
+  def save_to_file(self, file_name: Any, weights_only: bool = False,
+                   input_signature: Any = None) -> None:
     """Writes weights (and state) in Trax's single-file layout, atomically."""
     from retrax.checkpoints import layer_io  # On first use (init_from_file).
     layer_io.save_layer_to_file(self, file_name, weights_only, input_signature)

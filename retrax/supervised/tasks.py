@@ -1,5 +1,7 @@
 """`TrainTask` and `EvalTask`: labeled data plus what to do with it."""
 
+from typing import Any, Callable, Iterator, Optional, Sequence
+
 import numpy as np
 
 from retrax import fastmath
@@ -64,9 +66,12 @@ class TrainTask(_Stream):
       several tasks.
   """
 
-  def __init__(self, labeled_data, loss_layer, optimizer, lr_schedule=None,
-               n_steps_per_checkpoint=100, n_steps_per_permanent_checkpoint=None,
-               loss_name=None, sample_batch=None, export_prefix=None):
+  def __init__(self, labeled_data: Iterator[Any], loss_layer: Any,
+               optimizer: Any, lr_schedule: Optional[Callable[[int], Any]] = None,
+               n_steps_per_checkpoint: Optional[int] = 100,
+               n_steps_per_permanent_checkpoint: Optional[int] = None,
+               loss_name: Optional[str] = None, sample_batch: Any = None,
+               export_prefix: Optional[str] = None) -> None:
     super().__init__(labeled_data, sample_batch, export_prefix)
     self._loss_layer = loss_layer
     self._optimizer = optimizers.as_optimizer(optimizer)
@@ -130,8 +135,10 @@ class EvalTask(_Stream):
       several eval tasks.
   """
 
-  def __init__(self, labeled_data, metrics, metric_names=None, n_eval_batches=1,
-               sample_batch=None, export_prefix=None):
+  def __init__(self, labeled_data: Iterator[Any], metrics: Sequence[Any],
+               metric_names: Optional[Sequence[str]] = None,
+               n_eval_batches: int = 1, sample_batch: Any = None,
+               export_prefix: Optional[str] = None) -> None:
     super().__init__(labeled_data, sample_batch, export_prefix)
     self._metrics = list(metrics)
     self._metric_names = list(metric_names or [m.name for m in self._metrics])

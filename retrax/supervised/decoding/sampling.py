@@ -9,6 +9,7 @@ of two, at every step.
 """
 
 import numbers
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -326,10 +327,14 @@ def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
       known = np.concatenate([known, np.asarray(tok)[:, None]], axis=1)
 
 
-def autoregressive_sample(model, inputs=None, batch_size=1, temperature=1.0,
-                          start_id=0, eos_id=1, max_length=100, accelerate=True,
-                          eval_mode=False, eval_min_length=1, prompt=None,
-                          top_k=None, top_p=None, rng=None):
+def autoregressive_sample(model: Any, inputs: Any = None, batch_size: int = 1,
+                          temperature: float = 1.0, start_id: int = 0,
+                          eos_id: Optional[int] = 1, max_length: int = 100,
+                          accelerate: bool = True, eval_mode: bool = False,
+                          eval_min_length: int = 1, prompt: Any = None,
+                          top_k: Optional[int] = None,
+                          top_p: Optional[float] = None,
+                          rng: Any = None) -> Any:
   """Returns a batch of sequences sampled autoregressively, in one compiled loop.
 
   Decoding stops when every row has produced `eos_id` (rows that finished
