@@ -350,7 +350,9 @@ class SelfAttention(EfficientAttentionBase):
     read). Per unit this is `_incremental_forward_unbatched`, which the
     reference loop runs.
     """
-    if q_len != 1 or inputs[0].shape[1] == 1:
+    if (q_len != 1 or inputs[0].shape[1] == 1 or
+        type(self)._incremental_forward_unbatched is not
+        SelfAttention._incremental_forward_unbatched):  # A subclass's own.
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     q, k, v = self._project_heads_step(x, weights)  # [B * H, 1, d]

@@ -202,22 +202,13 @@ class EfficientAttentionBase(base.Layer):
     leaves). A subclass returns `(output [batch, q_len, d_model],
     new_state)` for the calls it batches by hand (a decoding step: one
     in-place cache write read by one batched attention, where the vmapped
-    per-unit functions made XLA copy the caches every step). Not called when
-    a subclass overrides `_incremental_forward_unbatched` below the class
-    defining this. Default: None, the per-unit function runs.
+    per-unit functions made XLA copy the caches every step). An
+    implementation returns None when `type(self)` overrides the per-unit
+    step it batches (`_incremental_forward_unbatched`), so that the
+    subclass's own step runs. Default: None, the per-unit function runs.
     """
     del inputs, weights, state, q_start, q_len
     return None
-
-  def _all_units_step_is_current(self):
-    """False when a subclass overrides the per-unit predict step below the
-    class defining `_all_units_step` (the batched step would bypass it)."""
-    for klass in type(self).__mro__:
-      if '_all_units_step' in vars(klass):
-        return True
-      if '_incremental_forward_unbatched' in vars(klass):
-        return False
-    return True
 
   def forward_unbatched(self, *inputs, weights, state, rng, update_state):
     """Attention for one example and one head: returns `(output, new_state)`."""
@@ -542,8 +533,7 @@ class EfficientAttentionBase(base.Layer):
     state, merge_rows = self._predict_state_rows(state, batch_size)
     inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
         inputs, state)
-    direct = (self._all_units_step(inputs, weights, state, q_start, seqlen)
-              if self._all_units_step_is_current() else None)
+    direct = self._all_units_step(inputs, weights, state, q_start, seqlen)
     fn = functools.partial(self._incremental_forward_unbatched,
                            q_start=lax.stop_gradient(q_start), q_len=seqlen,
                            rng=rng, update_state=update_state)
