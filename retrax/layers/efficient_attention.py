@@ -351,7 +351,7 @@ class SelfAttention(EfficientAttentionBase):
     reference loop runs.
     """
     if (q_len != 1 or inputs[0].shape[1] == 1 or
-        type(self)._incremental_forward_unbatched is not
+        getattr(self._incremental_forward_unbatched, '__func__', None) is not
         SelfAttention._incremental_forward_unbatched):  # A subclass's own.
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]

@@ -432,7 +432,8 @@ class LSHSelfAttention(EfficientAttentionBase):
     queries over `[units, mem_len, d]` caches. Per unit this is
     `_one_position_forward`, which the reference loop runs.
     """
-    if (q_len != 1 or type(self)._incremental_forward_unbatched is not
+    if (q_len != 1 or
+        getattr(self._incremental_forward_unbatched, '__func__', None) is not
         LSHSelfAttention._incremental_forward_unbatched):  # A subclass's own.
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
