@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,6 +11,8 @@ import pytest
 from retrax import checkpoints
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
+from tests.multiprocess_env import cpu_env
+from tests.multiprocess_env import free_port
 
 TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
         '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=3',
@@ -33,28 +34,13 @@ except ValueError as e:
 '''
 
 
-def _port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def _env():
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  env.pop('XLA_FLAGS', None)  # One CPU device per process.
-  for k in (devices.ENV_COORDINATOR, devices.ENV_NUM_PROCESSES,
-            devices.ENV_PROCESS_ID):
-    env.pop(k, None)
-  return env
-
-
 def _spawn(args):
   return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=_env())
+                          stderr=subprocess.STDOUT, text=True, env=cpu_env())
 
 
 def _pair(make_args):
-  port = _port()
+  port = free_port()
   return [_spawn(make_args(f'127.0.0.1:{port}', i)) for i in range(2)]
 
 

@@ -4,7 +4,6 @@ state, RNN carries) are sized for the global batch, not a process's share."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,32 +11,21 @@ import numpy as np
 import pytest
 
 from model_families_worker import FAMILIES  # (conftest's sys.path)
-from retrax.supervised import devices
+from tests.multiprocess_env import cpu_env
+from tests.multiprocess_env import free_port
 
 _WORKER = os.path.join(os.path.dirname(__file__), 'model_families_worker.py')
 
 
 def _env():
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  env.pop('XLA_FLAGS', None)  # One CPU device per process.
-  for k in (devices.ENV_COORDINATOR, devices.ENV_NUM_PROCESSES,
-            devices.ENV_PROCESS_ID):
-    env.pop(k, None)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [os.path.dirname(__file__), env.get('PYTHONPATH', '')])
-  return env
-
-
-def _port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  return cpu_env(PYTHONPATH=os.pathsep.join(
+      [os.path.dirname(__file__), os.environ.get('PYTHONPATH', '')]))
 
 
 @pytest.mark.slow  # ~2-4 minutes on 2 cores: 3 processes compile 5 models.
 def test_two_processes_train_every_family_like_one(tmp_path):
   two, one = tmp_path / 'two.json', tmp_path / 'one.json'
-  address = f'127.0.0.1:{_port()}'
+  address = f'127.0.0.1:{free_port()}'
   procs = [subprocess.Popen(
       [sys.executable, _WORKER, str(two), address, str(i)],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
