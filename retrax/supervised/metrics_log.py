@@ -22,6 +22,11 @@ import time
 
 import numpy as np
 
+try:  # A declared dependency, but absent where installed with --no-deps.
+  import google_crc32c
+except ImportError:
+  google_crc32c = None  # type: ignore[assignment]  # crc32c() falls back.
+
 from retrax.checkpoints import ownership
 from retrax.checkpoints.atomic import append
 from retrax.checkpoints.atomic import atomic_write
@@ -173,19 +178,15 @@ def crc32c(data):
   and no network, say) a table-driven Python loop gives the same value; event
   records are small, so its speed does not matter.
   """
-  try:
-    import google_crc32c
-  except ImportError:
-    global _TABLE
-    _TABLE = _TABLE or _crc32c_table()
-    crc = 0xFFFFFFFF
-    for byte in bytes(data):
-      crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-  return google_crc32c.value(bytes(data))
+  if google_crc32c is not None:
+    return google_crc32c.value(bytes(data))
+  crc = 0xFFFFFFFF
+  for byte in bytes(data):
+    crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  return crc ^ 0xFFFFFFFF
 
 
-_TABLE = None
+_CRC32C_TABLE = _crc32c_table()
 
 
 def masked_crc32c(data):
