@@ -60,7 +60,7 @@ class Layer:
   """
 
   _mode = None
-  _max_len = None
+  _max_len: Optional[int] = None
   # What this layer keeps besides its configuration: weights, state, key and
   # bookkeeping (name, caller, printing, init cache, path names). `same_layer`
   # ignores these when it compares layers; a subclass that keeps caches of

@@ -340,7 +340,7 @@ class FixedBasePositionalEncoding(_PositionCounter):
       positions = positions + random_start[:, None]
     if self._mode == 'predict':
       positions = positions + self.state
-    res = 0
+    per_base = []
     for bn, base_ in enumerate(self._bases):
       digits = []
       cur = positions
@@ -354,7 +354,8 @@ class FixedBasePositionalEncoding(_PositionCounter):
         base_dropout = jnp.minimum(1, fastmath.random.randint(
             rng3, (batch_size,), 0, self._base_dropout_one_in))
         embeddings = embeddings * base_dropout.astype(jnp.float32)[:, None, None]
-      res = res + embeddings
+      per_base.append(embeddings)
+    res = functools.reduce(operator.add, per_base)
     res0 = res[:, 0, :][:, None, :]
     start_pos = res0 + start_vec
     if self._mode == 'predict':

@@ -169,9 +169,12 @@ class MockTransformerLM(base.Layer):
                        f'{self._vocab_size}); got {symbols.tolist()}.')
     return core.one_hot(symbols, self._vocab_size) * 1000.0
 
-  def __call__(self, inputs, rng=None):
-    del rng
-    return self.forward(inputs)
+  def __call__(self, x, weights=None, state=None, rng=None):
+    """`Layer.__call__`'s signature; the mock has no weights and no randomness."""
+    del weights, rng
+    if state is not None:
+      self.state = state
+    return self.forward(x)
 
   def forward(self, inputs):
     """Logits for `inputs`; in 'predict' mode the buffers grow by `inputs`."""

@@ -20,10 +20,54 @@ the progress log that `Loop.run` writes, shared with Trax's entry point.
 """
 
 import contextlib
+from typing import TYPE_CHECKING, Any, Optional
+
+from retrax.supervised import history
+from retrax.supervised import loop_steps
+from retrax.supervised import run_dir
+from retrax.supervised import tasks
+from retrax.supervised import train_state
 
 
 class TraxLoopInternals:
   """Mixin of `Loop`: Trax's underscore methods and attributes."""
+
+  # What these methods read of `Loop`, declared for the type checker (set
+  # in `Loop.__init__`; the methods are `Loop`'s, see there).
+  _train_state: train_state.TrainState
+  _run_dir: run_dir.RunDir
+  _tasks: list[tasks.TrainTask]
+  _eval_tasks: list[tasks.EvalTask]
+  _pending: loop_steps.PendingLosses
+  _loss_sums: train_state.LossSums
+  _history: history.History
+  _checkpoint_low_metric: Optional[str]
+  _checkpoint_high_metric: Optional[str]
+
+  if TYPE_CHECKING:
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def output_dir(self) -> Optional[str]: ...
+
+    def _log(self, message: str, stdout: bool = True) -> None: ...
+
+    def log_step(self, message: str, stdout: bool = True) -> None: ...
+
+    def log_summary(self, values: dict, summary_writer: Any,
+                    value_prefix: str, log_prefix: str, stdout: bool = True,
+                    rjust_len: Optional[int] = None) -> None: ...
+
+    def n_weights(self) -> int: ...
+
+    def _call_callbacks(self, hook: str) -> None: ...
+
+    def _train_on_batch(self, task_index: int, batch: Any) -> tuple: ...
+
+    def _sync_model(self) -> None: ...
+
+    def _opt_step(self) -> int: ...
 
   @property
   def _step(self):

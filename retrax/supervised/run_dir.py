@@ -14,6 +14,7 @@ written. Every scalar recorded also goes to the run's reporters
 """
 
 import os
+from typing import Optional
 
 from retrax import local_paths
 from retrax import run_layout
@@ -28,11 +29,11 @@ class RunDir:
   def __init__(self, output_dir, is_chief):
     self.path = None if output_dir is None else os.path.expanduser(
         local_paths.check_local(os.fspath(output_dir), 'Loop: output_dir'))
-    self.reporters = []  # The Loop's (on the chief).
-    self.jsonl = None
-    self._writers = None
-    self._run_files = None
-    self._lock = None
+    self.reporters: list = []  # The Loop's (on the chief).
+    self.jsonl: Optional[metrics_log.JsonlWriter] = None
+    self._writers: Optional[dict] = None
+    self._run_files: Optional[metrics_log.RunFiles] = None
+    self._lock: Optional[ownership.RunLock] = None
     if self.path is None:
       return
     os.makedirs(self.path, exist_ok=True)
@@ -54,14 +55,25 @@ class RunDir:
       self._lock.check()
     return self._run_files is not None
 
+  def _own_files(self) -> tuple[str, metrics_log.RunFiles,
+                                metrics_log.JsonlWriter]:
+    """`(path, run files, metrics.jsonl)` of a directory this host writes
+    (called only where `writes` holds, or by writers only that host has)."""
+    if self.path is None or self._run_files is None or self.jsonl is None:
+      raise RuntimeError('RunDir: this host writes no files in the run '
+                         'directory (no output_dir, or not the chief).')
+    return self.path, self._run_files, self.jsonl
+
   def _claim(self, path):
-    ownership.check_inside(self.path, path)  # A log file behind a symlink.
-    self._run_files.claim(os.path.relpath(path, self.path))
+    root, run_files, _ = self._own_files()
+    ownership.check_inside(root, path)  # A log file behind a symlink.
+    run_files.claim(os.path.relpath(path, root))
 
   def remove_orphans(self):
     """Removes temporary files that killed writes left (chief only)."""
     if self.writes:
-      checkpointing.remove_orphans(self.path, self._run_files.files())
+      root, run_files, _ = self._own_files()
+      checkpointing.remove_orphans(root, run_files.files())
 
   def holds(self, path):
     """True if `path` (a checkpoint) lies directly in this directory."""
@@ -71,9 +83,12 @@ class RunDir:
   def adopt_legacy_metrics(self, checkpoint_path):
     """Claims the metrics.jsonl of a retrax that kept no run_files.json,
     resumed from `checkpoint_path` here (they were written together)."""
-    if (self.writes and not self._run_files.existed and
-        self.holds(checkpoint_path) and os.path.exists(self.jsonl.path)):
-      self._claim(self.jsonl.path)
+    if not self.writes:
+      return
+    _, run_files, jsonl = self._own_files()
+    if (not run_files.existed and self.holds(checkpoint_path) and
+        os.path.exists(jsonl.path)):
+      self._claim(jsonl.path)
 
   def open_writers(self):
     """Enables the TensorBoard writers, each created when first used."""
@@ -84,11 +99,11 @@ class RunDir:
     if self._writers is None:
       return None
     if (kind, index) not in self._writers:
-      task_dir = self.path
+      root, _, _ = self._own_files()  # Writers are open only where it writes.
+      task_dir = root
       if len(tasks) > 1:
-        task_dir = os.path.join(self.path,
-                                tasks[index].export_prefix or str(index))
-      log_dir = ownership.check_inside(self.path, os.path.join(task_dir, kind))
+        task_dir = os.path.join(root, tasks[index].export_prefix or str(index))
+      log_dir = ownership.check_inside(root, os.path.join(task_dir, kind))
       self._writers[kind, index] = metrics_log.EventWriter(
           log_dir, on_create=self._claim)
     return self._writers[kind, index]
@@ -131,19 +146,20 @@ class RunDir:
     killed run's later records, and any record torn by the kill, go)."""
     if not self.writes:
       return
-    metrics = self.jsonl.path
-    if os.path.exists(metrics) and not self._run_files.owns(
+    root, run_files, jsonl = self._own_files()
+    metrics = jsonl.path
+    if os.path.exists(metrics) and not run_files.owns(
         run_layout.METRICS_FILE):
       raise FileExistsError(
           f'{metrics} was not written by a retrax run in this directory '
           f'({run_layout.RUN_FILES} does not list it) and retrax never '
           'rewrites a log it did not write: move it or choose another '
           'output_dir.')
-    for path in self._run_files.files():
+    for path in run_files.files():
       if not os.path.exists(path):
         continue
-      ownership.check_inside(self.path, path, 'truncate')
+      ownership.check_inside(root, path, 'truncate')
       if path == metrics:
-        self.jsonl.truncate(step)
+        jsonl.truncate(step)
       elif os.path.basename(path).startswith(run_layout.EVENTS_PREFIX):
         metrics_log.truncate_event_file(path, step)

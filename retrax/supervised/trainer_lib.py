@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Iterable
 
 import numpy as np
 
@@ -159,6 +160,8 @@ class Trainer:
       checkpoints (default on).
   """
 
+  _loop: training.Loop  # Built by `reset` (from `__init__`, and on request).
+
   def __init__(self, model, loss_fn, optimizer, lr_schedule, inputs,
                output_dir=None, random_seed=None, n_devices=None,
                checkpoints_at=None, should_save_checkpoints=True,
@@ -183,7 +186,6 @@ class Trainer:
     self._has_weights, self._id_to_mask = has_weights, id_to_mask
     self._keep_checkpoints, self._progress_bar = keep_checkpoints, progress_bar
     self._write_trax_files = write_trax_files
-    self._loop = None
     self._writers = None
     self.reset(output_dir, init_checkpoint)
 
@@ -529,7 +531,7 @@ def _checked_train_args(inputs, loss_fn, optimizer, lr_schedule_fn,
 
 def _run_trainer(trainer, steps, eval_steps, eval_frequency):
   """`train`'s legacy strategy: epochs of the `Trainer`; its final state."""
-  epoch_steps = [steps]
+  epoch_steps: Iterable[int] = [steps]
   if eval_frequency and eval_steps > 0:
     epoch_steps = itertools.chain([1, eval_frequency - 1],
                                   itertools.repeat(eval_frequency))

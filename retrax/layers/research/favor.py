@@ -74,6 +74,8 @@ class FavorAttention(base.Layer):
 
   def _softmax_features(self, x, is_query):
     """Positive random features of exp(q·k); keys share one max per sequence."""
+    # Only the approximate softmax calls this, and its __init__ drew these.
+    assert self._projection is not None
     scale = 1.0 / jnp.sqrt(jnp.sqrt(x.shape[-1])) if self._normalize_data else 1.0
     proj = jnp.einsum('bld,md->blm', scale * x, self._projection)
     sq_norm = jnp.sum(jnp.square(x), axis=-1, keepdims=True) / 2.0 * scale**2

@@ -11,6 +11,8 @@ taken before and after the first step, which may change the state's
 structure (`tl.Cache`).
 """
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,9 +87,10 @@ def traced(at_batch_1, at_batch_2):
 
 def matching(state, layouts):
   """The layout among `layouts` with `state`'s tree structure."""
-  treedef = jax.tree_util.tree_structure(state)
+  # Any: jaxlib's PyTreeDef has no type stubs (its == compares structures).
+  treedef: Any = jax.tree_util.tree_structure(state)
   for layout in layouts:
-    if jax.tree_util.tree_structure(layout) == treedef:
+    if treedef == jax.tree_util.tree_structure(layout):
       return layout
   raise ValueError('model.state does not have the structure of this model\'s '
                    'predict-mode state; reset it with the state of a fresh '
