@@ -19,7 +19,7 @@ import functools
 import json
 import os
 import shlex
-from typing import Any
+from typing import Any, Optional, Union
 
 import jax
 import numpy as np
@@ -256,9 +256,9 @@ class Run:
     checkpoint: the checkpoint the weights came from.
     directory: the run directory.
   """
-  model: Any
-  tokenizer: Any
-  config: Any
+  model: tl.Layer
+  tokenizer: Optional[tasks.TextTokenizer]
+  config: Optional[config_lib.RunConfig]
   checkpoint: str
   directory: str
 
@@ -305,7 +305,8 @@ def _build(directory, mode):
       'arguments; rebuild the model yourself and call model.init_from_file.')
 
 
-def load_run(directory, mode='predict', batch_size=1) -> Run:
+def load_run(directory: Union[str, os.PathLike], mode: str = 'predict',
+             batch_size: int = 1) -> Run:
   """Rebuilds a run's model in `mode` and loads its latest weights.
 
   Args:

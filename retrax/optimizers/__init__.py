@@ -26,6 +26,7 @@ from retrax.optimizers.base import clip_grads as clip_grads
 from retrax.optimizers.base import l2_norm as l2_norm
 from retrax.optimizers.momentum import Momentum as Momentum
 from retrax.optimizers.optax_bridge import OptaxOptimizer as OptaxOptimizer
+from retrax.optimizers.optax_bridge import OptimizerLike as OptimizerLike
 from retrax.optimizers.optax_bridge import as_optimizer as as_optimizer
 from retrax.optimizers.optax_bridge import from_optax as from_optax
 from retrax.optimizers.rms_prop import RMSProp as RMSProp

@@ -9,6 +9,7 @@ schedules drive it like a Trax optimizer).
 """
 
 import inspect
+from typing import Type, Union
 
 import jax
 import jax.numpy as jnp
@@ -216,7 +217,12 @@ def from_optax(transformation, *, clip_grad_norm=None, **hyperparams):
                         opt_params=numeric)
 
 
-def as_optimizer(optimizer) -> base.Optimizer:
+# What `as_optimizer` (and so `TrainTask`) takes as an optimizer.
+OptimizerLike = Union[base.Optimizer, Type[base.Optimizer],
+                      optax.GradientTransformation]
+
+
+def as_optimizer(optimizer: OptimizerLike) -> base.Optimizer:
   """Returns an :class:`Optimizer` for anything accepted as an optimizer.
 
   Args:

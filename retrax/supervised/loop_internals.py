@@ -20,10 +20,11 @@ the progress log that `Loop.run` writes, shared with Trax's entry point.
 """
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from retrax.supervised import history
 from retrax.supervised import loop_steps
+from retrax.supervised import metrics_log
 from retrax.supervised import run_dir
 from retrax.supervised import tasks
 from retrax.supervised import train_state
@@ -55,7 +56,8 @@ class TraxLoopInternals:
 
     def log_step(self, message: str, stdout: bool = True) -> None: ...
 
-    def log_summary(self, values: dict, summary_writer: Any,
+    def log_summary(self, values: Mapping[str, Any],
+                    summary_writer: Optional[metrics_log.EventWriter],
                     value_prefix: str, log_prefix: str, stdout: bool = True,
                     rjust_len: Optional[int] = None) -> None: ...
 

@@ -1,11 +1,15 @@
 """When a `Loop` evaluates, checkpoints and logs: `step -> bool` schedules."""
 
 import numbers
+from typing import Callable
 
 from retrax.errors import UserInputError
 
+# `step -> whether to act at that step` (`Loop(checkpoint_at=...)`, ...).
+StepSchedule = Callable[[int], bool]
 
-def never(step):
+
+def never(step: int) -> bool:
   """A step schedule that is never true (e.g. `Loop(eval_at=never)`)."""
   del step
   return False

@@ -6,12 +6,14 @@ import numpy as np
 
 from retrax import fastmath
 from retrax import optimizers
+from retrax.layers import base
 
 
 class _Stream:
   """Batches from an iterator, counting how many were taken (for resuming)."""
 
-  def __init__(self, labeled_data, sample_batch, export_prefix):
+  def __init__(self, labeled_data: Iterator[Any], sample_batch: Any,
+               export_prefix: Optional[str]) -> None:
     self._labeled_data = labeled_data
     self._sample_batch = sample_batch if sample_batch is not None else next(
         labeled_data)
@@ -19,24 +21,24 @@ class _Stream:
     self.n_batches = 0
 
   @property
-  def labeled_data(self):
+  def labeled_data(self) -> Iterator[Any]:
     return self._labeled_data
 
   @property
-  def sample_batch(self):
+  def sample_batch(self) -> Any:
     return self._sample_batch
 
   @property
-  def export_prefix(self):
+  def export_prefix(self) -> Optional[str]:
     return self._export_prefix
 
-  def next_batch(self):
+  def next_batch(self) -> Any:
     """Returns one batch: a tuple of input(s), targets and maybe weights."""
     batch = next(self._labeled_data)
     self.n_batches += 1
     return batch
 
-  def skip(self, n):
+  def skip(self, n: int) -> None:
     """Drops the next `n` batches (counted as taken)."""
     for _ in range(n):
       self.next_batch()
@@ -66,8 +68,9 @@ class TrainTask(_Stream):
       several tasks.
   """
 
-  def __init__(self, labeled_data: Iterator[Any], loss_layer: Any,
-               optimizer: Any, lr_schedule: Optional[Callable[[int], Any]] = None,
+  def __init__(self, labeled_data: Iterator[Any], loss_layer: base.Layer,
+               optimizer: optimizers.OptimizerLike,
+               lr_schedule: Optional[Callable[[int], Any]] = None,
                n_steps_per_checkpoint: Optional[int] = 100,
                n_steps_per_permanent_checkpoint: Optional[int] = None,
                loss_name: Optional[str] = None, sample_batch: Any = None,
@@ -81,30 +84,30 @@ class TrainTask(_Stream):
     self._loss_name = loss_name or loss_layer.name
 
   @property
-  def loss_layer(self):
+  def loss_layer(self) -> base.Layer:
     return self._loss_layer
 
   @property
-  def loss_name(self):
+  def loss_name(self) -> str:
     return self._loss_name
 
   @property
-  def n_steps_per_checkpoint(self):
+  def n_steps_per_checkpoint(self) -> Optional[int]:
     return self._n_steps_per_checkpoint
 
   @property
-  def n_steps_per_permanent_checkpoint(self):
+  def n_steps_per_permanent_checkpoint(self) -> Optional[int]:
     return self._n_steps_per_permanent_checkpoint
 
   @property
-  def optimizer(self):
+  def optimizer(self) -> optimizers.Optimizer:
     return self._optimizer
 
   @property
-  def lr_schedule(self):
+  def lr_schedule(self) -> Optional[Callable[[int], Any]]:
     return self._lr_schedule
 
-  def learning_rate(self, step):
+  def learning_rate(self, step: int) -> Any:
     """The learning rate for `step`: the schedule's, else the optimizer's.
 
     None when there is no schedule and the optimizer has no `learning_rate`
@@ -135,7 +138,8 @@ class EvalTask(_Stream):
       several eval tasks.
   """
 
-  def __init__(self, labeled_data: Iterator[Any], metrics: Sequence[Any],
+  def __init__(self, labeled_data: Iterator[Any],
+               metrics: Sequence[base.Layer],
                metric_names: Optional[Sequence[str]] = None,
                n_eval_batches: int = 1, sample_batch: Any = None,
                export_prefix: Optional[str] = None) -> None:
@@ -149,13 +153,13 @@ class EvalTask(_Stream):
           f'number of metric names ({len(self._metric_names)}).')
 
   @property
-  def metrics(self):
+  def metrics(self) -> list[base.Layer]:
     return self._metrics
 
   @property
-  def metric_names(self):
+  def metric_names(self) -> list[str]:
     return self._metric_names
 
   @property
-  def n_eval_batches(self):
+  def n_eval_batches(self) -> int:
     return self._n_eval_batches

@@ -20,8 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from retrax import shapes
+from retrax.layers import base
 from retrax.supervised import devices
 from retrax.supervised import engine
+from retrax.supervised.tasks import TrainTask
 
 
 class TaskState(typing.NamedTuple):
@@ -46,7 +48,8 @@ class TrainState(typing.NamedTuple):
 _split_key = jax.jit(lambda key: tuple(jax.random.split(key)))
 
 
-def replicate(parallel, train_state):
+def replicate(parallel: devices.DataParallel,
+              train_state: TrainState) -> TrainState:
   """`train_state` with its arrays copied to all of `parallel`'s devices (the
   PRNG key stays a plain device array, as the host splits it)."""
   step, weights, state, eval_state, tasks, rng = train_state
@@ -56,7 +59,7 @@ def replicate(parallel, train_state):
                     tasks, jnp.asarray(rng))
 
 
-def place_task(parallel, task):
+def place_task(parallel: devices.DataParallel, task: TaskState) -> TaskState:
   """`task` (a TaskState) on `parallel`'s mesh: weights and slots as the mesh
   places them (replicated, or split over `fsdp`), the rest replicated."""
   return TaskState(parallel.place_weights(task.loss_weights),
@@ -65,7 +68,10 @@ def place_task(parallel, task):
                    parallel.replicate(task.opt_params))
 
 
-def init_task(model, task, parallel, rng, loss_chunk_size=0, adasum=False):
+def init_task(model: base.Layer, task: TrainTask,
+              parallel: devices.DataParallel, rng: jax.Array,
+              loss_chunk_size: int = 0, adasum: bool = False
+              ) -> typing.Tuple[engine.TrainStep, TaskState]:
   """`(engine.TrainStep, TaskState)` of `task`; initializes its loss layer.
 
   Raises:
@@ -115,8 +121,11 @@ def _is_uninitialized(model):
   return all(_is_empty(layer.weights) for layer in model.walk())
 
 
-def init_state(model, eval_model, tasks, parallel, rng, loss_chunk_size=0,
-               adasum=False):
+def init_state(model: base.Layer, eval_model: base.Layer,
+               tasks: typing.Sequence[TrainTask],
+               parallel: devices.DataParallel, rng: jax.Array,
+               loss_chunk_size: int = 0, adasum: bool = False
+               ) -> typing.Tuple[TrainState, typing.List[engine.TrainStep]]:
   """Initializes the models that have no weights yet (from `tasks[0]`'s
   sample batch, in Trax's order of PRNG use) and each task's step.
 
@@ -139,14 +148,16 @@ def init_state(model, eval_model, tasks, parallel, rng, loss_chunk_size=0,
       rng), [step_fn for step_fn, _ in steps_and_states]
 
 
-def new_rng(train_state):
+def new_rng(train_state: TrainState) -> typing.Tuple[TrainState, jax.Array]:
   """`(train_state with its key advanced, a new single-use PRNG key)`."""
   rng, new = _split_key(train_state.rng)
   return train_state._replace(rng=rng), new
 
 
-def train_step(step_fn, train_state, task_index, batch, rng, opt_step,
-               opt_params):
+def train_step(step_fn: engine.TrainStep, train_state: TrainState,
+               task_index: int, batch: typing.Sequence[typing.Any],
+               rng: jax.Array, opt_step: int, opt_params: typing.Any
+               ) -> typing.Tuple[TrainState, typing.Any, typing.Any]:
   """One optimizer step of task `task_index`: `(new TrainState, loss, stats)`.
 
   `step_fn` is the task's `engine.TrainStep`; the arrays of `train_state` it

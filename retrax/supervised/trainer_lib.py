@@ -234,10 +234,11 @@ class Trainer:
         write_trax_files=self._write_trax_files, opt_step_offset=-1,
         checkpoint_kind='Trainer')
     self._refresh_schedule()  # The history may come from a checkpoint.
-    if output_dir is not None and self._should_write_summaries:
-      self._writers = {mode: metrics_log.EventWriter(
-          os.path.join(self._loop.output_dir, mode))
-                       for mode in ('train', 'eval')}
+    loop_dir = self._loop.output_dir  # None exactly when output_dir is.
+    if loop_dir is not None and self._should_write_summaries:
+      self._writers = {
+          mode: metrics_log.EventWriter(os.path.join(loop_dir, mode))
+          for mode in ('train', 'eval')}
     if (self._loop.step == 0 and output_dir is not None and
         self._should_save_checkpoints):
       self.save_state(keep=False)

@@ -16,6 +16,7 @@ files, and resumes by itself from the newest valid checkpoint in
 import logging
 import os
 import time
+from typing import Any, Callable, Mapping, Optional, Sequence, Type, Union
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ from retrax import shapes
 from retrax.layers import base
 from retrax.models import registry
 from retrax.optimizers import placement
+from retrax.supervised import callbacks as callbacks_lib
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised import history as trax_history
@@ -35,6 +37,7 @@ from retrax.supervised import interrupts
 from retrax.supervised import loop_internals
 from retrax.supervised import loop_schedules
 from retrax.supervised import loop_steps
+from retrax.supervised import metrics_log
 from retrax.supervised import progress
 from retrax.supervised import reporters
 from retrax.supervised import run_dir
@@ -43,6 +46,7 @@ from retrax.supervised import train_state as train_state_lib
 from retrax.supervised.batch_checks import BadBatchError
 from retrax.supervised.batch_checks import NonFiniteLossError
 from retrax.supervised.devices import init_host_and_devices
+from retrax.supervised.loop_schedules import StepSchedule
 from retrax.supervised.loop_schedules import never
 from retrax.supervised.tasks import EvalTask
 from retrax.supervised.tasks import TrainTask
@@ -118,15 +122,31 @@ class Loop(loop_internals.TraxLoopInternals):
 
   _said_no_trax_files = False  # Said once per loop (see `_save_split`).
 
-  def __init__(self, model, tasks, eval_model=None, eval_tasks=None,
-               output_dir=None, checkpoint_at=None, checkpoint_low_metric=None,
-               checkpoint_high_metric=None, permanent_checkpoint_at=None,
-               eval_at=None, which_task=None, n_devices=None, random_seed=None,
-               loss_chunk_size=0, use_memory_efficient_trainer=False,
-               adasum=False, callbacks=None, *, keep_checkpoints=3,
-               progress_bar=None, check_batches=True, write_trax_files=True,
-               opt_step_offset=0, checkpoint_kind='Loop', log_every=None,
-               report_to=None, mesh=None):
+  def __init__(
+      self, model: base.Layer,
+      tasks: Union[TrainTask, list[TrainTask], tuple[TrainTask, ...]],
+      eval_model: Optional[base.Layer] = None,
+      eval_tasks: Union[EvalTask, list[EvalTask], tuple[EvalTask, ...],
+                        None] = None,
+      output_dir: Union[str, os.PathLike, None] = None,
+      checkpoint_at: Optional[StepSchedule] = None,
+      checkpoint_low_metric: Optional[str] = None,
+      checkpoint_high_metric: Optional[str] = None,
+      permanent_checkpoint_at: Optional[StepSchedule] = None,
+      eval_at: Optional[StepSchedule] = None,
+      which_task: Optional[Callable[[int], int]] = None,
+      n_devices: Optional[int] = None, random_seed: Optional[int] = None,
+      loss_chunk_size: int = 0, use_memory_efficient_trainer: bool = False,
+      adasum: bool = False,
+      callbacks: Optional[
+          Sequence[Type[callbacks_lib.TrainingStepCallback]]] = None,
+      *, keep_checkpoints: int = 3,
+      progress_bar: Optional[bool] = None, check_batches: bool = True,
+      write_trax_files: bool = True, opt_step_offset: int = 0,
+      checkpoint_kind: str = 'Loop', log_every: Optional[int] = None,
+      report_to: Union[str, Sequence[Any], None] = None,
+      mesh: Union[str, Mapping[str, int], jax.sharding.Mesh, None] = None
+  ) -> None:
     self._is_chief, self._n_hosts, self._n_devices, rng = (
         init_host_and_devices(n_devices, random_seed))
     self._parallel = sharding.parallel(self._n_devices, mesh)
@@ -160,8 +180,9 @@ class Loop(loop_internals.TraxLoopInternals):
     self._pending = loop_steps.PendingLosses(
         [t.loss_layer.name for t in tasks], self._loss_sums,
         self._last_checkpoint_note)
-    self._last_saved_step = None
-    self._last_rolling_step = None  # Of the newest ckpt_<step> / model.pkl.gz.
+    self._last_saved_step: Optional[int] = None
+    # Of the newest ckpt_<step> / model.pkl.gz.
+    self._last_rolling_step: Optional[int] = None
     self._input_signature = devices.global_signature(shapes.signature(tuple(
         tasks[0].sample_batch)))[:model.n_in]
     self._train_state, self._step_fns = train_state_lib.init_state(
@@ -185,60 +206,61 @@ class Loop(loop_internals.TraxLoopInternals):
   # --- properties (Trax's, and the training state) ------------------------------------
 
   @property
-  def step(self):
+  def step(self) -> int:
     """The number of training steps run so far."""
     return self._train_state.step
 
   @property
-  def history(self):
+  def history(self) -> trax_history.History:
     return self._history
 
   @property
-  def n_devices(self):
+  def n_devices(self) -> int:
     return self._n_devices
 
   @property
-  def is_chief(self):
+  def is_chief(self) -> bool:
     return self._is_chief
 
   @property
-  def model(self):
+  def model(self) -> base.Layer:
     """The model being trained (its weights are current between `run` calls)."""
     return self._model
 
   @property
-  def tasks(self):
+  def tasks(self) -> list[TrainTask]:
     return self._tasks
 
   @property
-  def eval_model(self):
+  def eval_model(self) -> base.Layer:
     return self._eval_model
 
   @property
-  def eval_tasks(self):
+  def eval_tasks(self) -> list[EvalTask]:
     return self._eval_tasks
 
   @property
-  def output_dir(self):
+  def output_dir(self) -> Optional[str]:
     return self._run_dir.path
 
   @property
-  def train_state(self):
+  def train_state(self) -> TrainState:
     """The current `TrainState` (replicated device arrays; a training step
     donates them, so read them before the next `run`/`train_step`)."""
     return self._train_state
 
   @property
-  def slots(self):
+  def slots(self) -> Any:
     """Optimizer slots of the first task (replicated device arrays)."""
     return self._train_state.tasks[0].slots
 
-  def new_rng(self):
+  def new_rng(self) -> jax.Array:
     """Returns a new single-use PRNG key (splitting the loop's key)."""
     self._train_state, rng = train_state_lib.new_rng(self._train_state)
     return rng
 
-  def update_weights_and_state(self, weights=None, state=None):
+  def update_weights_and_state(self, weights: Any = None,
+                               state: Any = None) -> None:
     """Replaces the trained model's weights and/or state."""
     if weights is not None:
       self._model.weights = weights
@@ -266,7 +288,7 @@ class Loop(loop_internals.TraxLoopInternals):
 
   # --- training -------------------------------------------------------------------
 
-  def run(self, n_steps=1):
+  def run(self, n_steps: int = 1) -> None:
     """Runs `n_steps` training steps, with evals and checkpoints as configured.
 
     The last step is checkpointed at the end (if `output_dir` is set), even
@@ -321,11 +343,11 @@ class Loop(loop_internals.TraxLoopInternals):
     self._sync_model()
     stop.raise_if_requested(self)
 
-  def close_reporters(self):
+  def close_reporters(self) -> None:
     """Ends the W&B / MLflow runs of `report_to` (else ended at exit)."""
     self._run_dir.close_reporters()
 
-  def train_step(self, batch, task_index=0):
+  def train_step(self, batch: Sequence[Any], task_index: int = 0) -> None:
     """Runs one training step of task `task_index` on `batch`: no evals,
     checkpoints or callbacks (the legacy `Trainer`'s step).
 
@@ -400,13 +422,15 @@ class Loop(loop_internals.TraxLoopInternals):
 
   # --- evals -------------------------------------------------------------------
 
-  def evaluate_task(self, index, n_batches=None):
+  def evaluate_task(self, index: int,
+                    n_batches: Optional[int] = None) -> dict[str, float]:
     """Averages the metrics of eval task `index` over its batches; returns a dict."""
     return self._evaluators[index].evaluate(
         self._train_state.weights, self._train_state.state, self.new_rng,
         self.step, n_batches)
 
-  def run_evals(self, summary_writers=None):
+  def run_evals(self, summary_writers: Optional[
+      Sequence[Optional[metrics_log.EventWriter]]] = None) -> None:
     """Runs every eval task and records its metrics (history, logs, files)."""
     # As in Trax the eval model takes the training model's state (a copy: the
     # next training step donates the training state's buffers).
@@ -417,7 +441,7 @@ class Loop(loop_internals.TraxLoopInternals):
                 self._run_dir.writer('eval', index, self._eval_tasks))
       self.log_summary(self.evaluate_task(index), writer, 'metrics/', 'eval')
 
-  def n_weights(self):
+  def n_weights(self) -> int:
     """Total number of trainable weight values of the model."""
     return int(sum(np.size(x) for x in fastmath.tree_leaves(
         self._train_state.weights)))
@@ -429,12 +453,14 @@ class Loop(loop_internals.TraxLoopInternals):
     if stdout and self._is_chief:
       self._bar.write(message)
 
-  def log_step(self, message, stdout=True):
+  def log_step(self, message: str, stdout: bool = True) -> None:
     """Logs `Step <n>: <message>` (and prints it, unless `stdout=False`)."""
     self._log(f'Step {self.step:6d}: {message}', stdout=stdout)
 
-  def log_summary(self, values, summary_writer, value_prefix, log_prefix,
-                  stdout=True, rjust_len=None):
+  def log_summary(self, values: Mapping[str, Any],
+                  summary_writer: Optional[metrics_log.EventWriter],
+                  value_prefix: str, log_prefix: str, stdout: bool = True,
+                  rjust_len: Optional[int] = None) -> None:
     """Logs scalar `{name: value}`s to stdout, history, metrics.jsonl and
     TensorBoard (other values are skipped)."""
     rjust_len = self._rjust_len if rjust_len is None else rjust_len
@@ -449,7 +475,8 @@ class Loop(loop_internals.TraxLoopInternals):
 
   # --- checkpoints -------------------------------------------------------------
 
-  def save_checkpoint(self, basename=None, permanent=False):
+  def save_checkpoint(self, basename: Optional[str] = None,
+                      permanent: bool = False) -> Optional[str]:
     """Saves the complete training state; a hook subclasses may override.
 
     `run` calls it as Trax's `Loop.run` does, with one positional name:
@@ -523,7 +550,7 @@ class Loop(loop_internals.TraxLoopInternals):
         loss_sums=self._loss_sums.to_dict())
     return path if writes else None
 
-  def export_trax_checkpoint(self, basename='model'):
+  def export_trax_checkpoint(self, basename: str = 'model') -> Optional[str]:
     """Writes Trax's `Loop` checkpoint files (`<basename>.pkl.gz` ...).
 
     Trax 1.4 and `Layer.init_from_file` read them; they hold weights, state,
@@ -551,11 +578,14 @@ class Loop(loop_internals.TraxLoopInternals):
             'eval': [t.n_batches for t in self._eval_tasks]}
 
   def _save_trax_files(self, basename, host_state):
+    output_dir = self.output_dir
+    assert output_dir is not None  # Called only where this host writes.
     return checkpointing.save_trax_state(
-        os.path.join(self.output_dir, basename), host_state, self._history,
+        os.path.join(output_dir, basename), host_state, self._history,
         self._input_signature)
 
-  def load_checkpoint(self, directory=None, filename=None):
+  def load_checkpoint(self, directory: Union[str, os.PathLike, None] = None,
+                      filename: Optional[str] = None) -> Optional[str]:
     """Restores the training state from a checkpoint.
 
     Args:
