@@ -1,7 +1,7 @@
 """retrax vs real Trax 1.4.1 and HF transformers' Reformer, side by side in one run.
 
     python benchmarks/vs_peers.py [--lengths 1024,4096,16384,65536] [--steps 3]
-        [--trax-python ~/.cache/trax-oracle-venv/bin/python]
+        [--pin 0] [--trax-python ~/.cache/trax-oracle-venv/bin/python]
         [--torch-python "$TORCH_PY"] [--decode-tokens 256,2048]
         [--decode-batches 1,8] [--bf16] [--tiny] [--json out.json]
 
@@ -32,6 +32,13 @@ float32 retrax.
 
 `--tiny` (toy sizes, for the CPU test) shrinks the model; any size flag
 overrides it.
+
+`--pin 0` runs every worker on CPU 0 alone (its `sched_setaffinity`, and
+`OMP_NUM_THREADS` to match): each system's work per token on one core, with
+no gain from using a second one. The table then also gives the
+matmul-bound floor of the step (its closed-form FLOPs at the measured fp32
+and bf16 matmul peaks) and the largest speed-up over each peer that floor
+allows.
 """
 
 import argparse
@@ -302,13 +309,29 @@ class Budget:
     return min(per_worker, left) if left >= 10 else None
 
 
-def run_worker(python, peer, argv, timeout):
-  """One worker subprocess; its result dict, or `{'error': why}`."""
+def pinned_argv_env(cpus):
+  """`(extra worker argv, env)` that run a worker on the CPUs `cpus` only.
+
+  The worker sets its own affinity (`--cpus`) before importing JAX or
+  torch: XLA:CPU sizes its thread pool by the affinity mask. torch's and
+  XLA's OpenMP/Eigen pools read `OMP_NUM_THREADS`, set to match so that no
+  peer runs more threads than it has cores. `cpus` None: `([], None)`.
+  """
+  if not cpus:
+    return [], None
+  return (['--cpus', ','.join(map(str, sorted(cpus)))],
+          dict(os.environ, OMP_NUM_THREADS=str(len(cpus))))
+
+
+def run_worker(python, peer, argv, timeout, cpus=None):
+  """One worker subprocess (on `cpus` if given); its result dict, or `{'error': why}`."""
   if timeout is None:
     return {'error': 'skipped: --budget spent'}
-  cmd = [python, os.path.abspath(__file__), '--peer', peer] + argv
+  pin_argv, env = pinned_argv_env(cpus)
+  cmd = [python, os.path.abspath(__file__), '--peer', peer] + argv + pin_argv
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=env)
   except subprocess.TimeoutExpired:
     return {'error': f'timed out after {timeout} s'}
   for line in reversed(proc.stdout.splitlines()):
@@ -341,21 +364,23 @@ def measure(args, cfg, log=print):
   peers = peers_of(args)
   common = ['--cfg', json.dumps(cfg)]
   budget = Budget(args.budget)
+  cpus = set(_ints(args.pin)) if args.pin else None
   results = dict(cfg=cfg, peers=list(peers), train={}, decode={},
+                 cpus=sorted(cpus or os.sched_getaffinity(0)),
                  load_before=os.getloadavg())
   for length in _ints(args.lengths):
     row = results['train'][str(length)] = {}
     for peer, python in peers.items():
       row[peer] = run_worker(python, peer, common + [
           '--worker', 'train', '--length', str(length), '--steps',
-          str(args.steps)], budget.timeout(args.timeout))
+          str(args.steps)], budget.timeout(args.timeout), cpus)
       log(f'train L={length} {peer}: {_brief(row[peer])}', flush=True)
   for tokens in _ints(args.decode_tokens):
     row = results['decode'][str(tokens)] = {}
     for peer, python in peers.items():
       row[peer] = run_worker(python, peer, common + [
           '--worker', 'decode', '--tokens', str(tokens), '--decode-batches',
-          args.decode_batches], budget.timeout(args.timeout))
+          args.decode_batches], budget.timeout(args.timeout), cpus)
       log(f'decode {tokens} tokens {peer}: {_brief(row[peer])}', flush=True)
   results['load_after'] = os.getloadavg()
   return results
@@ -428,6 +453,9 @@ def parse_args(argv=None):
                       help='wall seconds for all workers (the rest skipped)')
   parser.add_argument('--search', metavar='START,STOP[,MAX]',
                       help='instead of the table: the longest trainable L')
+  parser.add_argument('--pin', metavar='CPUS',
+                      help='run every worker on these CPUs only, e.g. 0 '
+                      '(Linux; each peer then uses that many threads)')
   parser.add_argument('--json', help='also write the raw results here')
   # Internal: one measurement in this process.
   parser.add_argument('--worker', choices=['train', 'decode'],
@@ -435,6 +463,7 @@ def parse_args(argv=None):
   parser.add_argument('--peer', choices=['retrax', 'retrax-bf16', 'trax', 'hf'],
                       help=argparse.SUPPRESS)
   parser.add_argument('--cfg', help=argparse.SUPPRESS)
+  parser.add_argument('--cpus', help=argparse.SUPPRESS)
   parser.add_argument('--length', type=int, help=argparse.SUPPRESS)
   parser.add_argument('--tokens', type=int, help=argparse.SUPPRESS)
   return parser.parse_args(argv)
@@ -449,10 +478,13 @@ def config_of(args):
 def main(argv=None):
   args = parse_args(argv)
   if args.worker:
+    if args.cpus:  # Before any thread pool exists (see `pinned_argv_env`).
+      os.sched_setaffinity(0, set(_ints(args.cpus)))
     return worker(args)
   cfg = config_of(args)
   print(f'config {cfg}; load average {os.getloadavg()}; '
-        f'{os.cpu_count()} CPUs', flush=True)
+        f'{os.cpu_count()} CPUs' + (f', workers pinned to CPU {args.pin}'
+                                     if args.pin else ''), flush=True)
   if args.search:
     return report_search(args, cfg)
   results = measure(args, cfg)

@@ -87,7 +87,8 @@ def train_rows(results):
         for p, r in row.items()}, peers, slower))
     rate = {p: flops / s / 1e9 if s else None for p, s in step.items()}
     rows.append(_table_row(
-        f'GFLOP/s L={length} ({flops / 1e9:.4g} GFLOP/step, closed form)',
+        f'GFLOP/s L={length} ({flops / 1e9:.4g} GFLOP/step, '
+        f'{flops / length / 1e6:.4g} MFLOP/token, closed form)',
         rate, peers, None))
     for dtype, short in (('float32', 'fp32'), ('bfloat16', 'bf16')):
       if peak.get(dtype):
@@ -95,6 +96,16 @@ def train_rows(results):
             f'fraction of {short} matmul peak ({peak[dtype]:.4g} GFLOP/s) '
             f'L={length}', {p: r / peak[dtype] if r else None
                             for p, r in rate.items()}, peers, None))
+        # The step if every FLOP ran at the matmul peak: no system doing
+        # this work in this precision can be faster, so a peer's time over
+        # it bounds any speed-up over that peer.
+        floor = flops / (peak[dtype] * 1e9)
+        rows.append(_table_row(
+            f'{short} matmul-bound floor L={length}, s (peer time / floor: '
+            f'largest possible speed-up)',
+            {p: floor if p == 'retrax' else None if p == BF16 else step.get(p)
+             for p in peers},
+            peers, slower))
     quarter = str(length // 4)
     if quarter in results['train']:
       rows.append(_table_row(f'step time growth L={length // 4}->{length}', {

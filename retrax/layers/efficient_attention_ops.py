@@ -91,17 +91,38 @@ def hash_vecs(vecs, n_buckets_in, n_hashes, rng):
   rotated = jnp.einsum('tf,fhb->htb', vecs.astype(dtype),
                        rotations.astype(dtype))  # [H, L, rot/2]
   if len(factors) == 1:
-    rotated = jnp.concatenate([rotated, -rotated], axis=-1)
-    return jnp.argmax(rotated, axis=-1).astype(jnp.int32), n_buckets
+    return argmax_of_both_signs(rotated), n_buckets
   buckets, start, radix = None, 0, 1
   for factor in factors:
     part = rotated[..., start:start + factor // 2]
     start += factor // 2
-    digit = jnp.argmax(jnp.concatenate([part, -part], axis=-1),
-                       axis=-1).astype(jnp.int32)
+    digit = argmax_of_both_signs(part)
     buckets = digit if buckets is None else buckets + radix * digit
     radix *= factor
   return buckets, n_buckets
+
+
+def argmax_of_both_signs(x):
+  """`argmax(concatenate([x, -x], -1), -1)` as int32, without the concatenation.
+
+  The largest entry of `[x, -x]` is `max(x)` or `-min(x)`; the first index
+  of either is found by a min-reduction over positions where `x` equals
+  it. Ties and NaNs resolve as `jnp.argmax` does (first occurrence; a NaN
+  counts as the largest). XLA:CPU runs these plain reductions vectorised,
+  where `argmax`'s (value, index) reduction is scalar: hashing 16K
+  positions takes half the time (the training step's argmax was 3-6%).
+  """
+  half = x.shape[-1]
+  hi = jnp.max(x, axis=-1, keepdims=True)
+  lo = jnp.min(x, axis=-1, keepdims=True)
+  positions = jnp.arange(half, dtype=jnp.int32)
+  nan = jnp.isnan(x)
+
+  def first(match):
+    return jnp.min(jnp.where(match | nan, positions, 2 * half), axis=-1)
+  # `~(hi < -lo)` also takes the first half when `hi` is NaN, as argmax does.
+  return jnp.where(~(hi < -lo)[..., 0], first(x == hi),
+                   half + first(x == lo)).astype(jnp.int32)
 
 
 def look_adjacent(x, n_chunks_before, n_chunks_after):

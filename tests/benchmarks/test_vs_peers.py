@@ -100,6 +100,12 @@ def test_table_ratios():
   assert float(cells[0]) == pytest.approx(flops / 1e9, rel=1e-2)
   fraction = _row(table, 'fraction of fp32 matmul peak (100 GFLOP/s) L=4096')
   assert float(fraction[0]) == pytest.approx(flops / 1e9 / 100, rel=1e-2)
+  # Every FLOP at the fp32 peak (100 GFLOP/s): Trax's 2 s over that floor.
+  floor = _row(table, 'fp32 matmul-bound floor L=4096')
+  assert float(floor[0]) == pytest.approx(flops / 1e11, rel=1e-2)
+  assert floor[1:3] == ['2', '1.5']
+  assert float(floor[3][:-1]) == pytest.approx(2.0 / (flops / 1e11), rel=1e-2)
+  assert 'MFLOP/token' in table and f'{flops / 4096 / 1e6:.4g} MFLOP' in table
   assert _row(table, 'step time growth L=4096->16384') == ['3', '4', '—',
                                                            '—', '—']
   # Decoding: retrax rate / peer rate.
@@ -163,3 +169,22 @@ def test_end_to_end_tiny(tmp_path):
   assert all(r > 0 for r in rates)
   assert float(_row(table, 'decode 8 tokens: batch 2 / batch 1')[0]) == (
       pytest.approx(rates[1] / rates[0], rel=2e-2))
+
+
+def test_pinned_worker_runs_on_the_given_cpu():
+  argv, env = vs_peers.pinned_argv_env({0})
+  assert argv == ['--cpus', '0'] and env['OMP_NUM_THREADS'] == '1'
+  assert vs_peers.pinned_argv_env(None) == ([], None)
+  # A worker process that reports its affinity instead of measuring.
+  code = (
+      'import importlib.util, json, os, sys\n'
+      f'spec = importlib.util.spec_from_file_location("v", {_PATH!r})\n'
+      'v = importlib.util.module_from_spec(spec); spec.loader.exec_module(v)\n'
+      'v.worker = lambda args: print(v.RESULT_TAG + json.dumps(dict(cpus='
+      'sorted(os.sched_getaffinity(0)), omp=os.environ["OMP_NUM_THREADS"])))\n'
+      'v.main(sys.argv[1:])\n')
+  proc = subprocess.run(
+      [sys.executable, '-c', code, '--peer', 'retrax', '--worker', 'train'] +
+      argv, capture_output=True, text=True, env=env, check=True)
+  result = json.loads(proc.stdout.split(vs_peers.RESULT_TAG)[1])
+  assert result == dict(cpus=[0], omp='1')

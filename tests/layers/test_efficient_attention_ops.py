@@ -52,6 +52,23 @@ def test_hash_vecs_is_argmax_of_rotations(n_buckets):
   np.testing.assert_array_equal(buckets, want)
 
 
+@pytest.mark.parametrize('kind', ['normal', 'ties', 'nan', 'inf'])
+def test_argmax_of_both_signs_is_numpy_argmax_of_the_concatenation(kind):
+  rs = np.random.RandomState(0)
+  x = rs.randn(3, 50, 8).astype(np.float32)
+  if kind == 'ties':  # Many equal maxima, and max(x) == -min(x).
+    x = rs.randint(-2, 3, size=x.shape).astype(np.float32)
+  elif kind == 'nan':
+    x[rs.rand(*x.shape) < 0.1] = np.nan
+  elif kind == 'inf':
+    x[rs.rand(*x.shape) < 0.1] = np.inf
+    x[rs.rand(*x.shape) < 0.1] = -np.inf
+  want = np.argmax(np.concatenate([x, -x], -1), -1)
+  got = ops.argmax_of_both_signs(jnp.asarray(x))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, want)
+
+
 def test_hash_vecs_rejects_odd_bucket_counts():
   with pytest.raises(ValueError, match='even'):
     ea.hash_vecs(np.ones((2, 3), np.float32), 5, 1, jax.random.PRNGKey(0))
