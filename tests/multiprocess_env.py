@@ -13,11 +13,28 @@ def free_port():
     return s.getsockname()[1]
 
 
-def cpu_env(**extra):
-  """`os.environ` for a child process on one CPU device with no cluster
-  settings inherited (the test chooses coordinator and process ids)."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', **extra)
-  env.pop('XLA_FLAGS', None)  # One CPU device per process.
+def cpu_env(n_devices=None, *, pythonpath=(), platform='cpu', **extra):
+  """`os.environ` for a child process on CPU devices with no cluster
+  settings inherited (the test chooses coordinator and process ids).
+
+  Args:
+    n_devices: the CPU devices the child sees (XLA_FLAGS is replaced by the
+      device count); None: XLA's default, one.
+    pythonpath: folders put before the child's PYTHONPATH (e.g. the tests'
+      worker modules).
+    platform: the child's JAX_PLATFORMS; None keeps the test process's, for
+      a child whose numbers the test compares bit for bit with its own.
+    **extra: more variables.
+  """
+  env = dict(os.environ, **extra)
+  if platform is not None:
+    env['JAX_PLATFORMS'] = platform
+  env.pop('XLA_FLAGS', None)  # Not the test process's device count.
+  if n_devices:
+    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={n_devices}'
+  if pythonpath:
+    env['PYTHONPATH'] = os.pathsep.join([*pythonpath,
+                                         env.get('PYTHONPATH', '')])
   for k in (devices.ENV_COORDINATOR, devices.ENV_NUM_PROCESSES,
             devices.ENV_PROCESS_ID):
     env.pop(k, None)

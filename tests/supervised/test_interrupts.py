@@ -23,6 +23,7 @@ from retrax.checkpoints import native
 from retrax.supervised import callbacks
 from retrax.supervised import interrupts
 from retrax.supervised import metrics_log
+from tests.multiprocess_env import cpu_env
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -31,11 +32,9 @@ _N_STEPS = 14
 
 
 def _env(**extra):
-  env = dict(os.environ, **extra)
-  env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT,
-                                       env.get('PYTHONPATH', '')])
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
-  return env
+  # The test process's platform: it resumes the child's run and compares
+  # the result bit for bit with its own uninterrupted run.
+  return cpu_env(1, pythonpath=[_HERE, _ROOT], platform=None, **extra)
 
 
 def _metrics(output_dir):

@@ -23,6 +23,7 @@ from retrax import run_layout
 from retrax.checkpoints import native
 from retrax.checkpoints import ownership
 from retrax.supervised import metrics_log
+from tests.multiprocess_env import cpu_env
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -37,20 +38,13 @@ _HOLDER = ('import sys, time, resume_worker\n'
            'time.sleep(300)\n')
 
 
-def _env():
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT,
-                                       env.get('PYTHONPATH', '')])
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
-  return env
-
-
 @pytest.fixture
 def holder(tmp_path):
   """A live process whose Loop owns `tmp_path/run` (at step 2)."""
   out = str(tmp_path / 'run')
   proc = subprocess.Popen([sys.executable, '-c', _HOLDER, out],
-                          stdout=subprocess.PIPE, text=True, env=_env())
+                          stdout=subprocess.PIPE, text=True,
+                          env=cpu_env(1, pythonpath=[_HERE, _ROOT]))
   try:
     for line in proc.stdout:  # After the Loop's own log lines.
       if line.strip() == 'ready':

@@ -8,14 +8,14 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from retrax.supervised import devices
+from tests.multiprocess_env import cpu_env
+from tests.multiprocess_env import free_port
 
 _TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
          '--set', 'd_head=8', '--set', 'batch_size=8', '--set', 'eval_every=4',
@@ -23,22 +23,11 @@ _TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
          '--set', 'trax_files=false', '--quiet', '--no-sample']
 
 
-def _env(n_devices=None):
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  env.pop('XLA_FLAGS', None)
-  if n_devices:
-    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={n_devices}'
-  for k in (devices.ENV_COORDINATOR, devices.ENV_NUM_PROCESSES,
-            devices.ENV_PROCESS_ID):
-    env.pop(k, None)
-  return env
-
-
 def _train(run_dir, *args, n_devices=None):
   return subprocess.Popen(
       [sys.executable, '-m', 'retrax', 'train', '--output_dir', run_dir,
        *_TINY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True, env=_env(n_devices))
+      text=True, env=cpu_env(n_devices))
 
 
 def _wait(procs):
@@ -108,9 +97,7 @@ def _interrupted_save(run_dir, ckpt, step):
 @pytest.mark.slow
 def test_two_process_fsdp_checkpoint_resumes_on_one_process_and_8_devices(
     tmp_path):
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    addr = f'127.0.0.1:{s.getsockname()[1]}'
+  addr = f'127.0.0.1:{free_port()}'
   two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
   pair = [_train(two, '--coordinator', addr, '--num_processes', '2',
                  '--process_id', str(i), '--mesh', 'fsdp=2', '--steps', '3')
