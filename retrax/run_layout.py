@@ -20,7 +20,7 @@ every module that writes or looks for one of them takes its name from here:
   train/, eval/,    TensorBoard event files (`events.out.tfevents.*`), one
   <task name>/      folder per task (`supervised.run_dir`)
   hf_config.json    HF_CONFIG_COPY: a converted Hugging Face model's config
-                    (`checkpoints.hf_files`)
+                    (`hf_runs`)
 
 Temporary files of atomic writes (`checkpoints.atomic`) appear beside the
 entry they replace while it is written.

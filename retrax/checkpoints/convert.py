@@ -1,7 +1,8 @@
 """Converting between Trax checkpoints and retrax native checkpoints.
 
 `retrax convert SRC DST [--to native|trax|hf]` calls `convert`; Hugging
-Face's Reformer directories (to and from retrax runs) are `hf_files`'.
+Face's Reformer directories (to and from retrax runs, which build models)
+are `retrax.hf_runs`' (the CLI sends them there).
 
 Trax -> native writes the trees `weights`, `state`, `eval_state` (flat lists
 in Trax's order), `trax_slots` (Trax's flat optimizer slots per task) and
@@ -28,6 +29,7 @@ import os
 
 from retrax import local_paths
 from retrax import run_layout
+from retrax.checkpoints import hf_files
 from retrax.checkpoints import native
 from retrax.checkpoints.destination import check_destination
 from retrax.checkpoints.errors import CheckpointFormatError
@@ -100,28 +102,39 @@ def _not_a_checkpoint(src):
       f'Hugging Face model directory (config.json and weights){fix}.')
 
 
+def checked_paths(src, dst):
+  """`(src, dst)` as local paths, `src` existing: what every `retrax
+  convert` checks first (here and in `retrax.hf_runs.convert`)."""
+  src = local_paths.check_local(os.fspath(src), 'convert: source')
+  dst = local_paths.check_local(os.fspath(dst), 'convert: destination')
+  if not os.path.exists(src):
+    raise FileNotFoundError(
+        f'no checkpoint at {src}.{local_paths.missing_hint(src)}')
+  return src, dst
+
+
 def convert(src, dst, to=None, force=False):
   """Converts `src` into the other format (or `to`), written at `dst`.
 
   Args:
     src: a Trax checkpoint file or a native checkpoint directory.
     dst: the native directory, or the Trax basename (`.pkl.gz` optional).
-    to: 'native' or 'trax'; by default the format `src` is not in. A
-      Hugging Face Reformer directory becomes a run directory, and 'hf'
-      writes a run as one (see `hf_files`).
+    to: 'native' or 'trax'; by default the format `src` is not in.
     force: write even where files exist, replacing only those it writes.
 
   Returns:
     The path written (native directory or `.pkl.gz` file).
+
+  Raises:
+    CheckpointFormatError: `src` is not a checkpoint; a Hugging Face
+      directory (or `to='hf'`) is `retrax.hf_runs.convert`'s.
   """
-  src = local_paths.check_local(os.fspath(src), 'convert: source')
-  dst = local_paths.check_local(os.fspath(dst), 'convert: destination')
-  if not os.path.exists(src):
-    raise FileNotFoundError(
-        f'no checkpoint at {src}.{local_paths.missing_hint(src)}')
-  from retrax.checkpoints import hf_files  # It imports the layers: only here.
+  src, dst = checked_paths(src, dst)
   if to == 'hf' or hf_files.is_hf_directory(src):
-    return hf_files.convert(src, dst, to, force)
+    # Those conversions build models and runs, above this package.
+    raise CheckpointFormatError(
+        f'{src}: Hugging Face conversions are retrax.hf_runs.convert\'s (or '
+        'run retrax convert).')
   source = 'native' if native.is_native_checkpoint(src) else 'trax'
   if source == 'trax' and os.path.isdir(src):
     raise _not_a_checkpoint(src)

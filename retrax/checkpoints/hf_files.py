@@ -1,22 +1,12 @@
-"""`retrax convert` between Hugging Face Reformer directories and retrax runs.
+"""Hugging Face model directories: their config and weights, read and written.
 
-    retrax convert HF_DIR OUT           # HF_DIR: ReformerModelWithLMHead.save_pretrained's
-    retrax convert RUN OUT --to hf      # RUN: a run whose model.json is a ReformerLM
-
-HF -> retrax writes a run directory that `retrax.load_run(OUT)` builds:
-`model.json` (the ReformerLM of `hf_reformer.lm_kwargs`), `model_000000000`
-(a native checkpoint: the weights in retrax's flat order, an input signature
-`(1, L)`, and under `hf_extra` HF's tensors retrax has no weight for, such as
-the LM head's unused `lm_head.bias` of transformers 5) and `hf_config.json`
-(HF's config as read). retrax -> HF writes `config.json` and
-`model.safetensors` (numpy arrays, safetensors metadata `format: pt`), which
-`ReformerModelWithLMHead.from_pretrained(OUT)` loads; a run converted from HF
-gives back its config and, bit for bit, its tensors.
-
-HF's safetensors files are read with the `safetensors` package's numpy API
-(bfloat16 through ml_dtypes); `pytorch_model.bin` (a pickle) needs torch. The
-destination must be new or an empty directory unless `force`, as for every
-`convert`.
+A directory of `save_pretrained` holds HF's `config.json` and its weights:
+`model.safetensors`, safetensors shards listed in
+`model.safetensors.index.json`, or `pytorch_model.bin`. safetensors files
+are read and written with the `safetensors` package's numpy API (bfloat16
+through ml_dtypes); `pytorch_model.bin` (a pickle) needs torch.
+`retrax.hf_runs` converts such directories (HF's Reformer) into retrax runs
+and back; this module knows only the files.
 """
 
 import json
@@ -27,27 +17,22 @@ import numpy as np
 import safetensors
 import safetensors.numpy as st_numpy
 
-from retrax.checkpoints import hf_reformer
-from retrax.checkpoints import destination
-from retrax.checkpoints import native
 from retrax.checkpoints.atomic import atomic_write
-from retrax.checkpoints.hf_reformer import HFReformerError
-from retrax.checkpoints.tree import tree_leaves
+from retrax.errors import UserInputError
 from retrax.errors import one_line
 from retrax.errors import read_json
-from retrax.run_layout import HF_CONFIG_COPY
-from retrax.run_layout import MODEL_FILE
-from retrax.shapes import ShapeDtype
 
 HF_CONFIG = 'config.json'
 SAFETENSORS = 'model.safetensors'
 SAFETENSORS_INDEX = 'model.safetensors.index.json'
 TORCH_BIN = 'pytorch_model.bin'
 TORCH_BIN_INDEX = 'pytorch_model.bin.index.json'
-RUN_HF_CONFIG = HF_CONFIG_COPY
-EXTRA_TREE = 'hf_extra'
 _WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
 _BFLOAT16 = ml_dtypes.bfloat16  # Imported for safetensors' numpy API to know it.
+
+
+class HFReformerError(UserInputError):
+  """A Hugging Face Reformer or a retrax run that the other side cannot express."""
 
 
 def is_hf_directory(path):
@@ -118,162 +103,17 @@ def read_tensors(directory):
   return _read_torch_bin(os.path.join(directory, TORCH_BIN))
 
 
-def _flat_weights(tensors, cfg, src):
-  """retrax's flat weights from HF `tensors`, and the tensors left over."""
-  n_heads = cfg.get('num_attention_heads', hf_reformer.HF_DEFAULTS[
-      'num_attention_heads'])
-  left = dict(tensors)
-  if 'lm_head.decoder.bias' not in left and 'lm_head.bias' in left:
-    left['lm_head.decoder.bias'] = left.pop('lm_head.bias')  # Older ties.
-  flat = []
-  for name, kind, shape in hf_reformer.weight_layout(cfg):
-    if name not in left:
-      raise HFReformerError(f'{src}: the weights lack {name}, which the '
-                            'config.json needs; is it a '
-                            'ReformerModelWithLMHead?')
-    a = np.asarray(left.pop(name))
-    if a.shape != tuple(shape):
-      raise HFReformerError(f'{src}: {name} has shape {a.shape}; the '
-                            f'config.json implies {tuple(shape)}.')
-    flat.append(hf_reformer.to_retrax(kind, a, n_heads))
-  return flat, left
-
-
-def _signature_length(cfg):
-  if cfg.get('axial_pos_embds', hf_reformer.HF_DEFAULTS['axial_pos_embds']):
-    shape = cfg.get('axial_pos_shape',
-                    hf_reformer.HF_DEFAULTS['axial_pos_shape'])
-    return int(np.prod(shape))
-  return cfg.get('max_position_embeddings',
-                 hf_reformer.HF_DEFAULTS['max_position_embeddings'])
-
-
-def _write_json(path, doc):
+def write_json(path, doc):
+  """Writes `doc` as indented, key-sorted JSON, atomically."""
   with atomic_write(path) as f:
     f.write((json.dumps(doc, indent=2, sort_keys=True) + '\n').encode())
 
 
-def hf_to_run(src, dst, force=False):
-  """Converts HF directory `src` into run directory `dst`; returns `dst`."""
-  # Lazy: the models import retrax.checkpoints (and this module with it).
-  from retrax import models
-  from retrax.models import registry
-  from retrax.supervised import checkpointing
-  cfg = read_config(os.path.join(src, HF_CONFIG))
-  kwargs = hf_reformer.lm_kwargs(cfg)
-  tensors = read_tensors(src)
-  flat, extra = _flat_weights(tensors, cfg, src)
-  model = models.MODELS['ReformerLM'](**kwargs, mode='eval')
-  destination.check_destination(dst, 'native', force)
-  os.makedirs(dst, exist_ok=True)
-  signature = ShapeDtype((1, _signature_length(cfg)), np.int32)
-  native.save_native(
-      checkpointing.permanent_path(dst, 0),
-      {'weights': flat, 'input_signature': signature, EXTRA_TREE: extra},
-      {'step': 0, 'converted_from': {
-          'format': 'hf-reformer', 'tensors': sorted(tensors),
-          'directory': os.path.basename(os.path.abspath(src))}})
-  _write_json(os.path.join(dst, RUN_HF_CONFIG), cfg)
-  if registry.write_model_file(dst, model) is None:
-    raise HFReformerError(f'{src}: the ReformerLM it describes has no '
-                          'model.json form; this is a retrax bug.')
-  return dst
-
-
-def _run_model_kwargs(src):
-  """The ReformerLM arguments (model.json's form) of run directory `src`."""
-  from retrax import models
-  from retrax import model_spec
-  path = os.path.join(src, MODEL_FILE)
-  if not os.path.isfile(path):
-    raise HFReformerError(
-        f'{src} has no model.json; --to hf converts a run directory whose '
-        'model.json describes a ReformerLM (retrax train, a Loop with '
-        'output_dir, or retrax convert HF_DIR).')
-  doc = read_json(path, HFReformerError, 'it describes the run\'s model.')
-  if not isinstance(doc, dict) or doc.get('constructor') != 'ReformerLM':
-    name = doc.get('constructor') if isinstance(doc, dict) else None
-    raise HFReformerError(f'{path}: the model is {str(name)[:40]!r}; only a '
-                          'ReformerLM converts to HF\'s Reformer.')
-  model_spec.check_kwargs(models.MODELS['ReformerLM'], doc.get('kwargs'), path)
-  return doc['kwargs']
-
-
-def _run_weights(src):
-  """`(flat weights, HF extras, checkpoint path, HF tensor names)` of a run's
-  latest checkpoint; the names are the HF file's when it was converted from one
-  (else None)."""
-  from retrax.checkpoints import layer_io
-  from retrax.supervised import checkpointing
-  path = (checkpointing.find_latest_valid(src) or
-          checkpointing.trax_checkpoint_path(src))
-  if path is None:
-    raise HFReformerError(f'{src} holds no valid checkpoint to convert; '
-                          'train first.')
-  if not native.is_native_checkpoint(path):
-    return layer_io.read_flat_checkpoint(path)[0], {}, path, None
-  ckpt = native.load_native(path, shape_dtype_factory=ShapeDtype)
-  if 'weights' not in ckpt.trees:
-    raise HFReformerError(f'{path} has no "weights" tree.')
-  extra = ckpt.trees.get(EXTRA_TREE) or {}
-  source = ckpt.metadata.get('converted_from')
-  names = source.get('tensors') if isinstance(source, dict) else None
-  return tree_leaves(ckpt.trees['weights']), dict(extra), path, names
-
-
-def hf_tensors(flat, cfg, extra, where, names=None):
-  """HF's `{name: array}` from retrax's flat weights (`flat`) for `cfg`.
-
-  `names`: the tensor names of the HF file a run was converted from, which
-  the result keeps to (a transformers 4 file has `lm_head.bias` alone).
-  """
-  layout = hf_reformer.weight_layout(cfg)
-  if len(flat) != len(layout):
-    raise HFReformerError(f'{where} holds {len(flat)} weight arrays; the '
-                          f'model.json\'s ReformerLM has {len(layout)}.')
-  tensors = {}
-  for (name, kind, shape), a in zip(layout, flat):
-    t = hf_reformer.to_hf(kind, np.asarray(a))
-    if t.shape != tuple(shape):
-      raise HFReformerError(f'{where}: the weight for {name} has shape '
-                            f'{t.shape} in HF\'s layout; the model.json '
-                            f'implies {tuple(shape)}.')
-    tensors[name] = t
-  tensors.update(extra)
-  # transformers 4 tied lm_head.bias to the decoder's bias; 5 keeps both.
-  tensors.setdefault('lm_head.bias', tensors['lm_head.decoder.bias'])
-  if isinstance(names, list):
-    tensors = {k: v for k, v in tensors.items() if k in set(names)}
-  return tensors
-
-
-def run_to_hf(src, dst, force=False):
-  """Converts run directory `src` (a ReformerLM) into HF directory `dst`."""
-  kwargs = _run_model_kwargs(src)
-  base_path = os.path.join(src, RUN_HF_CONFIG)
-  base = read_config(base_path) if os.path.isfile(base_path) else None
-  cfg = hf_reformer.hf_config(kwargs, base)
-  flat, extra, path, names = _run_weights(src)
-  tensors = hf_tensors(flat, cfg, extra, path, names)
-  destination.check_destination(dst, 'native', force)
-  os.makedirs(dst, exist_ok=True)
+def write_directory(directory, cfg, tensors):
+  """Writes `model.safetensors` (metadata `format: pt`, which
+  `from_pretrained` expects) and `config.json` in existing `directory`."""
   data = st_numpy.save({k: np.ascontiguousarray(v) for k, v in
                         tensors.items()}, metadata={'format': 'pt'})
-  with atomic_write(os.path.join(dst, SAFETENSORS)) as f:
+  with atomic_write(os.path.join(directory, SAFETENSORS)) as f:
     f.write(data)
-  _write_json(os.path.join(dst, HF_CONFIG), cfg)
-  return dst
-
-
-def convert(src, dst, to=None, force=False):
-  """`retrax convert` for HF: an HF directory to a run, or a run `to='hf'`."""
-  src, dst = os.fspath(src), os.fspath(dst)
-  if to == 'hf':
-    if is_hf_directory(src):
-      raise HFReformerError(f'{src} is already a Hugging Face directory.')
-    return run_to_hf(src, dst, force)
-  if to not in (None, 'native'):
-    raise HFReformerError(f'{src} is a Hugging Face directory; convert makes '
-                          'it a retrax run (leave out --to), which retrax '
-                          'convert can then write in another format.')
-  return hf_to_run(src, dst, force)
+  write_json(os.path.join(directory, HF_CONFIG), cfg)

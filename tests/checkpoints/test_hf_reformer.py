@@ -22,11 +22,13 @@ import safetensors.numpy as st_numpy
 
 import retrax
 from retrax import cli
+from retrax import hf_runs
 from retrax import layers as tl
 from retrax import models
 from retrax.models import registry
+from retrax.models.reformer import hf_reformer
+from retrax.checkpoints import convert
 from retrax.checkpoints import hf_files
-from retrax.checkpoints import hf_reformer
 from retrax.checkpoints import native
 from retrax.checkpoints.tree import flatten_weights_and_state
 from retrax.supervised import checkpointing
@@ -220,12 +222,21 @@ def test_safetensors_directory_converts_and_comes_back_bit_for_bit(tmp_path):
   _same_files(hf_dir, tmp_path / 'back')
 
 
+def test_checkpoint_convert_points_hf_directories_to_hf_runs(tmp_path):
+  cfg = SPECS['local_plain']
+  hf_dir = _write_hf_dir(tmp_path / 'hf', cfg,
+                         _hf_tensors(cfg, np.random.RandomState(0)))
+  with pytest.raises(convert.CheckpointFormatError, match='hf_runs.convert'):
+    convert.convert(hf_dir, tmp_path / 'run')
+  assert not (tmp_path / 'run').exists()
+
+
 def test_bfloat16_and_plain_positions_round_trip(tmp_path):
   cfg = SPECS['local_plain']
   tensors = _hf_tensors(cfg, np.random.RandomState(1), ml_dtypes.bfloat16)
   del tensors['lm_head.decoder.bias']  # transformers 4: lm_head.bias, tied.
   hf_dir = _write_hf_dir(tmp_path / 'hf', cfg, tensors)
-  hf_files.convert(hf_dir, tmp_path / 'run')
+  hf_runs.convert(hf_dir, tmp_path / 'run')
   flat = _flat_weights(tmp_path / 'run')
   assert flat[1].dtype == ml_dtypes.bfloat16
   assert np.asarray(flat[-1]).tobytes() == tensors['lm_head.bias'].tobytes()
@@ -233,7 +244,7 @@ def test_bfloat16_and_plain_positions_round_trip(tmp_path):
       np.asarray(flat[1]).astype(np.float32),
       tensors['reformer.embeddings.position_embeddings.embedding.weight']
       .astype(np.float32))
-  hf_files.convert(tmp_path / 'run', tmp_path / 'back', to='hf')
+  hf_runs.convert(tmp_path / 'run', tmp_path / 'back', to='hf')
   _same_files(hf_dir, tmp_path / 'back')
 
 
@@ -251,7 +262,7 @@ def test_a_trained_run_without_hf_config_writes_a_full_hf_config(tmp_path):
                      {'weights': model.weights, 'input_signature': signature},
                      {'step': 7})
   registry.write_model_file(tmp_path / 'run', model)
-  hf_files.convert(tmp_path / 'run', tmp_path / 'hf', to='hf')
+  hf_runs.convert(tmp_path / 'run', tmp_path / 'hf', to='hf')
   cfg = json.loads((tmp_path / 'hf' / 'config.json').read_text())
   assert (cfg['attn_layers'], cfg['num_buckets'], cfg['axial_pos_shape'],
           cfg['hidden_act'], cfg['lsh_attention_probs_dropout_prob']) == (
@@ -268,7 +279,7 @@ def test_sharded_pytorch_weights_are_one_line(tmp_path):
   hf_dir.mkdir()
   (hf_dir / 'config.json').write_text(json.dumps(SPECS['local_plain']))
   (hf_dir / 'pytorch_model.bin.index.json').write_text('{"weight_map": {}}')
-  assert 'save_pretrained' in _error_of(hf_files.convert, hf_dir,
+  assert 'save_pretrained' in _error_of(hf_runs.convert, hf_dir,
                                         tmp_path / 'run')
 
 
@@ -345,7 +356,7 @@ def _retrax_logits(run_dir, ids, monkeypatch):
 def test_logits_equal_hf_after_convert(hf_models, name, tmp_path,
                                        monkeypatch):
   _, out, ids = hf_models
-  hf_files.convert(out / name, tmp_path / 'run')
+  hf_runs.convert(out / name, tmp_path / 'run')
   expected = np.load(out / f'{name}.logits.npy')
   got = _retrax_logits(tmp_path / 'run', ids, monkeypatch)
   scale = np.abs(expected).max()
@@ -357,8 +368,8 @@ def test_logits_equal_hf_after_convert(hf_models, name, tmp_path,
 def test_hf_round_trip_is_bit_identical_and_loads_in_transformers(hf_models,
                                                                   tmp_path):
   python, out, _ = hf_models
-  hf_files.convert(out / 'lsh_axial', tmp_path / 'run')
-  hf_files.convert(tmp_path / 'run', tmp_path / 'back', to='hf')
+  hf_runs.convert(out / 'lsh_axial', tmp_path / 'run')
+  hf_runs.convert(tmp_path / 'run', tmp_path / 'back', to='hf')
   _same_files(out / 'lsh_axial', tmp_path / 'back')
   _peer(python, 'load', tmp_path / 'back', out / 'ids.npy',
         out / 'rotations.npy', tmp_path / 'logits.npy')

@@ -17,7 +17,8 @@ tensor is one retrax weight, reshaped:
 one line, what ReformerLM does not compute), `hf_config` goes back from a
 run's `model.json`, and `weight_layout` lists the tensors in retrax's flat
 weight order with the reshape of each (`to_retrax`, `to_hf`: exact inverses,
-so a round trip is bit for bit).
+so a round trip is bit for bit). `retrax.hf_runs` converts directories with
+it (`retrax convert`).
 
 Where the two differ (documented, not refused): retrax's LayerNorm uses
 Trax's epsilon 1e-6 (the Hub configs say 1e-12; the weights were trained
@@ -36,11 +37,8 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from retrax import layers as tl
-from retrax.errors import UserInputError
-
-
-class HFReformerError(UserInputError):
-  """A Hugging Face Reformer or a retrax run that the other side cannot express."""
+from retrax.checkpoints.hf_files import HFReformerError as HFReformerError
+from retrax.models.reformer.reformer import ReformerLM
 
 
 # ReformerConfig's defaults (transformers 5), for keys a config.json leaves out.
@@ -290,7 +288,6 @@ def hf_config(kwargs, base=None):
   Raises:
     HFReformerError: an argument HF's Reformer cannot express.
   """
-  from retrax.models.reformer.reformer import ReformerLM  # Models import checkpoints.
   kw = {**_defaults(ReformerLM), **{k: _plain(v) for k, v in kwargs.items()}}
   for key in _NOT_IN_HF:
     if kw.get(key) not in (0, None):
