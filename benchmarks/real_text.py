@@ -1,0 +1,370 @@
+"""Reformer paper Figures 3 and 4 at CPU scale: byte-level LMs on real text.
+
+Kitaev et al. 2020 ("Reformer") show that shared-QK attention and reversible
+layers train as well as the standard Transformer (Figure 3, enwik8 and
+imagenet64) and that LSH attention approaches full attention as the number
+of hashes grows, 1 -> 2 -> 4 -> 8 (Figure 4, imagenet64). This script trains
+byte-level language models on a real text corpus, with the same data order,
+steps and learning-rate schedule for every arm, and reports held-out bits per
+byte against steps and against training wall time.
+
+Corpus: the documentation that ships with the running Python, built in a few
+seconds and written nowhere: `pydoc_data.topics` (the language reference
+topics of `help()`), then the docstrings (`ast.get_docstring` of modules,
+classes and functions) of every `*.py` under `sysconfig`'s stdlib, in
+sorted path order, skipping test packages and site-packages; UTF-8 bytes
+joined by blank lines. CPython 3.11.7 gives 2,271,236 bytes (sha256
+88351dc8...; printed and recorded: it differs between Python versions). The last `--eval_share`
+(5%) is held out; eval is `--eval_windows` evenly spaced windows of it, the
+same for every arm and evaluation; training batches are seeded random crops
+of the rest, the same sequence for every arm.
+
+Arms (one model size; vocab 256 bytes, dropout 0, FastGelu feed-forward):
+
+* `transformer`: `TransformerLM`, standard causal attention (separate Q, K
+  and V projections, with biases).
+* `residual-full` (also named `transformer-shared-qk`: the same model):
+  `ConfigurableTransformerLM`, a plain residual stack of exactly ReformerLM's
+  attention and feed-forward layers, with `SelfAttention(share_qk=True,
+  chunk_len=None)` (no biases; keys are the length-normalised queries; a
+  position does not attend to itself unless nothing else is visible).
+* `reversible-full`: `ReformerLM` with that attention (reversible layers).
+* `lsh-N`: `ReformerLM` with `LSHSelfAttention(n_hashes=N,
+  chunk_len=--chunk_len)` (32 buckets at length 1024), trained and evaluated
+  with N hashes; N = 1, 2, 4, 8.
+
+So `transformer` vs `residual-full` is Figure 3 left (shared QK),
+`residual-full` vs `reversible-full` Figure 3 right, and `reversible-full`
+vs `lsh-N` Figure 4. Bits per byte = mean cross-entropy (nats) / ln 2 over
+every position of the eval windows (the first predicted from nothing).
+
+Defaults: d_model 128 (ReformerLM: each half of its two-part residual
+stream), d_ff 512, 2 heads of 64, 2 layers, length 1024, batch 4, Adam with
+`warmup_and_rsqrt_decay(100, 2e-3)`, 800 steps (3.3M tokens, ~1.5 passes
+over the training bytes), eval every 100 steps on 64 windows (64K bytes).
+Measured on one core of this 2-core AMD EPYC (float32, taskset -c 1), in
+seconds per step: transformer 1.10, residual-full 1.56, reversible-full
+1.54, lsh-1 0.56, lsh-2 0.64, lsh-4 0.88, lsh-8 1.34 (7.6 s for all seven),
+plus 10-25 s of compilation per arm: the whole set takes ~1 h 50 min on one
+core, ~70 min on both (estimated). 4 heads of 32 cost 1.5-2x more (the
+length x length softmax dominates at this width); the bfloat16 matmul
+policy made LSH steps ~25% faster but fails in shared-QK full attention on
+XLA:CPU here (jaxlib 0.10.2: "Unsupported element type for
+DotThunk::Execute: BF16 x BF16 = F32"), so all arms run in float32.
+
+Differences from the paper's setting: d_model 1024, d_ff 4096, 8 heads and
+sequences of 64K bytes (enwik8, 100 MB) or 12K pixels (imagenet64, Figure
+4's data) there, batch 8, Adafactor, many more steps on 8 accelerators;
+here a 2-layer model of 0.56-0.59M parameters, length 1024, Python's
+documentation (2.3 MB), 800 steps on a CPU, one seed per arm. All arms
+train with the same trainer (not the memory-efficient one), so a reversible
+model's step here is ordinary backprop.
+
+    python benchmarks/real_text.py [--quick] [--arms transformer,lsh-2]
+        [--steps N] [--plot curves.png] [--json results.json]
+"""
+
+import argparse
+import ast
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import math
+import os
+import statistics
+import sys
+import sysconfig
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
+from retrax import layers as tl
+from retrax import lr
+from retrax import models
+from retrax import optimizers
+from retrax import shapes
+from retrax.supervised import training
+
+ARMS = ('transformer', 'residual-full', 'reversible-full', 'lsh-1', 'lsh-2',
+        'lsh-4', 'lsh-8')
+ALIASES = {'transformer-shared-qk': 'residual-full'}
+DEFAULTS = dict(length=1024, batch=4, steps=800, d_model=128, d_ff=512,
+                n_heads=2, n_layers=2, chunk_len=64, learning_rate=2e-3,
+                warmup=100, eval_every=100, eval_windows=64, eval_share=0.05,
+                seed=0, arms=','.join(ARMS), plot='')
+QUICK = dict(length=128, batch=2, steps=30, d_model=32, d_ff=64, n_heads=2,
+             n_layers=1, chunk_len=16, warmup=5, eval_every=15,
+             eval_windows=4, learning_rate=1e-2)
+# Test and site-package directories hold code, not documentation.
+_SKIPPED_DIRS = {'test', 'tests', 'idle_test', 'site-packages',
+                 'dist-packages', '__pycache__'}
+
+
+def _docstrings(path):
+  """The docstrings of a module and of its classes and functions."""
+  with open(path, 'rb') as f:
+    source = f.read()
+  try:
+    with warnings.catch_warnings():  # Invalid escapes in old modules.
+      warnings.simplefilter('ignore')
+      tree = ast.parse(source)
+  except (SyntaxError, ValueError):  # Not this Python's syntax: no docs.
+    return []
+  kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+  docs = (ast.get_docstring(node) for node in ast.walk(tree)
+          if isinstance(node, kinds))
+  return [doc for doc in docs if doc]
+
+
+def build_corpus(stdlib=None):
+  """Python's own documentation as UTF-8 bytes (see the module docstring)."""
+  from pydoc_data import topics  # pylint: disable=import-outside-toplevel
+  parts = [topics.topics[key] for key in sorted(topics.topics)]
+  stdlib = stdlib or sysconfig.get_paths()['stdlib']
+  for root, dirs, files in os.walk(stdlib):
+    dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS)
+    for name in sorted(files):
+      if name.endswith('.py'):
+        parts += _docstrings(os.path.join(root, name))
+  return '\n\n'.join(parts).encode('utf-8')
+
+
+def split_corpus(corpus, cfg):
+  """`(train bytes, eval windows [n, length])` as uint8 arrays."""
+  tokens = np.frombuffer(corpus, np.uint8)
+  n_eval = int(len(tokens) * cfg.eval_share)
+  train, held_out = tokens[:-n_eval], tokens[-n_eval:]
+  if len(held_out) < cfg.length or len(train) < cfg.length:
+    raise ValueError(f'corpus of {len(tokens)} bytes too small for length '
+                     f'{cfg.length} with eval_share {cfg.eval_share}.')
+  starts = np.linspace(0, len(held_out) - cfg.length,
+                       cfg.eval_windows).astype(int)
+  return train, np.stack([held_out[s:s + cfg.length] for s in starts])
+
+
+def train_batches(train, cfg):
+  """Endless `(x, x, weights)` batches of seeded random crops of `train`."""
+  rng = np.random.RandomState(cfg.seed)
+  while True:
+    starts = rng.randint(0, len(train) - cfg.length + 1, size=cfg.batch)
+    x = np.stack([train[s:s + cfg.length] for s in starts]).astype(np.int32)
+    yield x, x, np.ones(x.shape, np.float32)
+
+
+def canonical(arm):
+  arm = ALIASES.get(arm, arm)
+  if arm not in ARMS:
+    raise ValueError(f'unknown arm {arm!r}: use one of '
+                     f'{", ".join(ARMS + tuple(ALIASES))}.')
+  return arm
+
+
+def build_model(arm, cfg, mode):
+  """The model of `arm` in `mode` (see the module docstring)."""
+  common = dict(vocab_size=256, d_model=cfg.d_model, d_ff=cfg.d_ff,
+                n_layers=cfg.n_layers, n_heads=cfg.n_heads, dropout=0.0,
+                max_len=cfg.length, ff_activation=tl.FastGelu, mode=mode)
+  full = functools.partial(tl.SelfAttention, share_qk=True, chunk_len=None)
+  if arm == 'transformer':
+    return models.TransformerLM(**common)
+  if arm == 'residual-full':
+    return models.ConfigurableTransformerLM(attention_type=full,
+                                            ff_dropout=0.0, **common)
+  d_head = cfg.d_model // cfg.n_heads
+  if arm == 'reversible-full':
+    attention = full
+  else:
+    attention = functools.partial(tl.LSHSelfAttention, chunk_len=cfg.chunk_len,
+                                  n_hashes=int(arm[len('lsh-'):]))
+  return models.ReformerLM(d_attention_key=d_head, d_attention_value=d_head,
+                           attention_type=attention, **common)
+
+
+def evaluator(arm, cfg, eval_windows):
+  """`weights -> held-out bits per byte` of `arm`'s eval-mode model.
+
+  Batches of `cfg.batch` windows (LSH state is sized for the train batch);
+  each batch gets a fixed rng, so LSH hashes are the same at every eval.
+  """
+  model = build_model(arm, cfg, 'eval')
+  n = len(eval_windows) // cfg.batch * cfg.batch
+  batches = eval_windows[:n].astype(np.int32).reshape(-1, cfg.batch,
+                                                      cfg.length)
+  model.init(shapes.signature(batches[0]), rng=jax.random.PRNGKey(cfg.seed))
+  state = model.state
+
+  @jax.jit
+  def nats(weights, x, rng):
+    logits, _ = model.pure_fn(x, weights, state, rng)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.take_along_axis(log_probs, x[..., None], axis=-1).mean()
+
+  def bits_per_byte(weights):
+    total = sum(float(nats(weights, x, jax.random.PRNGKey(i)))
+                for i, x in enumerate(batches))
+    return total / len(batches) / math.log(2)
+  return bits_per_byte
+
+
+def train(arm, cfg, train_bytes, eval_windows, log=print):
+  """Trains `arm` for `cfg.steps` steps, evaluating every `cfg.eval_every`.
+
+  Returns:
+    {'curve': [(step, eval bits/byte, train bits/byte, train seconds)],
+     'first_step_s': seconds of step 1 (compilation included),
+     'step_s': median seconds per step after it, 'train_s', 'eval_s'}.
+    Train seconds exclude evaluation.
+  """
+  batches = train_batches(train_bytes, cfg)
+  first = next(train_batches(train_bytes, cfg))  # For shapes only.
+  task = training.TrainTask(
+      batches, tl.WeightedCategoryCrossEntropy(),
+      optimizers.Adam(cfg.learning_rate),
+      lr_schedule=lr.warmup_and_rsqrt_decay(cfg.warmup, cfg.learning_rate),
+      n_steps_per_checkpoint=None, sample_batch=first)
+  # Train loss: the mean since the last log, logged at each eval step.
+  loop = training.Loop(build_model(arm, cfg, 'train'), task,
+                       random_seed=cfg.seed, progress_bar=False,
+                       log_every=cfg.eval_every)
+  evaluate = evaluator(arm, cfg, eval_windows)
+  train_s, eval_s, per_step, curve = 0.0, 0.0, [], []
+  while loop.step < cfg.steps:
+    # Step 1 alone, so that its compilation stays out of the step time.
+    n = 1 if loop.step == 0 else min(
+        cfg.eval_every - loop.step % cfg.eval_every, cfg.steps - loop.step)
+    start = time.time()
+    with contextlib.redirect_stdout(io.StringIO()):  # The Loop's own log.
+      loop.run(n)
+    seconds = time.time() - start
+    train_s += seconds
+    if loop.step == 1:
+      first_step_s = seconds
+    else:
+      per_step.append(seconds / n)
+    if loop.step % cfg.eval_every and loop.step < cfg.steps:
+      continue
+    start = time.time()
+    bpb = evaluate(loop.model.weights)
+    eval_s += time.time() - start
+    loss = loop.history.get('train', 'metrics/WeightedCategoryCrossEntropy')
+    curve.append((loop.step, bpb, loss[-1][1] / math.log(2), train_s))
+    log(f'  {arm:>15s} step {loop.step:5d}: eval {bpb:.4f} bits/byte, train '
+        f'{curve[-1][2]:.4f} ({train_s:.0f} s training, {eval_s:.0f} s '
+        f'eval)')
+  return dict(curve=curve, first_step_s=first_step_s,
+              step_s=statistics.median(per_step) if per_step else None,
+              train_s=train_s, eval_s=eval_s)
+
+
+def run(cfg, corpus=None, log=print):
+  """Trains every arm of `cfg.arms` on `corpus` (default: `build_corpus()`).
+
+  Returns a JSON-able dict: the config, the corpus (bytes, sha256, Python
+  version, train/eval sizes) and per arm the result of `train`.
+  """
+  arms = list(dict.fromkeys(canonical(a) for a in cfg.arms.split(',')))
+  corpus = build_corpus() if corpus is None else corpus
+  train_bytes, eval_windows = split_corpus(corpus, cfg)
+  info = dict(bytes=len(corpus), sha256=hashlib.sha256(corpus).hexdigest(),
+              python=sys.version.split()[0], train_bytes=len(train_bytes),
+              eval_bytes=len(corpus) - len(train_bytes),
+              eval_tokens=eval_windows.size)
+  log(f'corpus: {info["bytes"]:,} bytes of Python {info["python"]} '
+      f'documentation (sha256 {info["sha256"][:16]}...), {info["train_bytes"]:,}'
+      f' for training, eval on {len(eval_windows)} windows of the last '
+      f'{info["eval_bytes"]:,}')
+  results = dict(config=vars(cfg), corpus=info, arms={})
+  for arm in arms:
+    results['arms'][arm] = train(arm, cfg, train_bytes, eval_windows, log)
+  return results
+
+
+def format_table(results):
+  """Eval bits/byte at a few steps (the last included), step and wall times."""
+  curves = {arm: r['curve'] for arm, r in results['arms'].items()}
+  steps = sorted({c[0] for curve in curves.values() for c in curve})
+  shown = sorted({steps[len(steps) // 4], steps[len(steps) // 2], steps[-1]})
+  lines = ['held-out bits per byte at step ' + ', '.join(map(str, shown)) +
+           '; median s/step after step 1; s of step 1 (compile); seconds of '
+           'training and of evaluation',
+           f'{"arm":>15s} ' + ' '.join(f'{s:>7d}' for s in shown) +
+           f' {"s/step":>7s} {"step 1":>7s} {"train s":>8s} {"eval s":>7s}']
+  for arm, r in results['arms'].items():
+    at = {c[0]: c[1] for c in r['curve']}
+    lines.append(f'{arm:>15s} ' + ' '.join(
+        f'{at[s]:>7.4f}' if s in at else f'{"-":>7s}' for s in shown) +
+        f' {r["step_s"] or 0:>7.3f} {r["first_step_s"]:>7.1f} '
+        f'{r["train_s"]:>8.0f} {r["eval_s"]:>7.0f}')
+  return '\n'.join(lines)
+
+
+def plot(results, path):
+  """Writes eval bits/byte vs step and vs training seconds as a PNG."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  for arm, r in results['arms'].items():
+    steps, bpb, _, seconds = zip(*r['curve'])
+    style = dict(marker='.', label=arm, ls='--' if arm.startswith('lsh')
+                 else '-')
+    axes[0].plot(steps, bpb, **style)
+    axes[1].plot(seconds, bpb, **style)
+  corpus = results['corpus']
+  axes[0].set(xlabel='training step', ylabel='held-out bits per byte',
+              title=f'Python {corpus["python"]} docs ({corpus["bytes"]:,} '
+              f'bytes), length {results["config"]["length"]}')
+  axes[1].set(xlabel='training seconds (eval excluded)')
+  for ax in axes:
+    ax.grid(alpha=0.3)
+  axes[1].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--quick', action='store_true',
+                      help='smoke run: ' + ', '.join(
+                          f'{k} {v}' for k, v in QUICK.items()))
+  for key, value in DEFAULTS.items():
+    parser.add_argument(f'--{key}', type=type(value), default=None,
+                        help=f'default {value}')
+  parser.add_argument('--json', default=None, help='write results here')
+  args = parser.parse_args(argv)
+  for key, value in {**DEFAULTS, **(QUICK if args.quick else {})}.items():
+    if getattr(args, key) is None:
+      setattr(args, key, value)
+  return args
+
+
+def main(argv=None):
+  cfg = parse_args(argv)
+  json_path = cfg.json
+  del cfg.json, cfg.quick
+  print(f'jax {jax.__version__} on {jax.devices()[0].platform}; d_model '
+        f'{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_heads} heads, {cfg.n_layers} '
+        f'layers, length {cfg.length}, batch {cfg.batch}, {cfg.steps} steps, '
+        f'Adam warmup_and_rsqrt_decay({cfg.warmup}, {cfg.learning_rate}), LSH '
+        f'chunk_len {cfg.chunk_len}', flush=True)
+  results = run(cfg, log=functools.partial(print, flush=True))
+  print()
+  print(format_table(results))
+  if cfg.plot:
+    plot(results, cfg.plot)
+    print(f'wrote {cfg.plot}')
+  if json_path:
+    with open(json_path, 'w') as f:
+      json.dump(results, f, indent=1)
+    print(f'wrote {json_path}')
+
+
+if __name__ == '__main__':
+  main()
