@@ -11,10 +11,11 @@ byte against steps and against training wall time.
 Corpus: the documentation that ships with the running Python, built in a few
 seconds and written nowhere: `pydoc_data.topics` (the language reference
 topics of `help()`), then the docstrings (`ast.get_docstring` of modules,
-classes and functions) of every `*.py` under `sysconfig`'s stdlib, in
-sorted path order, skipping test packages and site-packages; UTF-8 bytes
-joined by blank lines. CPython 3.11.7 gives 2,271,236 bytes (sha256
-88351dc8...; printed and recorded: it differs between Python versions). The last `--eval_share`
+classes and functions) of every `*.py` under `sysconfig`'s stdlib, walked
+top-down in sorted order (a directory's files before its subdirectories),
+skipping test packages and site-packages; UTF-8 bytes joined by blank
+lines. CPython 3.11.7 gives 2,271,236 bytes (sha256 88351dc8...; printed and
+recorded: it differs between Python versions). The last `--eval_share`
 (5%) is held out; eval is `--eval_windows` evenly spaced windows of it, the
 same for every arm and evaluation; training batches are seeded random crops
 of the rest, the same sequence for every arm.

@@ -1,0 +1,126 @@
+"""Smoke tests of benchmarks/real_text.py: corpus, evaluation, a quick run."""
+
+import importlib.util
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
+                     'real_text.py')
+_spec = importlib.util.spec_from_file_location('real_text_bench', _PATH)
+real_text = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(real_text)
+
+
+def quick_config(**overrides):
+  cfg = real_text.parse_args(['--quick'])
+  del cfg.json, cfg.quick
+  for key, value in overrides.items():
+    setattr(cfg, key, value)
+  return cfg
+
+
+def test_corpus_is_the_docstrings_of_the_stdlib_minus_tests(tmp_path):
+  (tmp_path / 'pkg').mkdir()
+  (tmp_path / 'pkg' / 'a.py').write_text(
+      '"""Module A."""\n\nclass C:\n  """Class C."""\n\n  def f(self):\n'
+      '    """Method f."""\n\ndef g():\n  pass\n')
+  (tmp_path / 'b.py').write_text('"""Module B."""\n')
+  (tmp_path / 'broken.py').write_text('"""Never read."""\nprint "py2"\n')
+  for skipped in ('test', 'site-packages'):
+    (tmp_path / skipped).mkdir()
+    (tmp_path / skipped / 'c.py').write_text('"""Skipped."""\n')
+  corpus = real_text.build_corpus(str(tmp_path)).decode('utf-8')
+  # pydoc's topics first, then the files in sorted path order.
+  assert corpus.endswith('\n\nModule B.\n\nModule A.\n\nClass C.\n\nMethod f.')
+  assert 'Skipped' not in corpus and 'Never read' not in corpus
+  from pydoc_data import topics
+  assert corpus.startswith(topics.topics[sorted(topics.topics)[0]])
+
+
+def test_split_and_batches_are_fixed_and_disjoint():
+  corpus = bytes(range(256)) * 40  # 10,240 bytes.
+  cfg = quick_config(eval_share=0.1, eval_windows=3)
+  train, windows = real_text.split_corpus(corpus, cfg)
+  assert len(train) == 10240 - 1024 and windows.shape == (3, cfg.length)
+  # The windows are the first, middle and last `length` bytes of the tail.
+  tail = np.frombuffer(corpus[len(train):], np.uint8)
+  np.testing.assert_array_equal(windows[0], tail[:cfg.length])
+  np.testing.assert_array_equal(windows[-1], tail[-cfg.length:])
+  first, again = (real_text.train_batches(train, cfg) for _ in range(2))
+  for _ in range(3):
+    x, y, w = next(first)
+    np.testing.assert_array_equal(x, next(again)[0])  # Same data order.
+    assert x.shape == (cfg.batch, cfg.length) and x.dtype == np.int32
+    assert (x == y).all() and (w == 1).all()
+  with pytest.raises(ValueError, match='too small'):
+    real_text.split_corpus(corpus[:1000], cfg)  # 100 eval bytes < 128.
+
+
+def test_arm_names():
+  assert real_text.canonical('transformer-shared-qk') == 'residual-full'
+  assert real_text.canonical('lsh-8') == 'lsh-8'
+  with pytest.raises(ValueError, match='unknown arm'):
+    real_text.canonical('lsh-3')
+
+
+def test_bits_per_byte_of_a_constant_prediction():
+  # All weights zero but the output bias: every position predicts
+  # softmax(bias), so bits/byte is the mean of -log2 softmax(bias)[byte].
+  cfg = quick_config()
+  windows = np.random.RandomState(0).randint(
+      0, 256, size=(4, cfg.length)).astype(np.uint8)
+  model = real_text.build_model('residual-full', cfg, 'eval')
+  model.init(jax.ShapeDtypeStruct((cfg.batch, cfg.length), np.int32))
+  leaves, tree = jax.tree_util.tree_flatten(model.weights)
+  bias = np.random.RandomState(1).normal(size=256).astype(np.float32)
+  leaves = [np.zeros_like(leaf) for leaf in leaves[:-1]] + [bias]
+  weights = jax.tree_util.tree_unflatten(tree, leaves)
+  log_probs = bias - np.log(np.exp(bias).sum())
+  expected = -log_probs[windows].mean() / math.log(2)
+  got = real_text.evaluator('residual-full', cfg, windows)(weights)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_quick_run_learns_bytes_and_merges_aliases():
+  # One arm under two names (the slow test below trains every arm).
+  corpus = real_text.build_corpus()
+  results = real_text.run(
+      quick_config(arms='transformer-shared-qk,residual-full'), corpus,
+      log=lambda *_: None)
+  assert results['corpus']['bytes'] == len(corpus) > 1_000_000
+  assert list(results['arms']) == ['residual-full']
+  for result in results['arms'].values():
+    assert [c[0] for c in result['curve']] == [15, 30]
+    # Far below uniform (8 bits), not near 0 (the target leaking in).
+    assert all(1.0 < c[1] < 6.0 and 1.0 < c[2] < 8.0
+               for c in result['curve'])
+    assert result['curve'][-1][1] < result['curve'][0][1]
+    assert 0 < result['step_s'] < result['first_step_s']
+  json.dumps(results)  # --json must be able to write it.
+  assert len(real_text.format_table(results).splitlines()) == 2 + 1
+
+
+@pytest.mark.slow  # ~2 min on one core: it compiles every arm (LSH ~20 s each).
+def test_main_quick_writes_every_arm(tmp_path):
+  real_text.main(['--quick', '--json', str(tmp_path / 'r.json'),
+                  '--plot', str(tmp_path / 'r.png')])
+  results = json.loads((tmp_path / 'r.json').read_text())
+  assert list(results['arms']) == list(real_text.ARMS)
+  assert all(1.0 < r['curve'][-1][1] < 6.0 for r in results['arms'].values())
+  assert (tmp_path / 'r.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_plot_writes_png(tmp_path):
+  results = dict(config=dict(length=1024),
+                 corpus=dict(python='3.11.7', bytes=2271236),
+                 arms={'lsh-2': dict(curve=[(100, 3.1, 3.3, 50.0),
+                                            (200, 2.8, 2.9, 100.0)]),
+                       'transformer': dict(curve=[(100, 3.0, 3.2, 90.0)])})
+  path = tmp_path / 'curves.png'
+  real_text.plot(results, str(path))
+  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
