@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
-from retrax.layers.efficient_attention import SelfAttention
-from retrax.layers.lsh_attention import LSHSelfAttention
+from retrax.layers.attention.efficient import SelfAttention
+from retrax.layers.attention.lsh import LSHSelfAttention
 
 D_MODEL, N_HEADS, D_HEAD, BATCH = 256, 4, 64, 1
 CHUNK_LEN = 128

@@ -67,7 +67,7 @@ before, each eager call dispatched every op and compiled its `lax.scan` and
 tok/s (LSH), 102x / 33x and 270x / 59x slower than the compiled decoder.
 
 On CPU the causal key/value cache is a tuple of segments (slots [0, 128),
-[128, 256), [256, 512), ...; `retrax.layers.kv_cache`): a step writes its
+[128, 256), [256, 512), ...; `retrax.layers.attention.kv_cache`): a step writes its
 position in place and attends to the filled segments straight from their
 buffers. A single cache array read by prefix made XLA copy the prefix first:
 the batch-8 TransformerLM step went from 23 to 16.6 ms and the batch-1 step

@@ -158,6 +158,16 @@ def _tensorflow_only(name):
   return stand_in
 
 
+def _module_and_packages(module_name):
+  """`module_name` and the packages above it, which may re-export its names.
+
+  `retrax.layers.attention.dense` defines `CausalAttention`, and the package
+  `retrax.layers.attention` (Trax's `trax.layers.attention`) exports it too.
+  """
+  parts = module_name.split('.')
+  return tuple('.'.join(parts[:i]) for i in range(len(parts), 1, -1))
+
+
 def _replace(modules, original, wrapper, name):
   """Puts `wrapper` where `original` is found under `name` in `modules`."""
   for module_name in modules:
@@ -190,7 +200,8 @@ def _register_one(gin, gin_module, modules, name, denylist):
   else:
     _show_parameters(original)
     wrapper = gin.external_configurable(original, name, **kwargs)
-    _replace(modules + (original.__module__,), original, wrapper, name)
+    _replace(modules + _module_and_packages(original.__module__), original,
+             wrapper, name)
 
 
 def register(gin):

@@ -69,7 +69,7 @@ def test_bindings_reach_public_names_defaults_and_classes():
       import numpy as np
       import retrax as trax
       from retrax import layers as tl
-      from retrax.layers.lsh_attention import LSHSelfAttention
+      from retrax.layers.attention.lsh import LSHSelfAttention
       import gin
       gin.parse_config("""
           import trax.layers
@@ -129,6 +129,12 @@ def test_positional_arguments_win_over_bindings_as_in_trax():
       assert trax.models.TransformerLM(d_ff=16, n_layers=1, n_heads=2
                                        ).sublayers[-1].name == 'Dense_13'
       assert 'CausalAttention' in str(trax.layers.CausalAttention(4))
+      # The configured function under each of its names: the defining module
+      # and the package that takes Trax's `trax.layers.attention` path.
+      from retrax.layers import attention
+      from retrax.layers.attention import dense
+      assert (attention.CausalAttention is dense.CausalAttention is
+              trax.layers.CausalAttention)
       for binding in ('TransformerLM.no_such = 1',
                       'CausalAttention.no_such = 1'):
         with pytest.raises(ValueError, match='no_such'):

@@ -14,7 +14,7 @@ import pytest
 
 from retrax import layers as tl
 from retrax import models
-from retrax.layers.lsh_attention import default_n_buckets
+from retrax.layers.attention.lsh import default_n_buckets
 from retrax.shapes import ShapeDtype
 
 _PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',

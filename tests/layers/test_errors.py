@@ -179,7 +179,7 @@ def test_layer_error_properties():
 
 def test_eager_efficient_attention_error_is_short():
   """Raised while its eager call is traced under jit, the error stays short."""
-  from retrax.layers import efficient_attention as ea
+  from retrax.layers.attention import efficient as ea
   layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=4, causal=True,
                            mode='predict', predict_mem_len=8,
                            predict_drop_len=4)

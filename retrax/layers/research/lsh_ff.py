@@ -14,7 +14,7 @@ from jax import lax
 from retrax.layers import base
 from retrax.layers import initializers as init
 from retrax import validation
-from retrax.layers.efficient_attention_ops import hash_vecs
+from retrax.layers.attention.ops import hash_vecs
 
 
 class LSHFF(base.Layer):

@@ -30,23 +30,23 @@ import jax.numpy as jnp
 from jax import lax
 
 from retrax.layers import predict_state
-from retrax.layers.efficient_attention import check_count
-from retrax.layers.efficient_attention import check_depths_and_rates
-from retrax.layers.efficient_attention import check_mode
-from retrax.layers.efficient_attention import check_predict
-from retrax.layers.efficient_attention import dropout_rngs
-from retrax.layers.efficient_attention import normalize_mask
-from retrax.layers.efficient_attention_base import EfficientAttentionBase
-from retrax.layers.efficient_attention_ops import attend
-from retrax.layers.efficient_attention_ops import length_normalized
-from retrax.layers.efficient_attention_ops import mask_self_attention
-from retrax.layers.lsh_attention import buckets_and_state
-from retrax.layers.lsh_attention import check_n_buckets
-from retrax.layers.lsh_attention import lsh_attend
-from retrax.layers.lsh_attention import lsh_buckets
-from retrax.layers.lsh_attention import n_bucket_ids
-from retrax.layers.lsh_attention import recent_matching_keys
-from retrax.layers.lsh_attention import roll_buckets
+from retrax.layers.attention.efficient import check_count
+from retrax.layers.attention.efficient import check_depths_and_rates
+from retrax.layers.attention.efficient import check_mode
+from retrax.layers.attention.efficient import check_predict
+from retrax.layers.attention.efficient import dropout_rngs
+from retrax.layers.attention.efficient import normalize_mask
+from retrax.layers.attention.efficient_base import EfficientAttentionBase
+from retrax.layers.attention.ops import attend
+from retrax.layers.attention.ops import length_normalized
+from retrax.layers.attention.ops import mask_self_attention
+from retrax.layers.attention.lsh import buckets_and_state
+from retrax.layers.attention.lsh import check_n_buckets
+from retrax.layers.attention.lsh import lsh_attend
+from retrax.layers.attention.lsh import lsh_buckets
+from retrax.layers.attention.lsh import n_bucket_ids
+from retrax.layers.attention.lsh import recent_matching_keys
+from retrax.layers.attention.lsh import roll_buckets
 
 
 def _check_parallel_heads(name, n_parallel_heads, n_heads):

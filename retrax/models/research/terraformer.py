@@ -22,7 +22,7 @@ from jax import lax
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
-from retrax.layers import kv_cache
+from retrax.layers.attention import kv_cache
 from retrax.layers import predict_state
 from retrax.layers import rnn
 from retrax import validation

@@ -15,11 +15,11 @@ import pytest
 from retrax import fastmath
 from retrax import models
 from retrax import optimizers
-from retrax.layers import efficient_attention
+from retrax.layers.attention import efficient as efficient_attention
 from retrax.layers import core
-from retrax.layers import repeats
+from retrax.layers.reversible import repeats
 from retrax.layers import reversible as rv
-from retrax.layers import reversible_serial
+from retrax.layers.reversible import serial as reversible_serial
 from retrax.layers.stacked import StackedLayers
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature

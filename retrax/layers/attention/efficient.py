@@ -4,8 +4,8 @@
 attention: each chunk of `chunk_len` positions attends to itself and to
 `n_chunks_before`/`n_chunks_after` neighbouring chunks), `EncDecAttention` is
 encoder-decoder attention; both run per head in memory-bounded groups with a
-recomputing backward pass (see `efficient_attention_base`). LSH attention is in
-`lsh_attention`. The array functions Trax exports from this module
+recomputing backward pass (see `efficient_base`). LSH attention is in
+`lsh`. The array functions Trax exports from this module
 (`attend`, `hash_vecs`, `look_adjacent`, ...) are re-exported here.
 
 Shape glossary: `B` batch, `L` length, `M` d_model, `D` d_qk, `V` d_v,
@@ -36,20 +36,20 @@ import jax.numpy as jnp
 
 from retrax.fastmath import precision
 from retrax import validation
-from retrax.layers.efficient_attention_base import drop_oldest
-from retrax.layers.efficient_attention_base import fit_to_memory
-from retrax.layers.efficient_attention_base import EfficientAttentionBase
-from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
-from retrax.layers.efficient_attention_ops import attend
-from retrax.layers.efficient_attention_ops import attend_queries_scaled
-from retrax.layers.efficient_attention_ops import hash_vecs as hash_vecs  # re-export
-from retrax.layers.efficient_attention_ops import length_normalized
-from retrax.layers.efficient_attention_ops import look_adjacent as look_adjacent  # re-export
-from retrax.layers.efficient_attention_ops import MASK_PENALTY
-from retrax.layers.efficient_attention_ops import mask_self_attention
-from retrax.layers.efficient_attention_ops import project_step_heads
-from retrax.layers.efficient_attention_ops import permute_via_gather as permute_via_gather  # re-export
-from retrax.layers.efficient_attention_ops import permute_via_sort as permute_via_sort  # re-export
+from retrax.layers.attention.efficient_base import drop_oldest
+from retrax.layers.attention.efficient_base import fit_to_memory
+from retrax.layers.attention.efficient_base import EfficientAttentionBase
+from retrax.layers.attention.ops import apply_broadcasted_dropout
+from retrax.layers.attention.ops import attend
+from retrax.layers.attention.ops import attend_queries_scaled
+from retrax.layers.attention.ops import hash_vecs as hash_vecs  # re-export
+from retrax.layers.attention.ops import length_normalized
+from retrax.layers.attention.ops import look_adjacent as look_adjacent  # re-export
+from retrax.layers.attention.ops import MASK_PENALTY
+from retrax.layers.attention.ops import mask_self_attention
+from retrax.layers.attention.ops import project_step_heads
+from retrax.layers.attention.ops import permute_via_gather as permute_via_gather  # re-export
+from retrax.layers.attention.ops import permute_via_sort as permute_via_sort  # re-export
 
 _MODES = ('train', 'eval', 'predict')
 # Predict-mode memory of an unchunked SelfAttention when none is given (Trax

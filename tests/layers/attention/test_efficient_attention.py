@@ -8,9 +8,9 @@ from jax.test_util import check_grads
 import numpy as np
 import pytest
 
-from retrax.layers import efficient_attention as ea
-from retrax.layers import efficient_attention_groups as eag
-from retrax.layers import lsh_attention as lsh
+from retrax.layers.attention import efficient as ea
+from retrax.layers.attention import groups as eag
+from retrax.layers.attention import lsh
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 

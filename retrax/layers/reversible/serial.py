@@ -8,8 +8,8 @@ from retrax.fastmath.tree import is_weights_cache_marker
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers.base import in_sublayer
-from retrax.layers.repeats import repeat_period
-from retrax.layers.reversible_layer import ReversibleLayer
+from retrax.layers.reversible.repeats import repeat_period
+from retrax.layers.reversible.layer import ReversibleLayer
 from retrax.layers.stacked import stack_groups
 from retrax.layers.stacked import stack_layers
 from retrax.layers.stacked import stackable

@@ -10,9 +10,7 @@ attention decodes incrementally with a key/value cache in `state`) and
 
 The weight trees equal Trax 1.4.1's, including the `Serial(AssertShape, layer,
 AssertShape)` wrapping that Trax's `@assert_shape` adds to layer-making
-functions. `ShiftRight`, `PaddingMask`, `EncoderDecoderMask` (defined in
-`core`) and `PositionalEncoding` (in `position`) are re-exported here for
-Trax's module path.
+functions.
 """
 
 import math
@@ -25,16 +23,11 @@ from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers import initializers as init
-from retrax.layers import kv_cache
+from retrax.layers.attention import kv_cache
 from retrax.layers import predict_state
 from retrax import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
-# Re-exported for Trax's module path (trax.layers.attention.ShiftRight etc.).
-from retrax.layers.core import EncoderDecoderMask as EncoderDecoderMask
-from retrax.layers.core import PaddingMask as PaddingMask
-from retrax.layers.core import ShiftRight as ShiftRight
-from retrax.layers.position import PositionalEncoding as PositionalEncoding
 
 
 _MODES = ('train', 'eval', 'predict', 'viz')

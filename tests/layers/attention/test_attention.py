@@ -8,16 +8,14 @@ import numpy as np
 import pytest
 
 from retrax.layers import attention as attn
+from retrax.layers.attention import dense
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers import position
 from retrax.shapes import ShapeDtype
 
-try:
-  from tests.layers import predict_utils
-except ImportError:  # tests/ is not a package: import the sibling module.
-  import predict_utils
+from tests.layers import predict_utils
 
 RNG = jax.random.PRNGKey(0)
 
@@ -98,7 +96,7 @@ def test_dot_product_attention_matches_numpy_with_mask():
 
 def test_per_head_attention_is_trax_positional_signature():
   q = randn(2, 3, 4)
-  per_head = jax.jit(attn._per_head_attention, static_argnums=(3, 4, 5, 6))
+  per_head = jax.jit(dense._per_head_attention, static_argnums=(3, 4, 5, 6))
   out, _ = per_head(q, q, q, None, 0.0, 'eval', None)
   close(out, np_attention(q, q, q)[0])
 
@@ -353,7 +351,7 @@ def test_causal_attention_with_dconv_eval_equals_predict():
 
 def test_dconv_matches_numpy_convolution():
   x = randn(2, 5, 3)
-  conv = attn._CausalDepthwiseConv()
+  conv = dense._CausalDepthwiseConv()
   w, _ = conv.init(ShapeDtype(x.shape))
   w = np.asarray(w)
   want = np.zeros((2, 5, 3))

@@ -27,7 +27,7 @@ from jax import lax
 
 from retrax.fastmath import xla_cpu
 from retrax.layers import base
-from retrax.layers import efficient_attention_groups as groups_lib
+from retrax.layers.attention import groups as groups_lib
 from retrax.layers import predict_state
 from retrax import validation
 from retrax.shapes import ShapeDtype

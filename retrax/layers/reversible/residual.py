@@ -6,8 +6,8 @@ from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers.cotangents import add_cotangents
 from retrax.layers.cotangents import cotangent_like
-from retrax.layers.reversible_layer import check_items
-from retrax.layers.reversible_layer import ReversibleLayer
+from retrax.layers.reversible.layer import check_items
+from retrax.layers.reversible.layer import ReversibleLayer
 from retrax.layers.stack import init_layers
 from retrax.layers.stack import inputs_from_stack
 from retrax.layers.stack import make_tuple

@@ -1,40 +1,13 @@
-"""Reversible layers: layers that can compute their inputs from their outputs.
+"""Reversible stack operations: select, swap, concatenate, reshape, print.
 
-In a series of reversible layers the backward pass needs no stored
-activations: it rebuilds each layer's input from its output, last layer
-first (RevNet, https://arxiv.org/abs/1707.04585; Reformer,
-https://arxiv.org/abs/2001.04451). `ReversibleSerial` does this under
-`jax.custom_vjp`, so plain `jax.grad` of any loss through it keeps O(1) layer
-activations alive instead of O(depth).
-
-The building block is `ReversibleHalfResidual` (RHR), which maps
-
-    [acc, *ctx] -> [acc + f(ctx), *ctx]
-
-and is inverted by `acc = out - f(ctx)`. Reformer's block is
-`[RHR(attention), ReversibleSwap(), RHR(feed_forward), ReversibleSwap()]`.
-
-Randomness is replayed exactly: the backward pass recomputes each `f` with
-the rng and the *pre-forward* state that the forward pass used, so dropout
-masks and state-drawn randomness (e.g. LSH hashing keys) are the same and the
-gradients equal those of the same network without custom gradients.
-
-Calling `reverse`/`reverse_and_grad` with the defaults `weights=()`,
-`state=()`, `rng=None` uses the layer's own weights, state and rng;
-`new_state=()` means "same as `state`".
+Each reorders or reshapes stack items without weights, and its `reverse`
+undoes that exactly (see `retrax.layers.reversible`).
 """
 
-
 from retrax.fastmath import numpy as jnp
-from retrax.layers.reversible_layer import check_items
-from retrax.layers.reversible_layer import ReversibleLayer as ReversibleLayer
-from retrax.layers.reversible_residual import (
-    ReversibleHalfResidual as ReversibleHalfResidual)
-from retrax.layers.reversible_serial import ReversibleSerial as ReversibleSerial
+from retrax.layers.reversible.layer import check_items
+from retrax.layers.reversible.layer import ReversibleLayer
 from retrax.layers.stack import make_tuple
-
-
-# --- stack operations -------------------------------------------------------------
 
 
 class ReversibleSelect(ReversibleLayer):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from retrax import layers as tl
-from retrax.layers import efficient_attention as ea
+from retrax.layers.attention import efficient as ea
 
 import efficient_attention_refs as refs
 

@@ -42,27 +42,27 @@ import jax.numpy as jnp
 from jax import lax
 
 from retrax.fastmath import precision
-from retrax.layers.efficient_attention import attention_kernel_init
-from retrax.layers.efficient_attention import check_count
-from retrax.layers.efficient_attention import check_depths_and_rates
-from retrax.layers.efficient_attention import check_mode
-from retrax.layers.efficient_attention import check_predict
-from retrax.layers.efficient_attention import check_width
-from retrax.layers.efficient_attention import dropout_rngs
-from retrax.layers.efficient_attention import normalize_mask
-from retrax.layers.efficient_attention_base import drop_oldest
-from retrax.layers.efficient_attention_base import EfficientAttentionBase
-from retrax.layers.efficient_attention_base import fit_to_memory
-from retrax.layers.efficient_attention_ops import apply_broadcasted_dropout
-from retrax.layers.efficient_attention_ops import attend
-from retrax.layers.efficient_attention_ops import attend_queries_scaled
-from retrax.layers.efficient_attention_ops import hash_vecs
-from retrax.layers.efficient_attention_ops import inverse_permutation
-from retrax.layers.efficient_attention_ops import length_normalized
-from retrax.layers.efficient_attention_ops import mask_self_attention
-from retrax.layers.efficient_attention_ops import merge_rounds
-from retrax.layers.efficient_attention_ops import project_step_heads
-from retrax.layers.efficient_attention_ops import permute_via_gather
+from retrax.layers.attention.efficient import attention_kernel_init
+from retrax.layers.attention.efficient import check_count
+from retrax.layers.attention.efficient import check_depths_and_rates
+from retrax.layers.attention.efficient import check_mode
+from retrax.layers.attention.efficient import check_predict
+from retrax.layers.attention.efficient import check_width
+from retrax.layers.attention.efficient import dropout_rngs
+from retrax.layers.attention.efficient import normalize_mask
+from retrax.layers.attention.efficient_base import drop_oldest
+from retrax.layers.attention.efficient_base import EfficientAttentionBase
+from retrax.layers.attention.efficient_base import fit_to_memory
+from retrax.layers.attention.ops import apply_broadcasted_dropout
+from retrax.layers.attention.ops import attend
+from retrax.layers.attention.ops import attend_queries_scaled
+from retrax.layers.attention.ops import hash_vecs
+from retrax.layers.attention.ops import inverse_permutation
+from retrax.layers.attention.ops import length_normalized
+from retrax.layers.attention.ops import mask_self_attention
+from retrax.layers.attention.ops import merge_rounds
+from retrax.layers.attention.ops import project_step_heads
+from retrax.layers.attention.ops import permute_via_gather
 
 
 def default_n_buckets(length, chunk_len):

@@ -14,7 +14,7 @@ import numpy as np
 
 from retrax.shapes import signature
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / 'fixtures' / 'golden'
+GOLDEN = pathlib.Path(__file__).resolve().parents[2] / 'fixtures' / 'golden'
 
 
 def rms_normalize(x, eps=1e-6):

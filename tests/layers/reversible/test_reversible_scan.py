@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 from retrax.layers import core
-from retrax.layers import repeats
+from retrax.layers.reversible import repeats
 from retrax.layers import reversible as rv
-from retrax.layers import reversible_serial
+from retrax.layers.reversible import serial as reversible_serial
 from retrax.shapes import signature
 
 from test_reversible import assert_grads_equal_plain

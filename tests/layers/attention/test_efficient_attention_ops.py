@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from retrax.fastmath import precision
-from retrax.layers import efficient_attention as ea
-from retrax.layers import efficient_attention_ops as ops
+from retrax.layers.attention import efficient as ea
+from retrax.layers.attention import ops
 
 import efficient_attention_refs as refs
 

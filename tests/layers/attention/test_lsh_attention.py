@@ -6,8 +6,8 @@ from jax.test_util import check_grads
 import numpy as np
 import pytest
 
-from retrax.layers import efficient_attention_ops as ops
-from retrax.layers import lsh_attention as lsh
+from retrax.layers.attention import ops
+from retrax.layers.attention import lsh
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from retrax.layers import attention as attn
-from retrax.layers import kv_cache
+from retrax.layers.attention import kv_cache
 from retrax.shapes import ShapeDtype
 
 
