@@ -222,22 +222,6 @@ def register(gin):
       _register_one(gin, gin_module, modules, name, denylist)
 
 
-def bound_arguments(fn):
-  """The arguments gin binds for layer constructor `fn` now: `{}` without gin.
-
-  A run records them with a layer constructor passed to a model
-  (`ReformerLM.attention_type = @LSHSelfAttention` with `LSHSelfAttention.*`
-  bindings), so `load_run` rebuilds the model that trained without gin.
-  """
-  gin = sys.modules.get('gin')
-  if not _registered or gin is None:
-    return {}
-  try:
-    return gin.get_bindings(fn)
-  except ValueError:  # Not a configurable.
-    return {}
-
-
 class _RegisteringLoader(importlib.abc.Loader):
   """Loads gin with its own loader, then registers Trax's names."""
 

@@ -1,4 +1,4 @@
-"""retrax's modules import each other without circles.
+"""retrax's modules import each other without circles, and only downwards.
 
 Every import counts, at module level or inside a function, and
 `importlib.import_module` of a literal name too: a circle broken only by
@@ -97,3 +97,41 @@ def test_no_module_circles():
   graph = import_graph()
   assert 'retrax.checkpoints.layer_io' in graph['retrax.layers.base']
   assert circles(graph) == []
+
+
+# The package levels of docs/architecture.md, lowest first: a module may
+# import its own level and those below it, never one above. A new top-level
+# module or package must be placed here.
+LEVELS = (
+    ('errors', 'validation', 'run_layout', 'local_paths', 'suggest',
+     'shapes'),
+    ('fastmath',),
+    ('checkpoints',),
+    ('layers',),
+    ('model_spec', 'models', 'optimizers', 'lr'),
+    ('data',),
+    ('supervised',),
+    ('config', 'jobs', 'hf_runs', 'plot', 'bench', 'trainer', 'cli',
+     '__main__', 'trax_gin', 'compat', 'tf_numpy', 'test_utils', ''),
+)
+
+
+def level(module):
+  """The level of `module`'s top-level package ('' for `retrax` itself)."""
+  top = module.split('.')[1] if '.' in module else ''
+  for i, names in enumerate(LEVELS):
+    if top in names:
+      return i
+  raise AssertionError(f'{module}: top-level name {top!r} has no level in '
+                       'LEVELS; place it there (and in docs/architecture.md).')
+
+
+def test_imports_run_only_downwards():
+  upward = sorted(f'{a} -> {b}' for a, targets in import_graph().items()
+                  for b in targets if level(b) > level(a))
+  assert upward == []
+
+
+def test_the_level_check_sees_an_upward_import():
+  assert level('retrax.models.registry') > level('retrax.layers.base')
+  assert level('retrax.trax_gin') > level('retrax.models.registry')

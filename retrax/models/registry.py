@@ -19,6 +19,7 @@ import functools
 import inspect
 import json
 import os
+import sys
 import weakref
 from typing import Optional
 
@@ -26,7 +27,6 @@ import numpy as np
 
 from retrax import layers as tl
 from retrax import model_spec
-from retrax import trax_gin
 from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import read_json
 from retrax.run_layout import MODEL_FILE
@@ -64,12 +64,30 @@ def _encode(x):
             'kwargs': {k: _encode(v) for k, v in x.keywords.items()}}
   if callable(x):
     # Arguments a gin config binds travel with the layer, as a partial's do.
-    bound = trax_gin.bound_arguments(x)
+    bound = _gin_bindings(x)
     if bound:
       return {'layer': _layer_name(x),
               'kwargs': {k: _encode(v) for k, v in bound.items()}}
     return {'layer': _layer_name(x)}
   raise _NotJSON(x)
+
+
+def _gin_bindings(fn):
+  """The arguments gin binds for layer constructor `fn` now: `{}` without gin.
+
+  A run records them with a layer constructor passed to a model
+  (`ReformerLM.attention_type = @LSHSelfAttention` with `LSHSelfAttention.*`
+  bindings), so `load_run` rebuilds the model that trained without gin. Read
+  from gin itself (only `retrax.trax_gin`, a layer above, makes retrax's
+  names configurable), and only if the program imported it.
+  """
+  gin = sys.modules.get('gin')
+  if gin is None:
+    return {}
+  try:
+    return gin.get_bindings(fn)
+  except ValueError:  # Not a configurable.
+    return {}
 
 
 def _decode(x, where):
