@@ -101,8 +101,28 @@ def test_quick_run_learns_bytes_and_merges_aliases():
                for c in result['curve'])
     assert result['curve'][-1][1] < result['curve'][0][1]
     assert 0 < result['step_s'] < result['first_step_s']
+  assert results['claims'] == []  # No claim compares residual-full alone.
   json.dumps(results)  # --json must be able to write it.
   assert len(real_text.format_table(results).splitlines()) == 2 + 1
+
+
+def test_claims_compare_the_last_eval():
+  final = {'transformer': 3.00, 'residual-full': 3.01, 'reversible-full': 3.05,
+           'lsh-1': 3.20, 'lsh-8': 3.07}
+  results = dict(arms={arm: dict(curve=[(100, 9.0, 9.0, 1.0),
+                                        (200, bpb, bpb, 2.0)])
+                       for arm, bpb in final.items()})
+  results['claims'] = real_text.claims(results)
+  verdicts = {(c['arm'], c['baseline']): (round(c['difference'], 6),
+                                          c['holds'])
+              for c in results['claims']}
+  assert verdicts == {('residual-full', 'transformer'): (0.01, True),
+                      ('reversible-full', 'residual-full'): (0.04, False),
+                      ('lsh-8', 'reversible-full'): (0.02, True),
+                      ('lsh-1', 'lsh-8'): (0.13, True)}
+  text = real_text.format_claims(results)
+  assert 'does not hold' in text.splitlines()[1]
+  assert text.splitlines()[-1].endswith('lsh-1 +0.1500, lsh-8 +0.0200')
 
 
 @pytest.mark.slow  # ~2 min on one core: it compiles every arm (LSH ~20 s each).
@@ -111,6 +131,7 @@ def test_main_quick_writes_every_arm(tmp_path):
                   '--plot', str(tmp_path / 'r.png')])
   results = json.loads((tmp_path / 'r.json').read_text())
   assert list(results['arms']) == list(real_text.ARMS)
+  assert len(results['claims']) == len(real_text.CLAIMS)
   assert all(1.0 < r['curve'][-1][1] < 6.0 for r in results['arms'].values())
   assert (tmp_path / 'r.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
