@@ -101,6 +101,8 @@ def test_quick_run_learns_bytes_and_merges_aliases():
                for c in result['curve'])
     assert result['curve'][-1][1] < result['curve'][0][1]
     assert 0 < result['step_s'] < result['first_step_s']
+    # Seconds after step 1: compilation excluded, still increasing.
+    assert 0 < result['curve'][0][3] < result['curve'][1][3] < result['train_s']
   assert results['claims'] == []  # No claim compares residual-full alone.
   json.dumps(results)  # --json must be able to write it.
   assert len(real_text.format_table(results).splitlines()) == 2 + 1
