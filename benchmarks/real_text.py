@@ -166,6 +166,9 @@ def split_corpus(corpus, cfg):
   if len(held_out) < cfg.length or len(train) < cfg.length:
     raise ValueError(f'corpus of {len(tokens)} bytes too small for length '
                      f'{cfg.length} with eval_share {cfg.eval_share}.')
+  if cfg.eval_windows % cfg.batch:  # Eval runs in batches of the train size.
+    raise ValueError(f'--eval_windows ({cfg.eval_windows}) must be a multiple '
+                     f'of --batch ({cfg.batch}).')
   starts = np.linspace(0, len(held_out) - cfg.length,
                        cfg.eval_windows).astype(int)
   return train, np.stack([held_out[s:s + cfg.length] for s in starts])
@@ -216,9 +219,7 @@ def evaluator(arm, cfg, eval_windows):
   each batch gets a fixed rng, so LSH hashes are the same at every eval.
   """
   model = build_model(arm, cfg, 'eval')
-  n = len(eval_windows) // cfg.batch * cfg.batch
-  batches = eval_windows[:n].astype(np.int32).reshape(-1, cfg.batch,
-                                                      cfg.length)
+  batches = eval_windows.astype(np.int32).reshape(-1, cfg.batch, cfg.length)
   model.init(shapes.signature(batches[0]), rng=jax.random.PRNGKey(cfg.seed))
   state = model.state
 

@@ -44,7 +44,7 @@ def test_corpus_is_the_docstrings_of_the_stdlib_minus_tests(tmp_path):
 
 def test_split_and_batches_are_fixed_and_disjoint():
   corpus = bytes(range(256)) * 40  # 10,240 bytes.
-  cfg = quick_config(eval_share=0.1, eval_windows=3)
+  cfg = quick_config(eval_share=0.1, eval_windows=3, batch=3)
   train, windows = real_text.split_corpus(corpus, cfg)
   assert len(train) == 10240 - 1024 and windows.shape == (3, cfg.length)
   # The windows are the first, middle and last `length` bytes of the tail.
@@ -59,6 +59,8 @@ def test_split_and_batches_are_fixed_and_disjoint():
     assert (x == y).all() and (w == 1).all()
   with pytest.raises(ValueError, match='too small'):
     real_text.split_corpus(corpus[:1000], cfg)  # 100 eval bytes < 128.
+  with pytest.raises(ValueError, match='multiple of --batch'):
+    real_text.split_corpus(corpus, quick_config(eval_windows=3, batch=2))
 
 
 def test_arm_names():
