@@ -47,22 +47,24 @@ without compilation and evaluation) write them out.
 
 Defaults: d_model 128 (ReformerLM: each half of its two-part residual
 stream), d_ff 512, 2 heads of 64, 2 layers, length 1024, batch 4, Adam with
-`warmup_and_rsqrt_decay(100, 5e-3)` (stable for `transformer` and `lsh-2`
-over 200 steps; faster than 2e-3), 1000 steps (4.1M tokens, ~1.9 passes
-over the training bytes), eval every 100 steps on 64 windows (64K bytes).
+`warmup_and_rsqrt_decay(100, 5e-3)` (stable past its peak for
+`transformer`, `residual-full` and `lsh-2`; lsh-2 reached 3.85 bits/byte at
+step 200, 4.05 with 2e-3), 1000 steps (4.1M tokens, ~1.9 passes over the
+training bytes), eval every 100 steps on 64 windows (64K bytes).
 Seconds per step measured on one core of this 2-core AMD EPYC VM (float32,
 `taskset -c 1`, another job on the other core): transformer 0.72,
 residual-full 1.11, reversible-full 1.15, lsh-1 0.41, lsh-2 0.48, lsh-4
 0.64, lsh-8 1.08, 5.6 s for all seven (7.6 s under heavier load on the
-VM), plus 6-20 s of compilation and ~3 s per evaluation per arm: the whole
+VM), plus 6-20 s of compilation and 3-6 s per evaluation per arm: the whole
 set takes ~1 h 40 min on one core (up to ~2 h 15 min when the VM is
 loaded) and an estimated 60-75 min on both. 4 heads of 32 cost 1.5-2x
 more (the length x length softmax dominates at this width). All arms run
 in float32: the bfloat16 matmul policy (`RETRAX_MATMUL_DTYPE=bfloat16`)
-gives lsh-2 the same bits/byte (4 decimals, 21 steps) and a 27% faster step (0.37 vs
-0.51 s), but transformer's 10% slower (0.80 vs 0.72 s), and shared-QK full
-attention fails under it at batch 4 on XLA:CPU (jaxlib 0.10.2:
-"Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32").
+gives lsh-2 the same bits/byte (to 4 decimals after 21 steps) and a 27%
+faster step (0.37 vs 0.51 s), but makes transformer's 10% slower (0.80 vs
+0.72 s), and shared-QK full attention fails under it at batch 4 on
+XLA:CPU (jaxlib 0.10.2: "Unsupported element type for DotThunk::Execute:
+BF16 x BF16 = F32"; batch 1 runs).
 
 Differences from the paper's setting: d_model 1024, d_ff 4096, 8 heads and
 sequences of 64K bytes (enwik8, 100 MB) or 12K pixels (imagenet64, Figure
