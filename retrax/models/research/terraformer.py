@@ -16,12 +16,14 @@ mode equals eval mode on every prefix.
 
 import contextlib
 import functools
+from typing import Optional
 
 from jax import lax
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
+from retrax.layers.attention import dense as dense_attention
 from retrax.layers.attention import kv_cache
 from retrax.layers import predict_state
 from retrax.layers import rnn
@@ -77,18 +79,28 @@ def _mask_portal(portal_mask):
   if portal_mask is None:
     yield
     return
-  original_sru = rnn.ScanSRUCell
-  original_attention = attention.DotProductCausalAttention
-  rnn.ScanSRUCell = functools.partial(original_sru,
-                                      monkey_patched_mask=portal_mask)
-  attention.DotProductCausalAttention = type(
+  # Rebinds the module attributes through setattr (a plain assignment to a
+  # function or class name is a type error). `attention.dense` defines
+  # `CausalAttention`, which looks `DotProductCausalAttention` up there; the
+  # package's re-export serves `attention.DotProductCausalAttention` callers.
+  portal_attention = type(
       'PortalMaskedCausalAttention', (PortalMaskedCausalAttention,),
       {'portal_mask': portal_mask})
+  patches = {
+      (rnn, 'ScanSRUCell'): functools.partial(
+          rnn.ScanSRUCell, monkey_patched_mask=portal_mask),
+      (attention, 'DotProductCausalAttention'): portal_attention,
+      (dense_attention, 'DotProductCausalAttention'): portal_attention,
+  }
+  originals = {(module, name): getattr(module, name)
+               for module, name in patches}
+  for (module, name), value in patches.items():
+    setattr(module, name, value)
   try:
     yield
   finally:
-    rnn.ScanSRUCell = original_sru
-    attention.DotProductCausalAttention = original_attention
+    for (module, name), value in originals.items():
+      setattr(module, name, value)
 
 
 class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
@@ -103,7 +115,7 @@ class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
   attends to what eval mode does. One example at a time, as in Trax.
   """
 
-  portal_mask = None
+  portal_mask: Optional['_PortalInput'] = None  # set by `_mask_portal`
 
   def init_weights_and_state(self, input_signature):
     super().init_weights_and_state(input_signature)
@@ -116,6 +128,10 @@ class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
       return super().forward(inputs)
     q, k, v = inputs
     allowed, keys, values, index = self.state
+    if self.portal_mask is None:
+      raise ValueError(
+          f'{self.name}: predict mode needs a portal_mask (made by '
+          'Terraformer in predict mode, see `_mask_portal`).')
     source_mask = self.portal_mask.get_value()
     if source_mask.shape[0] != 1:
       raise ValueError(
