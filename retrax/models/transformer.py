@@ -173,7 +173,7 @@ def Transformer(input_vocab_size, output_vocab_size=None, d_model=512,
   else:
     out_embedder = vocab_layers.Embedding('Transformer', output_arg,
                                           output_vocab_size, d_model)
-  encoder = tl.Serial(
+  encoder: tl.Layer = tl.Serial(
       in_embedder,
       _dropout(dropout, dropout_shared_axes, mode),
       tl.PositionalEncoding(max_len=max_len, mode=encoder_mode),

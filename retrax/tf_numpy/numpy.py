@@ -10,7 +10,7 @@ from jax.numpy import *
 
 def is_allow_float64():
   """True if float64 arrays are allowed (JAX's `jax_enable_x64`)."""
-  return bool(jax.config.jax_enable_x64)
+  return bool(jax.config.read('jax_enable_x64'))
 
 
 def set_allow_float64(allow):

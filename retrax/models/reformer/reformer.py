@@ -306,7 +306,7 @@ def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
                    ff_activation, ff_dropout, mode=mode, ff_use_sru=ff_use_sru,
                    ff_chunk_size=ff_chunk_size, ff_sparsity=ff_sparsity)
       for _ in range(n_encoder_layers)]
-  encoder = tl.Serial([in_encoder, tl.Dup(), tl.ReversibleSerial(encoder_blocks),
+  encoder: tl.Layer = tl.Serial([in_encoder, tl.Dup(), tl.ReversibleSerial(encoder_blocks),
                        _XYAvg(), tl.LayerNorm()])
   if mode == 'predict':
     encoder = tl.Cache(encoder)

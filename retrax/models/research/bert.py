@@ -125,7 +125,7 @@ def BERT(d_model=768, vocab_size=30522, max_len=512, type_vocab_size=2,
   pooler = [tl.Fn('FirstAndAll', _first_and_all, n_out=2),
             tl.Dense(d_model), tl.Tanh()]
   init_checkpoint = init_checkpoint if mode == 'train' else None
-  bert = PretrainedBERT(embeddings + encoder + [tl.Select([0], n_in=2)] +
+  bert: tl.Layer = PretrainedBERT(embeddings + encoder + [tl.Select([0], n_in=2)] +
                         pooler, init_checkpoint=init_checkpoint,
                         n_layers=n_layers, d_head=d_model // n_heads)
   if head is not None:

@@ -8,6 +8,7 @@ arguments their layer and weight trees are Trax's, leaf for leaf.
 """
 
 import inspect
+from typing import Union
 
 from retrax import layers as tl
 from retrax.layers.research import sparsity as research_sparsity
@@ -111,7 +112,7 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
         use_bfloat16=use_bfloat16, mode=mode, dropout_rate=dropout,
         dropout_shared_axes=dropout_shared_axes, ff_chunk_size=ff_chunk_size)
     # SparseFF brings its own Dropout and chunking.
-    res = [tl.LayerNorm(center=center_layernorm), ff]
+    res: Union[tl.Layer, list[tl.Layer]] = [tl.LayerNorm(center=center_layernorm), ff]
   else:
     ff = _dense_or_expert_ff(d_model, d_ff, dropout, ff_activation, ff_dropout,
                              ff_sparsity, use_bfloat16, mode, ff_sparsity_type)
@@ -501,7 +502,7 @@ def ConfigurableTransformer(input_vocab_size, output_vocab_size=None,
                    ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                    ff_sparsity, ff_sparsity_type, attention_chunk_size,
                    encoder_attention_type) for _ in range(n_encoder_layers)]
-  encoder = tl.Serial(in_encoder, encoder_blocks, tl.LayerNorm())
+  encoder: tl.Layer = tl.Serial(in_encoder, encoder_blocks, tl.LayerNorm())
   if mode == 'predict':
     encoder = tl.Cache(encoder)
   encoder_decoder_blocks = [

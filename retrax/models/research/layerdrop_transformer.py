@@ -40,7 +40,7 @@ def _check(model, n_layers, mode, **fractions):
   for name, value in fractions.items():
     values = value if isinstance(value, (list, tuple)) else [value]
     for v in values:
-      if not isinstance(v, numbers.Real) or not 0.0 <= v <= 1.0:
+      if not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
         raise ValueError(f'{model}: {name} must be in [0, 1] (or a list of '
                          f'such); got {value!r}')
 

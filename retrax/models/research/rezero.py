@@ -16,7 +16,7 @@ def _flatten(items):
   """`items` with nested lists/tuples flattened; `(None,)` means no layers."""
   if len(items) == 1 and items[0] is None:
     return []
-  flat = []
+  flat: list[tl.Layer] = []
   for item in items:
     if isinstance(item, (list, tuple)):
       flat.extend(_flatten(item) if item else [])
@@ -201,7 +201,7 @@ def ReZeroTransformer(input_vocab_size, output_vocab_size=None, d_model=512,
       tl.PositionalEncoding(max_len=max_len, mode=mode)]
   if output_vocab_size is None:
     output_vocab_size = input_vocab_size
-  encoder = tl.Serial(
+  encoder: tl.Layer = tl.Serial(
       in_encoder,
       [_EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                      mode, ff_activation) for _ in range(n_encoder_layers)],

@@ -210,7 +210,7 @@ def Transformer2(input_vocab_size, output_vocab_size=None, d_model=512,
           pos_axial_shape=pos_axial_shape, pos_d_axial_embs=pos_d_axial_embs))
   ff_args = (ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
              ff_sparsity, ff_sparsity_type, attention_chunk_size)
-  encoder = tl.Serial(
+  encoder: tl.Layer = tl.Serial(
       in_encoder,
       [ct.EncoderBlock(d_model, d_ff, n_heads, dropout, dropout_shared_axes,
                        mode, *ff_args, encoder_attention_type,
