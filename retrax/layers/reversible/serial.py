@@ -22,6 +22,11 @@ from retrax.layers.stack import outputs_onto_stack
 from retrax.layers.stack import run_layers
 from retrax.layers.stack import split_rngs
 
+# `base.Layer`'s `weights` property (the sublayers' weights), whose getter and
+# setter the override below calls. Taken from the class dict: mypy types a
+# property with a setter as an overloaded function, with no `fget`/`fset`.
+_LAYER_WEIGHTS = vars(base.Layer)['weights']
+
 
 class ReversibleSerial(ReversibleLayer, cb.Serial):
   """A `Serial` of reversible layers whose backward pass stores no activations.
@@ -63,9 +68,9 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     """The per-layer weights: a `StackedLayers` when the layers repeat, else a tuple."""
     own = getattr(self, '_own_weights', None)
     if own is None:
-      return base.Layer.weights.fget(self)
+      return _LAYER_WEIGHTS.fget(self)
     if own is self._spread:
-      per_layer = base.Layer.weights.fget(self)
+      per_layer = _LAYER_WEIGHTS.fget(self)
       if _leaf_ids(per_layer) != self._spread_ids:
         # A sublayer got new weights directly (e.g. a per-layer trainer).
         self.weights = per_layer
@@ -83,16 +88,16 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     weights = self._stacked_if_repeated(weights)
     if not isinstance(weights, StackedLayers):
       self._own_weights = self._spread = None
-      base.Layer.weights.fset(self, weights)
+      _LAYER_WEIGHTS.fset(self, weights)
       return
     self._own_weights = weights
     # Spread again if the sublayers hold something else meanwhile: a traced
     # run (`use_cache`) leaves its tracers on them.
     if (weights is not self._spread or
-        _leaf_ids(base.Layer.weights.fget(self)) != self._spread_ids):
-      base.Layer.weights.fset(self, tuple(weights))
+        _leaf_ids(_LAYER_WEIGHTS.fget(self)) != self._spread_ids):
+      _LAYER_WEIGHTS.fset(self, tuple(weights))
       self._spread = weights
-      self._spread_ids = _leaf_ids(base.Layer.weights.fget(self))
+      self._spread_ids = _leaf_ids(_LAYER_WEIGHTS.fget(self))
 
   def _stacked_if_repeated(self, weights):
     """`weights` as a `StackedLayers` if the layers repeat and the arrays stack."""
@@ -155,8 +160,12 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   def _block_fn(self, period):
     """`(stack, (weights, state, keys)) -> (stack, new_state)` of the first block."""
     block = self.sublayers[:period]
-    return lambda stack, group: run_layers(self, block, stack, *group,
-                                           use_cache=False)
+
+    def block_fn(stack, group):
+      weights, state, rngs = group
+      return run_layers(self, block, stack, weights, state, rngs,
+                        use_cache=False)
+    return block_fn
 
   def _decodes(self):
     """True if a sublayer is in 'predict' mode.
