@@ -29,6 +29,7 @@ fewer FLOPs (see `SelfAttention`'s `_attend_inputs`); predict-mode
 
 import functools
 import math
+from typing import Any
 
 import jax
 from jax import lax
@@ -213,7 +214,8 @@ class SelfAttention(EfficientAttentionBase):
            else self._kernel_initializer((d_model, self._d_qk), rng_k))
     w_v = self._kernel_initializer((d_model, self._d_v), rng_v)
     w_o = jnp.transpose(self._kernel_initializer((d_model, self._d_v), rng_o))
-    weights = (w_q, w_v, w_o) if self._share_qk else (w_q, w_k, w_v, w_o)
+    weights: tuple[Any, ...] = (
+        (w_q, w_v, w_o) if self._share_qk else (w_q, w_k, w_v, w_o))
     if self._bias:
       b_q = jnp.zeros(self._d_qk)
       b_v = jnp.zeros(self._d_v)

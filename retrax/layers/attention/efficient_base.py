@@ -210,12 +210,23 @@ class EfficientAttentionBase(base.Layer):
     del inputs, weights, state, q_start, q_len
     return None
 
-  def forward_unbatched(self, *inputs, weights, state, rng, update_state):
-    """Attention for one example and one head: returns `(output, new_state)`."""
+  # `*inputs: Any, **kwargs: Any`: a subclass names its own inputs (`x, mask`,
+  # `qk, v`, ...) and takes the keyword arguments listed in the class
+  # docstring; mypy accepts any signature overriding this one.
+  def forward_unbatched(self, *inputs: Any, **kwargs: Any) -> Any:
+    """Attention for one example and one head: returns `(output, new_state)`.
+
+    Keyword arguments: `weights, state, rng, update_state`.
+    """
+    del inputs, kwargs
     raise NotImplementedError(f'{self.name} must override forward_unbatched.')
 
-  def _incremental_forward_unbatched(self, *inputs, q_start, q_len, weights,
-                                     state, rng, update_state):
+  def _incremental_forward_unbatched(self, *inputs: Any, **kwargs: Any) -> Any:
+    """A predict-mode step: `forward_unbatched` for queries `q_start` on.
+
+    Keyword arguments: `q_start, q_len, weights, state, rng, update_state`.
+    """
+    del inputs, kwargs
     raise NotImplementedError(
         f'Fast inference is not implemented for {self.name}.')
 
