@@ -18,7 +18,7 @@ _spec.loader.exec_module(real_text)
 
 def quick_config(**overrides):
   cfg = real_text.parse_args(['--quick'])
-  del cfg.json, cfg.quick
+  del cfg.json, cfg.quick, cfg.merge
   for key, value in overrides.items():
     setattr(cfg, key, value)
   return cfg
@@ -111,8 +111,8 @@ def test_quick_run_learns_bytes_and_merges_aliases():
 
 
 def test_claims_compare_the_last_eval():
-  final = {'transformer': 3.00, 'residual-full': 3.01, 'reversible-full': 3.05,
-           'lsh-1': 3.20, 'lsh-8': 3.07}
+  final = {'transformer': 3.00, 'separate-qk': 2.98, 'residual-full': 3.01,
+           'reversible-full': 3.05, 'lsh-1': 3.20, 'lsh-8': 3.07}
   results = dict(arms={arm: dict(curve=[(100, 9.0, 9.0, 1.0),
                                         (200, bpb, bpb, 2.0)])
                        for arm, bpb in final.items()})
@@ -120,12 +120,14 @@ def test_claims_compare_the_last_eval():
   verdicts = {(c['arm'], c['baseline']): (round(c['difference'], 6),
                                           c['holds'])
               for c in results['claims']}
-  assert verdicts == {('residual-full', 'transformer'): (0.01, True),
+  assert verdicts == {('residual-full', 'separate-qk'): (0.03, False),
+                      ('residual-full', 'transformer'): (0.01, True),
                       ('reversible-full', 'residual-full'): (0.04, False),
                       ('lsh-8', 'reversible-full'): (0.02, True),
                       ('lsh-1', 'lsh-8'): (0.13, True)}
   text = real_text.format_claims(results)
-  assert 'does not hold' in text.splitlines()[1]
+  assert [line.endswith('does not hold') for line in text.splitlines()] == [
+      True, False, True, False, False, False]
   assert text.splitlines()[-1].endswith('lsh-1 +0.1500, lsh-8 +0.0200')
 
 
@@ -149,3 +151,44 @@ def test_plot_writes_png(tmp_path):
   path = tmp_path / 'curves.png'
   real_text.plot(results, str(path))
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_merge_joins_lanes_in_arm_order_and_recomputes_claims(tmp_path,
+                                                              capsys):
+  def lane(name, finals, **config):
+    results = dict(config=dict(dict(steps=200, seed=0), **config,
+                               arms=','.join(finals)),
+                   corpus=dict(python='3.11.7', bytes=10, sha256='ab'),
+                   arms={arm: dict(curve=[(200, bpb, bpb, 2.0)], step_s=0.1,
+                                   first_step_s=5.0, train_s=20.0, eval_s=1.0)
+                         for arm, bpb in finals.items()})
+    results['claims'] = real_text.claims(results)
+    path = tmp_path / name
+    path.write_text(json.dumps(results))
+    return str(path)
+  a = lane('a.json', {'lsh-8': 3.07, 'transformer': 3.00})
+  b = lane('b.json', {'reversible-full': 3.05, 'residual-full': 3.01})
+  real_text.main(['--merge', f'{a},{b}', '--json', str(tmp_path / 'm.json')])
+  merged = json.loads((tmp_path / 'm.json').read_text())
+  assert list(merged['arms']) == ['transformer', 'residual-full',
+                                  'reversible-full', 'lsh-8']
+  assert merged['config']['arms'] == ','.join(merged['arms'])
+  assert [round(c['difference'], 6) for c in merged['claims']] == [
+      0.01, 0.04, 0.02]  # The claims across lanes, none within one lane.
+  assert 'does not hold' in capsys.readouterr().out
+  with pytest.raises(ValueError, match='another config'):
+    real_text.merge([a, lane('c.json', {'lsh-1': 3.2}, steps=100)])
+  with pytest.raises(ValueError, match='arm lsh-8 is in'):
+    real_text.merge([a, lane('d.json', {'lsh-8': 3.1})])
+
+
+def test_separate_qk_differs_from_residual_full_by_a_key_projection():
+  cfg = quick_config()
+  sizes = {}
+  for arm in ('separate-qk', 'residual-full'):
+    model = real_text.build_model(arm, cfg, 'train')
+    model.init(jax.ShapeDtypeStruct((cfg.batch, cfg.length), np.int32))
+    sizes[arm] = sum(w.size for w in jax.tree.leaves(model.weights))
+  # One d_model x d_model key matrix per layer (heads of d_model / n_heads).
+  assert sizes['separate-qk'] - sizes['residual-full'] == (
+      cfg.n_layers * cfg.d_model * cfg.d_model)
