@@ -60,12 +60,13 @@ at first (`--learning_rate 5e-3`: lsh-2 at 3.85 bits/byte at step 200,
 against 4.05; stable past its peak for transformer, residual-full and
 lsh-2), not measured to the end.
 Seconds per step measured on one core of this 2-core AMD EPYC VM (float32,
-`taskset -c 1`, another job on the other core): transformer 0.72,
-residual-full 1.11, reversible-full 1.15, lsh-1 0.41, lsh-2 0.48, lsh-4
-0.64, lsh-8 1.08, 5.6 s for all seven (7.6 s under heavier load on the
-VM), plus 6-20 s of compilation and 3-6 s per evaluation per arm: the whole
-set takes ~1 h 40 min on one core (up to ~2 h 15 min when the VM is
-loaded) and an estimated 60-75 min on both. 4 heads of 32 cost 1.5-2x
+2026-12-05, two lanes: `taskset -c 0` and `-c 1`, one process each):
+transformer 0.56, residual-full 0.78, reversible-full 0.77, lsh-1 0.26,
+lsh-2 0.31, lsh-4 0.40, lsh-8 0.67; separate-qk 1.06 (beside a test
+suite; ~0.8 alone). All eight arms: ~60 min of training and ~3 min of
+evaluation on one core, ~35 min as two lanes (one process per core, each
+with `--json`, joined by `--merge`; docs/benchmarks.md has the README's
+run). 4 heads of 32 cost 1.5-2x
 more (the length x length softmax dominates at this width). All arms run
 in float32: the bfloat16 matmul policy (`RETRAX_MATMUL_DTYPE=bfloat16`)
 gives lsh-2 the same bits/byte (to 4 decimals after 21 steps) and a 27%
