@@ -41,9 +41,9 @@ Arms (one model size; vocab 256 bytes, dropout 0, FastGelu feed-forward):
 
 So `separate-qk` (and `transformer`) vs `residual-full` is Figure 3 left
 (shared QK), `residual-full` vs `reversible-full` Figure 3 right, and
-`reversible-full` vs `lsh-N` Figure 4. Bits per byte = mean cross-entropy (nats) / ln 2 over
-every position of the eval windows (the first predicted from nothing). The
-script prints a table, a verdict on each claim as issue 43 reads it, at the
+`reversible-full` vs `lsh-N` Figure 4. Bits per byte = mean cross-entropy
+(nats) / ln 2 over every position of the eval windows (the first predicted
+from nothing). The script prints a table, a verdict on each claim as issue 43 reads it, at the
 last eval (shared QK and reversible within 0.02 bits/byte of their
 baselines, LSH-8 within 0.03 of full attention, LSH-1 worse than LSH-8),
 and each LSH arm's gap to full attention; `--json` and `--plot` (two
@@ -430,6 +430,7 @@ def plot(results, path):
 
 
 def parse_args(argv=None):
+  """`(config namespace, {json, merge})`: what runs, and where results go."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true',
                       help='smoke run: ' + ', '.join(
@@ -445,7 +446,10 @@ def parse_args(argv=None):
   for key, value in {**DEFAULTS, **(QUICK if args.quick else {})}.items():
     if getattr(args, key) is None:
       setattr(args, key, value)
-  return args
+  # What to do with the results is not part of the config they record.
+  options = dict(json=args.json, merge=args.merge)
+  del args.json, args.merge, args.quick
+  return args, options
 
 
 def report(results, plot_path, json_path):
@@ -463,12 +467,10 @@ def report(results, plot_path, json_path):
 
 
 def main(argv=None):
-  cfg = parse_args(argv)
-  json_path, merge_paths = cfg.json, cfg.merge
-  del cfg.json, cfg.quick, cfg.merge
-  if merge_paths:
-    results = merge(merge_paths.split(','))
-    report(results, cfg.plot, json_path)
+  cfg, options = parse_args(argv)
+  if options['merge']:
+    results = merge(options['merge'].split(','))
+    report(results, cfg.plot, options['json'])
     return
   print(f'jax {jax.__version__} on {jax.devices()[0].platform}; d_model '
         f'{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_heads} heads, {cfg.n_layers} '
@@ -476,7 +478,7 @@ def main(argv=None):
         f'Adam warmup_and_rsqrt_decay({cfg.warmup}, {cfg.learning_rate}), LSH '
         f'chunk_len {cfg.chunk_len}', flush=True)
   results = run(cfg, log=functools.partial(print, flush=True))
-  report(results, cfg.plot, json_path)
+  report(results, cfg.plot, options['json'])
 
 
 if __name__ == '__main__':

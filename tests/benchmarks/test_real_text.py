@@ -17,8 +17,7 @@ _spec.loader.exec_module(real_text)
 
 
 def quick_config(**overrides):
-  cfg = real_text.parse_args(['--quick'])
-  del cfg.json, cfg.quick, cfg.merge
+  cfg, _ = real_text.parse_args(['--quick'])
   for key, value in overrides.items():
     setattr(cfg, key, value)
   return cfg
