@@ -45,12 +45,31 @@ DATA_AXIS = 'data'
 ENV_COORDINATOR = 'JAX_COORDINATOR_ADDRESS'
 ENV_NUM_PROCESSES = 'JAX_NUM_PROCESSES'
 ENV_PROCESS_ID = 'JAX_PROCESS_ID'
-_CLUSTER_ENV = ('SLURM_JOB_ID', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE',
-                'TPU_WORKER_HOSTNAMES')
 
 
 class ClusterConfigError(UserInputError):
   """Multi-process flags or environment variables that are missing or invalid."""
+
+
+def _cluster_size(env):
+  """How many processes the launcher's variables describe (1 when none).
+
+  A variable's presence is not a cluster: every single-host TPU VM sets
+  `TPU_WORKER_HOSTNAMES=localhost`, a one-task SLURM job sets
+  `SLURM_JOB_ID`. Only a count above one makes this process one of several,
+  and only then is JAX's own detection (which may ask a TPU metadata server
+  that a single VM cannot reach) worth running.
+  """
+  hosts = env.get('TPU_WORKER_HOSTNAMES', '')
+  sizes = [len([h for h in hosts.split(',') if h.strip()])]
+  for name in ('SLURM_NTASKS', 'SLURM_NPROCS', 'OMPI_COMM_WORLD_SIZE',
+               'PMI_SIZE'):
+    try:
+      sizes.append(int(env.get(name, '1')))
+    except ValueError:
+      raise ClusterConfigError(
+          f'{name}={env[name]!r} is not an integer.') from None
+  return max(sizes + [1])
 
 
 def _env_int(env, name):
@@ -69,7 +88,9 @@ def initialize_distributed(coordinator=None, num_processes=None,
 
   Arguments left None are read from `JAX_COORDINATOR_ADDRESS`,
   `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`; with none of them set and a
-  cluster JAX recognises (SLURM, Open MPI, ...), JAX's own detection is used.
+  launcher's variables naming more than one process (a multi-host TPU slice's
+  `TPU_WORKER_HOSTNAMES`, SLURM, Open MPI, PMI), JAX's own detection is used.
+  One host, one task or no launcher is a single process.
   Call it before anything touches a device. A process that dies later
   stops the others with one line (`peers.PeerLostError`), see `peers`.
 
@@ -89,9 +110,18 @@ def initialize_distributed(coordinator=None, num_processes=None,
   given = {'--coordinator': coordinator, '--num_processes': num_processes,
            '--process_id': process_id}
   if all(v is None for v in given.values()):
-    if not any(k in env for k in _CLUSTER_ENV):
+    if _cluster_size(env) <= 1:
       return False
-    jax.distributed.initialize()
+    try:
+      jax.distributed.initialize()
+    except Exception as e:  # JAX's detection: metadata servers, sockets.
+      raise ClusterConfigError(
+          f'this looks like a {_cluster_size(env)}-process cluster '
+          f'(TPU_WORKER_HOSTNAMES, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE or '
+          f'PMI_SIZE), but jax.distributed.initialize() failed: '
+          f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}. '
+          f'Give --coordinator/--num_processes/--process_id, or unset those '
+          f'variables to run as one process.') from None
     return jax.process_count() > 1
   missing = [k for k, v in given.items() if v is None]
   if missing:

@@ -112,3 +112,43 @@ def test_host_shard_splits_rows_in_order():
   np.testing.assert_array_equal(parts[1][1], [2, 3])
   with pytest.raises(ValueError, match='not divisible by the number of'):
     next(devices.host_shard(iter([batch]), 0, 4))
+
+
+@pytest.mark.parametrize('env', [
+    {'TPU_WORKER_HOSTNAMES': 'localhost'},  # every single-host TPU VM
+    {'TPU_WORKER_HOSTNAMES': 'localhost', 'TPU_WORKER_ID': '0'},
+    {'SLURM_JOB_ID': '42', 'SLURM_NTASKS': '1'},
+    {'SLURM_JOB_ID': '42'},
+    {'OMPI_COMM_WORLD_SIZE': '1'},
+    {'PMI_SIZE': '1'},
+])
+def test_one_host_launchers_run_as_one_process(env, monkeypatch):
+  def refuse():
+    raise AssertionError('jax.distributed.initialize must not be called')
+  monkeypatch.setattr(devices.jax.distributed, 'initialize', refuse)
+  assert devices.initialize_distributed(env=env) is False
+
+
+@pytest.mark.parametrize('env,size', [
+    ({'TPU_WORKER_HOSTNAMES': 't1v-0,t1v-1,t1v-2,t1v-3'}, 4),
+    ({'SLURM_JOB_ID': '42', 'SLURM_NTASKS': '2'}, 2),
+    ({'OMPI_COMM_WORLD_SIZE': '8'}, 8),
+])
+def test_multi_host_launchers_join_through_jax(env, size, monkeypatch):
+  calls = []
+  monkeypatch.setattr(devices.jax.distributed, 'initialize',
+                      lambda: calls.append(1))
+  assert devices._cluster_size(env) == size
+  devices.initialize_distributed(env=env)
+  assert calls == [1]
+
+
+def test_failed_cluster_detection_is_one_line(monkeypatch):
+  def unreachable():
+    raise ConnectionError('Failed to resolve metadata.google.internal\nmore')
+  monkeypatch.setattr(devices.jax.distributed, 'initialize', unreachable)
+  with pytest.raises(devices.ClusterConfigError,
+                     match=r'2-process cluster .*ConnectionError: Failed to '
+                           r'resolve metadata\.google\.internal\. Give') as e:
+    devices.initialize_distributed(env={'TPU_WORKER_HOSTNAMES': 'a,b'})
+  assert '\n' not in str(e.value)
