@@ -1,0 +1,164 @@
+"""Where a ReformerLM training step's time goes, part by part, on any device.
+
+    python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
+        [--json out.json]
+
+Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
+layers, LSH-2, chunk 128, vocab 256, batch 1). Each part is jitted alone,
+forward and backward (gradients for inputs and weights), and timed as the
+median of five calls after a compiling one:
+
+* `step`: the whole loss's value-and-gradient (embedding, reversible blocks,
+  the head and the cross-entropy), what `training.Loop` runs minus Adam;
+* `lsh`: one `LSHSelfAttention` on `[1, L, d_model]`;
+* `ff`: one feed-forward block (LayerNorm, Dense, ReLU, Dense);
+* `matmul`: `[L, d_model] @ [d_model, d_ff]` in bfloat16, the chip's
+  reachable rate for this shape (the baseline every part's rate is read
+  against: each part's TFLOP/s is printed beside its share of it).
+
+FLOPs are the closed forms of `vs_peers_report` (matmuls only), so the rates
+compare with vs_peers' table. `--trace DIR` also writes a `jax.profiler` trace
+of three whole steps there (open it with xprof / TensorBoard's profile tab).
+"""
+
+import argparse
+import functools
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.dirname(_HERE))
+report = importlib.import_module('vs_peers_report')
+
+from retrax import layers as tl  # noqa: E402
+from retrax import models  # noqa: E402
+from retrax import shapes  # noqa: E402
+
+PAPER = dict(vocab=256, d_model=1024, d_ff=4096, n_heads=16, d_head=64,
+             n_layers=6, n_hashes=2, chunk_len=128)
+TINY = dict(vocab=32, d_model=32, d_ff=64, n_heads=2, d_head=16, n_layers=2,
+            n_hashes=2, chunk_len=8)
+
+
+def _median_seconds(fn, *args, repeats=5):
+  """Compile time (first call) and the median wall time of `repeats` calls."""
+  start = time.perf_counter()
+  jax.block_until_ready(fn(*args))
+  compile_s = time.perf_counter() - start
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return compile_s, statistics.median(times)
+
+
+def _layer_grad_fn(layer, x):
+  """Jitted gradient of `sum(layer(x))` for x and the weights."""
+  weights, state = layer.init(shapes.signature(x))
+
+  def loss(w, x):
+    y, _ = layer.pure_fn(x, w, state, jax.random.PRNGKey(0))
+    return jnp.sum(y.astype(jnp.float32))
+  return jax.jit(jax.grad(loss, argnums=(0, 1))), weights
+
+
+def model_of(cfg, length):
+  attention = functools.partial(tl.LSHSelfAttention, n_hashes=cfg['n_hashes'],
+                                chunk_len=cfg['chunk_len'])
+  return models.ReformerLM(
+      vocab_size=cfg['vocab'], d_model=cfg['d_model'], d_ff=cfg['d_ff'],
+      d_attention_key=cfg['d_head'], d_attention_value=cfg['d_head'],
+      n_layers=cfg['n_layers'], n_heads=cfg['n_heads'], dropout=0.0,
+      max_len=length, attention_type=attention, mode='train')
+
+
+def step_fn(cfg, length):
+  """The loss's jitted value-and-gradient, its weights and one batch."""
+  model = tl.Serial(model_of(cfg, length), tl.WeightedCategoryCrossEntropy())
+  rng = np.random.RandomState(0)
+  tokens = rng.randint(1, cfg['vocab'], size=(1, length)).astype(np.int32)
+  batch = (tokens, tokens, np.ones((1, length), np.float32))
+  weights, state = model.init(shapes.signature(batch))
+
+  def loss(w, batch):
+    y, _ = model.pure_fn(batch, w, state, jax.random.PRNGKey(0))
+    return y
+  return jax.jit(jax.value_and_grad(loss)), weights, batch
+
+
+def profile(cfg, length, trace_dir=None, log=print):
+  blocks, head = report.forward_flops(cfg, length)
+  per_layer = blocks / cfg['n_layers']
+  d, heads, dh = cfg['d_model'], cfg['n_heads'], cfg['d_head']
+  ff_flops = 3 * 2 * 2 * d * cfg['d_ff'] * length  # forward + backward
+  results = {}
+  x = jax.random.normal(jax.random.PRNGKey(1), (1, length, d), jnp.float32)
+
+  a = jax.random.normal(jax.random.PRNGKey(2), (length, d), jnp.bfloat16)
+  b = jax.random.normal(jax.random.PRNGKey(3), (d, cfg['d_ff']), jnp.bfloat16)
+  mm = jax.jit(lambda a, b: a @ b)
+  results['matmul'] = (*_median_seconds(mm, a, b),
+                       2 * length * d * cfg['d_ff'])
+
+  ff = tl.Serial(tl.LayerNorm(), tl.Dense(cfg['d_ff']), tl.Relu(),
+                 tl.Dense(d))
+  fn, w = _layer_grad_fn(ff, x)
+  results['ff'] = (*_median_seconds(fn, w, x), ff_flops)
+
+  lsh = tl.LSHSelfAttention(n_heads=heads, d_qk=dh, d_v=dh,
+                            n_hashes=cfg['n_hashes'],
+                            chunk_len=cfg['chunk_len'], mode='train')
+  fn, w = _layer_grad_fn(lsh, x)
+  results['lsh'] = (*_median_seconds(fn, w, x),
+                    3 * (per_layer - 2 * 2 * d * cfg['d_ff'] * length))
+
+  fn, w, batch = step_fn(cfg, length)
+  results['step'] = (*_median_seconds(fn, w, batch, repeats=3),
+                     report.train_flops(cfg, length))
+  if trace_dir:
+    jax.block_until_ready(fn(w, batch))
+    with jax.profiler.trace(trace_dir):
+      for _ in range(3):
+        jax.block_until_ready(fn(w, batch))
+
+  peak = results['matmul'][2] / results['matmul'][1]
+  log(f'L={length} device={jax.devices()[0].device_kind} '
+      f'cfg={json.dumps(cfg)}')
+  log(f'{"part":8s} {"compile s":>10s} {"step ms":>10s} {"TFLOP/s":>8s} '
+      f'{"of matmul":>9s}')
+  out = {}
+  for name, (compile_s, step_s, flops) in results.items():
+    rate = flops / step_s
+    out[name] = dict(compile_s=compile_s, step_s=step_s, flops=flops,
+                     tflops=rate / 1e12, of_matmul=rate / peak)
+    log(f'{name:8s} {compile_s:10.2f} {1e3 * step_s:10.2f} '
+        f'{rate / 1e12:8.2f} {rate / peak:9.2f}')
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--length', type=int, default=16384)
+  parser.add_argument('--tiny', action='store_true')
+  parser.add_argument('--trace', default=None)
+  parser.add_argument('--json', default=None)
+  args = parser.parse_args(argv)
+  cfg = TINY if args.tiny else PAPER
+  out = profile(cfg, args.length, args.trace)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(dict(length=args.length, cfg=cfg, parts=out), f, indent=1)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# retrax on a TPU chip, in one call of under 10 minutes: installs what the
+# machine lacks from its own package index (and wheels carried in .whl-tpu/),
+# then, stage by stage, each within its share of TPU_SH_TOTAL_S seconds:
+#
+#   main     the README's main job, unchanged (`retrax train` in a new folder)
+#   tests    `pytest --quick` in one process (the chip admits one program)
+#   profile  benchmarks/step_profile.py: the paper-size step part by part
+#   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
+#   search   the longest default-model step that fits (target 1,048,576)
+#   decode   decoding tokens/s (vs_peers' decode rows, default model)
+#
+#   bash benchmarks/tpu.sh                          # every stage
+#   TPU_SH_STAGES="main tests" bash benchmarks/tpu.sh
+#   RETRAX_TPU_SH_TINY=1 JAX_PLATFORMS=cpu bash benchmarks/tpu.sh  # toy sizes
+#
+# Results (JSON, logs) go to $OUT (default: a new temporary folder), flat, so
+# the device tool brings them back.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+OUT_DIR="${OUT:-$(mktemp -d)}"
+TOTAL_S="${TPU_SH_TOTAL_S:-560}"
+STAGES="${TPU_SH_STAGES:-main tests profile table search decode}"
+SITE="${TPU_SH_SITE:-/tmp/retrax-site}"
+INDEX=/opt/pypi/simple
+TINY="${RETRAX_TPU_SH_TINY:-}"
+
+# The machine's own JAX stays first on the path; what pip brings goes after.
+if ! "$PY" -c 'import optax, safetensors, tqdm, google_crc32c' 2>/dev/null \
+    && [ -d "$INDEX" ]; then
+  PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q \
+    --only-binary=:all: --index-url "file://$INDEX" --target "$SITE" \
+    optax safetensors tqdm google-crc32c sentencepiece >"$OUT_DIR/pip.log" 2>&1 \
+    || { echo "pip install from $INDEX failed (see pip.log)"; exit 1; }
+fi
+if compgen -G ".whl-tpu/*.whl" >/dev/null; then  # e.g. gin-config
+  PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --no-index \
+    --no-deps --no-compile --upgrade --target "$SITE" .whl-tpu/*.whl \
+    >>"$OUT_DIR/pip.log" 2>&1 || { echo "carried wheels failed"; exit 1; }
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}:$SITE"
+export PYTHONUNBUFFERED=1
+"$PY" -c 'import jax, retrax; print("jax", jax.__version__, jax.devices())' \
+  || exit 1
+
+left() { echo $((TOTAL_S - SECONDS)); }
+# share N: N percent of the total, at most what is left.
+share() { local s=$((TOTAL_S * $1 / 100)); local l; l=$(left)
+          echo $(( s < l ? s : l )); }
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if want main; then
+  echo "== main job: retrax train (budget $(share 20) s)"
+  RUN_DIR=$(mktemp -d)
+  START=$SECONDS
+  MAIN=(-m retrax train)
+  [ -n "$TINY" ] && MAIN+=(--set steps=20 --set eval_every=10)
+  (cd "$RUN_DIR" && timeout "$(share 20)" "$PY" "${MAIN[@]}") \
+    2>&1 | tee "$OUT_DIR/tpu_main.log" | tail -n 12
+  echo "main job: rc ${PIPESTATUS[0]} in $((SECONDS - START)) s"
+fi
+
+if want tests; then
+  echo "== pytest --quick, one process (budget $(share 45) s)"
+  TESTS=(tests)
+  [ -n "$TINY" ] && TESTS=(tests/cli/test_multiprocess.py)
+  timeout "$(share 45)" "$PY" -m pytest --quick -p no:xdist -p no:cacheprovider \
+    -o addopts="" -q -rfE --junitxml="$OUT_DIR/tpu_tests.xml" "${TESTS[@]}" \
+    >"$OUT_DIR/tpu_tests.log" 2>&1
+  echo "tests: rc $?"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT_DIR/tpu_tests.log" | tail -n 60
+fi
+
+if want profile; then
+  echo "== step profile, paper size (budget $(share 20) s)"
+  PROF=(--length 16384 --trace /tmp/retrax-trace)
+  [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace)
+  timeout "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
+    --json "$OUT_DIR/tpu_profile.json"
+  find /tmp/retrax-trace -name '*.trace.json.gz' -exec cp {} \
+    "$OUT_DIR/tpu_trace.json.gz" \; 2>/dev/null
+fi
+
+PAPER=(--d-model 1024 --d-ff 4096 --n-heads 16 --chunk-len 128)
+[ -n "$TINY" ] && PAPER=(--tiny --n-layers 1)
+if want table; then
+  echo "== paper-size table (budget $(share 30) s)"
+  LENGTHS="${TPU_SH_LENGTHS:-16384,65536}"
+  [ -n "$TINY" ] && LENGTHS=32
+  "$PY" benchmarks/vs_peers.py "${PAPER[@]}" --lengths "$LENGTHS" --steps 3 \
+    --decode-tokens "" --budget "$(share 30)" --timeout 200 \
+    --json "$OUT_DIR/tpu_vs_peers.json"
+fi
+
+if want search; then
+  echo "== longest default-model step (budget $(share 30) s)"
+  SEARCH="${TPU_SH_SEARCH:-524288,1048576,2097152}"
+  SIZES=()
+  [ -n "$TINY" ] && { SEARCH=32,64; SIZES=(--tiny --n-layers 1); }
+  "$PY" benchmarks/vs_peers.py "${SIZES[@]}" --search "$SEARCH" \
+    --budget "$(share 30)" --timeout 240 --json "$OUT_DIR/tpu_max_length.json"
+fi
+
+if want decode; then
+  echo "== decoding (budget $(left) s)"
+  DEC=(--lengths "" --decode-tokens 256,2048 --decode-batches 1,8)
+  [ -n "$TINY" ] && DEC=(--tiny --n-layers 1 --lengths "" --decode-tokens 16
+                         --decode-batches 1)
+  "$PY" benchmarks/vs_peers.py "${DEC[@]}" --budget "$(left)" --timeout 200 \
+    --json "$OUT_DIR/tpu_decode.json"
+fi
+echo "== done in ${SECONDS} s; results in $OUT_DIR"
