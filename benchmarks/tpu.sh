@@ -65,18 +65,22 @@ if want tests; then
   echo "== pytest --quick, one process (budget $(share 45) s)"
   TESTS=(tests)
   [ -n "$TINY" ] && TESTS=(tests/cli/test_multiprocess.py)
-  timeout "$(share 45)" "$PY" -m pytest --quick -p no:xdist -p no:cacheprovider \
-    -o addopts="" -q -rfE --junitxml="$OUT_DIR/tpu_tests.xml" "${TESTS[@]}" \
+  # SIGINT at the budget: pytest stops and still prints its summary; -v
+  # logs each test's outcome as it ends.
+  timeout -s INT -k 30 "$(share 45)" "$PY" -m pytest --quick -p no:xdist \
+    -p no:cacheprovider -o addopts="" -v -rfE \
+    --junitxml="$OUT_DIR/tpu_tests.xml" ${TPU_SH_TEST_ARGS:-} "${TESTS[@]}" \
     >"$OUT_DIR/tpu_tests.log" 2>&1
   echo "tests: rc $?"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT_DIR/tpu_tests.log" | tail -n 60
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT_DIR/tpu_tests.log" \
+    | cut -c1-160 | tail -n 80
 fi
 
 if want profile; then
   echo "== step profile, paper size (budget $(share 20) s)"
   PROF=(--length 16384 --trace /tmp/retrax-trace)
   [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace)
-  timeout "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
+  timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
     --json "$OUT_DIR/tpu_profile.json"
   find /tmp/retrax-trace -name '*.trace.json.gz' -exec cp {} \
     "$OUT_DIR/tpu_trace.json.gz" \; 2>/dev/null

@@ -59,6 +59,35 @@ def fit_to_memory(rows, mem_len):
                  ((0, 0),) * (rows.ndim - 1))
 
 
+@functools.lru_cache(maxsize=None)
+def group_memory_bytes():
+  """Working memory one group of units may take: 1/4 of the device's.
+
+  One unit at a time leaves an accelerator idle on small per-head ops (on a
+  TPU v5e, 16 heads one by one ran LSH attention at 5% of its matmul rate),
+  so units are batched up to this; 3/4 are left for the model's weights,
+  optimizer slots and other activations. Devices that report no limit
+  (CPUs) get 1 GiB.
+  """
+  stats = jax.devices()[0].memory_stats() or {}
+  limit = stats.get('bytes_limit')
+  return limit // 4 if limit else 1 << 30
+
+
+def units_that_fit(batch_size, n_heads, unit_bytes, budget_bytes):
+  """The largest group the planner admits whose units fit `budget_bytes`.
+
+  Candidates are the divisors of `n_heads` (heads of one example) and
+  `k * n_heads` for divisors `k` of `batch_size` (whole examples); at
+  least 1.
+  """
+  candidates = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
+  candidates += [k * n_heads for k in range(2, batch_size + 1)
+                 if batch_size % k == 0]
+  fitting = [c for c in candidates if c * unit_bytes <= budget_bytes]
+  return max(fitting, default=1)
+
+
 def _forward_of(layer_ref):
   """`(inputs, weights, state, rng) -> (output, new_state)` of `layer_ref()`."""
   def forward(inputs, weights, state, rng):
@@ -83,11 +112,12 @@ class EfficientAttentionBase(base.Layer):
   Args:
     n_heads: number of attention heads.
     n_in: number of inputs.
-    n_parallel_heads: (example, head) units computed at once. None: all of them
-      (fastest, most memory); 1: one at a time (least memory); a divisor of
-      `n_heads`: that many heads of one example; a multiple of `n_heads`:
-      `n_parallel_heads // n_heads` whole examples. A predict-mode call of
-      one position computes all units at once.
+    n_parallel_heads: (example, head) units computed at once. None: as many
+      as fit `group_memory_bytes()` by `unit_bytes`' estimate (all of them
+      at ordinary lengths; fewer as sequences grow); 1: one at a time (least
+      memory); a divisor of `n_heads`: that many heads of one example; a
+      multiple of `n_heads`: `n_parallel_heads // n_heads` whole examples.
+      A predict-mode call of one position computes all units at once.
     incremental: fast inference (predict mode) with an input memory.
     predict_mem_len: inputs remembered in predict mode.
     predict_drop_len: inputs forgotten at once when the memory is full.
@@ -153,8 +183,24 @@ class EfficientAttentionBase(base.Layer):
 
   @property
   def n_parallel_heads(self):
-    """(example, head) units computed at once (None: all of them)."""
+    """(example, head) units computed at once (None: as many as fit)."""
     return self._n_parallel_heads
+
+  def unit_bytes(self, length):
+    """Estimated working memory of one (example, head) unit's forward-backward.
+
+    What a group's vjp keeps: per attended row (`n_hashes` rounds of
+    `length` positions) its window of scores, probabilities and their
+    cotangent, and its gathered queries, keys, values and their
+    cotangents, in float32. Calibrated against `memory_analysis()` of the
+    compiled pass (tests/layers/attention/test_parallel_heads.py).
+    """
+    rows = getattr(self, '_n_hashes', 1) * length
+    chunk = getattr(self, '_chunk_len', None) or length
+    window = min(length, chunk * (1 + getattr(self, '_n_chunks_before', 0) +
+                                  getattr(self, '_n_chunks_after', 0)))
+    depth = getattr(self, '_d_qk', 64) + getattr(self, '_d_v', 64)
+    return 4 * rows * (4 * window + 6 * depth)
 
   def hash_length(self, length):
     """`length`, or in predict mode the memory's (what LSH bucket counts follow)."""
@@ -525,7 +571,10 @@ class EfficientAttentionBase(base.Layer):
     """
     if self._incremental and shape[1] == 1:
       return None
-    return self._n_parallel_heads
+    if self._n_parallel_heads is not None:
+      return self._n_parallel_heads
+    return units_that_fit(shape[0], self._n_heads,
+                          self.unit_bytes(shape[1]), group_memory_bytes())
 
   def _unit_function(self, inputs, weights, state, rng, update_state):
     """The per-unit function of this pass and what it runs on.

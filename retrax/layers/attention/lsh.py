@@ -272,7 +272,9 @@ class LSHSelfAttention(EfficientAttentionBase):
   factorised hashing), mode, predict_mem_len, predict_drop_len,
   attention_dropout, output_dropout (train-only), max_length_for_buckets (pad
   the stored buckets to this length, for inputs of varying length), bias,
-  n_parallel_heads (default 1: one head of one example at a time),
+  n_parallel_heads (default None: as many (example, head) units at once as
+  fit a memory budget, see `EfficientAttentionBase`; Trax's default, 1,
+  computes one at a time and leaves an accelerator idle),
   use_python_loop, use_reference_code.
   """
 
@@ -281,7 +283,7 @@ class LSHSelfAttention(EfficientAttentionBase):
                n_chunks_after=0, n_hashes=1, n_buckets=None, mode='train',
                predict_mem_len=2048, predict_drop_len=256,
                attention_dropout=0.0, output_dropout=0.0,
-               max_length_for_buckets=None, bias=False, n_parallel_heads=1,
+               max_length_for_buckets=None, bias=False, n_parallel_heads=None,
                use_python_loop=False, use_reference_code=False):
     del share_qk
     name = type(self).__name__

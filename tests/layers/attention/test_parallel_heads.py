@@ -1,0 +1,77 @@
+"""How many (example, head) units efficient attention computes at once."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from retrax import layers as tl
+from retrax import shapes
+from retrax.layers.attention import efficient_base
+
+
+@pytest.mark.parametrize('batch,heads,unit,budget,expected', [
+    (1, 16, 100, 1600, 16),   # every head of the example fits
+    (1, 16, 100, 1599, 8),    # the largest divisor of 16 that fits
+    (1, 16, 100, 50, 1),      # nothing fits: one at a time
+    (4, 2, 10, 80, 8),        # whole examples: 4 of them (2 heads each)
+    (3, 2, 10, 50, 2),        # 4 units fit but 2 examples do not divide 3
+    (1, 6, 100, 500, 3),      # 5 would fit; 3 is the divisor of 6 that does
+])
+def test_units_that_fit(batch, heads, unit, budget, expected):
+  assert efficient_base.units_that_fit(batch, heads, unit, budget) == expected
+
+
+def _grad_fn(layer, x, state=None):
+  weights, init_state = layer.init(shapes.signature(x))
+  state = init_state if state is None else state
+
+  def loss(w, x):
+    y, _ = layer.pure_fn(x, w, state, jax.random.PRNGKey(0))
+    return jnp.sum(y * jnp.arange(y.shape[1], dtype=y.dtype)[None, :, None])
+  return jax.jit(jax.grad(loss, argnums=(0, 1))), weights, state
+
+
+def _lsh(n_parallel_heads):
+  return tl.LSHSelfAttention(n_heads=4, d_qk=8, d_v=8, n_hashes=2,
+                             chunk_len=16, causal=True, mode='train',
+                             n_parallel_heads=n_parallel_heads)
+
+
+def test_default_batches_heads_and_equals_one_at_a_time():
+  """Trax's one-head-at-a-time loop and the batched default agree."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 64, 16))
+  default = _lsh(None)
+  assert default._units_at_once(x.shape) == 8  # both examples, all heads
+  fn, w, state = _grad_fn(default, x)
+  fn1, _, _ = _grad_fn(_lsh(1), x, state)  # The same hashing seeds.
+  for got, want in zip(jax.tree_util.tree_leaves(fn(w, x)),
+                       jax.tree_util.tree_leaves(fn1(w, x))):
+    # Heads summed in another order: float32 rounding of the largest values.
+    np.testing.assert_allclose(got, want, rtol=1e-4,
+                               atol=1e-6 * float(jnp.max(jnp.abs(want))))
+
+
+def test_unit_bytes_bounds_the_compiled_group():
+  """`unit_bytes` is within 1.5x of what XLA plans per extra unit."""
+  x = jax.ShapeDtypeStruct((1, 2048, 64), jnp.float32)
+
+  def temp_bytes(n):
+    layer = tl.LSHSelfAttention(n_heads=4, d_qk=32, d_v=32, n_hashes=2,
+                                chunk_len=32, mode='train', n_parallel_heads=n)
+    fn, w, _ = _grad_fn(layer, x)
+    return fn.lower(w, x).compile().memory_analysis().temp_size_in_bytes, layer
+  one, layer = temp_bytes(1)
+  four, _ = temp_bytes(4)
+  per_unit = (four - one) / 3
+  assert per_unit / 1.5 <= layer.unit_bytes(2048) <= 1.5 * per_unit
+
+
+def test_default_shrinks_groups_as_sequences_grow(monkeypatch):
+  monkeypatch.setattr(efficient_base, 'group_memory_bytes', lambda: 1 << 30)
+  layer = tl.LSHSelfAttention(n_heads=16, d_qk=64, d_v=64, n_hashes=2,
+                              chunk_len=128, mode='train')
+  at = [layer._units_at_once((1, n, 1024)) for n in (4096, 16384, 65536)]
+  assert at == [16, 4, 1]
+  explicit = tl.LSHSelfAttention(n_heads=16, n_parallel_heads=2)
+  assert explicit._units_at_once((1, 65536, 1024)) == 2
