@@ -22,7 +22,10 @@ of three whole steps there (open it with xprof / TensorBoard's profile tab).
 """
 
 import argparse
+import collections
 import functools
+import glob
+import gzip
 import importlib
 import json
 import os
@@ -146,6 +149,39 @@ def profile(cfg, length, trace_dir=None, log=print):
   return out
 
 
+def top_ops(trace_dir, n_steps=3, top=15):
+  """`[(ms per step, calls per step, op, HLO category)]` of a device trace.
+
+  Reads the Chrome-format `*.trace.json.gz` that `jax.profiler.trace`
+  writes: the leaf XLA ops of the first device (loops and conditionals,
+  which contain other ops, are left out), slowest first.
+  """
+  paths = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'),
+                    recursive=True)
+  if not paths:
+    return []
+  with gzip.open(sorted(paths)[-1]) as f:
+    events = json.load(f)['traceEvents']
+  names = {(e['pid'], e['tid']): e['args']['name'] for e in events
+           if e.get('ph') == 'M' and e.get('name') == 'thread_name'}
+  device = min((e['pid'] for e in events if e.get('ph') == 'M' and
+                e.get('name') == 'process_name' and
+                '/device:' in e['args']['name']), default=None)
+  totals = collections.defaultdict(lambda: [0.0, 0, ''])
+  for e in events:
+    if (e.get('ph') != 'X' or e.get('pid') != device or
+        names.get((e['pid'], e['tid'])) != 'XLA Ops' or
+        e['name'].startswith(('while', 'conditional'))):
+      continue
+    t = totals[e['name']]
+    t[0] += e['dur']
+    t[1] += 1
+    t[2] = t[2] or e.get('args', {}).get('hlo_category', '')
+  rows = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+  return [(us / n_steps / 1e3, calls // n_steps, name, category)
+          for name, (us, calls, category) in rows]
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--length', type=int, default=16384)
@@ -155,9 +191,15 @@ def main(argv=None):
   args = parser.parse_args(argv)
   cfg = TINY if args.tiny else PAPER
   out = profile(cfg, args.length, args.trace)
+  ops = top_ops(args.trace) if args.trace else []
+  if ops:
+    print('slowest device ops of a step (ms, calls, op, category):')
+  for ms, calls, name, category in ops:
+    print(f'{ms:9.2f} {calls:5d}  {name:32s} {category}')
   if args.json:
     with open(args.json, 'w') as f:
-      json.dump(dict(length=args.length, cfg=cfg, parts=out), f, indent=1)
+      json.dump(dict(length=args.length, cfg=cfg, parts=out, top_ops=ops),
+                f, indent=1)
 
 
 if __name__ == '__main__':

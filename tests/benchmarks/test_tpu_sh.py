@@ -1,0 +1,66 @@
+"""benchmarks/tpu.sh at toy sizes on CPU, and step_profile's trace reading."""
+
+import gzip
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks')
+_spec = importlib.util.spec_from_file_location(
+    'step_profile', os.path.join(_BENCH, 'step_profile.py'))
+step_profile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_profile)
+
+
+def test_top_ops_sums_leaf_device_ops_per_step(tmp_path):
+  """Per-step milliseconds of the device's leaf ops; loops, host ops left out."""
+  meta = [
+      dict(ph='M', name='process_name', pid=3, args=dict(name='/device:TPU:0')),
+      dict(ph='M', name='process_name', pid=9, args=dict(name='/host:CPU')),
+      dict(ph='M', name='thread_name', pid=3, tid=3, args=dict(name='XLA Ops')),
+      dict(ph='M', name='thread_name', pid=3, tid=2,
+           args=dict(name='XLA Modules')),
+      dict(ph='M', name='thread_name', pid=9, tid=3, args=dict(name='XLA Ops')),
+  ]
+  ops = []
+  for _ in range(2):  # two steps
+    ops += [dict(ph='X', pid=3, tid=3, name='gather.1', dur=300.0,
+                 args=dict(hlo_category='custom fusion')),
+            dict(ph='X', pid=3, tid=3, name='gather.1', dur=100.0),
+            dict(ph='X', pid=3, tid=3, name='sort.2', dur=250.0,
+                 args=dict(hlo_category='sort')),
+            dict(ph='X', pid=3, tid=3, name='while.7', dur=9000.0),
+            dict(ph='X', pid=3, tid=2, name='jit_loss', dur=9000.0),
+            dict(ph='X', pid=9, tid=3, name='host_op', dur=5000.0)]
+  folder = tmp_path / 'plugins' / 'profile' / 'run'
+  folder.mkdir(parents=True)
+  with gzip.open(folder / 'vm.trace.json.gz', 'wt') as f:
+    json.dump(dict(traceEvents=meta + ops), f)
+  got = step_profile.top_ops(str(tmp_path), n_steps=2)
+  assert got == [(0.4, 2, 'gather.1', 'custom fusion'),
+                 (0.25, 1, 'sort.2', 'sort')]
+  assert step_profile.top_ops(str(tmp_path / 'plugins' / 'none')) == []
+
+
+@pytest.mark.slow  # ~70 s on a quiet 2-core CPU: a 20-step main job, 4 workers.
+def test_tpu_sh_tiny_on_cpu(tmp_path):
+  env = dict(os.environ, RETRAX_TPU_SH_TINY='1', OUT=str(tmp_path),
+             PYTHON=sys.executable, JAX_PLATFORMS='cpu',
+             TPU_SH_STAGES='main profile table search decode')
+  proc = subprocess.run(['bash', os.path.join(_BENCH, 'tpu.sh')],
+                        capture_output=True, text=True, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert 'main job: rc 0' in proc.stdout
+  assert '4 copies' in (tmp_path / 'tpu_main.log').read_text() or \
+      'copies correct' in (tmp_path / 'tpu_main.log').read_text()
+  profile = json.loads((tmp_path / 'tpu_profile.json').read_text())
+  assert set(profile['parts']) == {'matmul', 'ff', 'lsh', 'step'}
+  assert all(p['step_s'] > 0 for p in profile['parts'].values())
+  search = json.loads((tmp_path / 'tpu_max_length.json').read_text())
+  assert search['fits'] == 64
+  table = json.loads((tmp_path / 'tpu_vs_peers.json').read_text())
+  assert table['train']['32']['retrax']['step_s'][0] > 0
