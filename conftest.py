@@ -6,6 +6,8 @@ explicit where mixing is meant. Every test runs with
 `jax_numpy_dtype_promotion='strict'`, `jax_numpy_rank_promotion='raise'`
 and warnings turned into errors.
 """
+import os
+
 import jax
 import pytest
 
@@ -13,6 +15,20 @@ from retrax.layers import tutorial_checks
 
 # `--quick` / `--record-durations`: the quick subset (tests/quick_subset.py).
 pytest_plugins = ['tests.quick_subset']
+
+
+def pytest_configure(config):
+  """On an accelerator, the processes that tests start run on the CPU.
+
+  One program at a time can hold a TPU chip: a child opening it while this
+  process holds it fails ("libtpu multi-process lockfile"). Tests that
+  compare a child's numbers with this process's pass `platform=None` to
+  `tests.multiprocess_env.cpu_env` and are skipped off the CPU.
+  """
+  del config
+  if jax.default_backend() != 'cpu':
+    os.environ['RETRAX_TEST_BACKEND'] = jax.default_backend()
+    os.environ['JAX_PLATFORMS'] = 'cpu'
 
 
 def pytest_collection_modifyitems(items):

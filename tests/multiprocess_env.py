@@ -3,14 +3,24 @@
 import os
 import socket
 
+import pytest
+
 from retrax.supervised import devices
 
 
 def free_port():
-  """A TCP port on 127.0.0.1 that nothing listens on now."""
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  """A TCP port on 127.0.0.1 that nothing listens on now.
+
+  Skips the test where the machine allows no sockets (a sandboxed TPU VM
+  refuses even the loopback): processes there cannot join one run.
+  """
+  try:
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      return s.getsockname()[1]
+  except OSError as e:
+    pytest.skip(f'no TCP sockets on this machine ({e}); multi-process runs '
+                f'need them')
 
 
 def cpu_env(n_devices=None, *, pythonpath=(), platform='cpu', **extra):
@@ -26,6 +36,10 @@ def cpu_env(n_devices=None, *, pythonpath=(), platform='cpu', **extra):
       a child whose numbers the test compares bit for bit with its own.
     **extra: more variables.
   """
+  if platform is None and os.environ.get('RETRAX_TEST_BACKEND'):
+    pytest.skip(f'compares a child process bit for bit with this one, which '
+                f'holds the {os.environ["RETRAX_TEST_BACKEND"]} (one program '
+                f'at a time)')
   env = dict(os.environ, **extra)
   if platform is not None:
     env['JAX_PLATFORMS'] = platform
