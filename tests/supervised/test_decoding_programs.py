@@ -195,3 +195,25 @@ def test_prompts_of_similar_lengths_share_a_program():
                                            **kwargs)
       assert list(got[0]) == reference(inputs[0, :n], 4)
   assert not compiles
+
+
+def test_varied_max_lengths_share_one_program_per_power_of_two():
+  """max_length is a traced bound: 5, 6, 7 and 8 run one compiled loop.
+
+  Each length's tokens are still the greedy reference's, and a length in a
+  new power-of-two bucket (3 -> 4) compiles once more.
+  """
+  model, initial_state, reference = _pair('Transformer')
+  kwargs = dict(inputs=SOURCE, batch_size=2, temperature=0.0, eos_id=None)
+  model.state = initial_state
+  decoding.autoregressive_sample(model, max_length=8, **kwargs)  # compiles
+  with counting_compiles() as compiles:
+    for n in (5, 7, 6):
+      model.state = initial_state
+      got = decoding.autoregressive_sample(model, max_length=n, **kwargs)
+      assert got.shape == (2, n)
+      for row in range(2):
+        assert list(got[row]) == reference(row, [], n)
+  assert not compiles
+  keys = [k for k in decoding.decoder_for(model).compiled if k[0] == 'sample']
+  assert 8 in {k[-1] for k in keys}

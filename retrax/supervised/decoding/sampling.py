@@ -100,8 +100,13 @@ def prefill(model_ref, weights, state, prefix, n_fed, n_prefix, log_probs,
 
 
 def _generate(log_probs, ready, carry, advance, sample, key, max_length,
-              eos_id):
+              capacity, eos_id):
   """Samples up to `max_length` tokens in a `lax.while_loop`.
+
+  `max_length` is traced and `capacity >= max_length` (static) sizes the
+  output buffer, so one compiled program serves every `max_length` up to
+  its capacity (a power of two: a session of varied lengths compiles a
+  handful of programs, not one per length).
 
   `advance(carry, tokens) -> (log_probs, carry, ready)` feeds a token to the
   model; `ready` (a bool scalar) says whether `log_probs` are those of a
@@ -135,20 +140,20 @@ def _generate(log_probs, ready, carry, advance, sample, key, max_length,
     return tok, carry, out, n_gen, eos_seen
 
   tok, out, n_gen, eos_seen = record(
-      log_probs, jnp.asarray(ready), jnp.zeros((batch, max_length), jnp.int32),
+      log_probs, jnp.asarray(ready), jnp.zeros((batch, capacity), jnp.int32),
       jnp.int32(0), jnp.zeros((batch,), bool))
   loop = lax.while_loop(cond, body, (tok, carry, out, n_gen, eos_seen))
   return loop[2], loop[3], loop[1]
 
 
-def _predict_program(max_length, sample, eos_id):
+def _predict_program(capacity, sample, eos_id):
   """`autoregressive_sample` in predict mode: one loop feeds the prefix, then the samples.
 
   The model's step is traced once. `log_probs` are the first sample's when
   `n_fed == n_prefix` (`Decoder.settle` fed a one-token prefix).
   """
   def run(model_ref, weights, state, prefix, n_fed, n_prefix, log_probs, enc,
-          rng, key):
+          rng, key, max_length):
     def advance(carry, tok):
       state, i = carry
       tok = fed_token(prefix, n_prefix, i, tok)
@@ -156,17 +161,17 @@ def _predict_program(max_length, sample, eos_id):
       return log_probs_of(logits[:, -1]), (state, i + 1), i + 1 >= n_prefix
     out, n_gen, (state, _) = _generate(
         log_probs, n_fed >= n_prefix, (state, n_fed), advance, sample, key,
-        max_length, eos_id)
+        max_length, capacity, eos_id)
     return out, n_gen, state
   return run
 
 
-def _eval_program(max_length, sample, eos_id, eval_length):
+def _eval_program(capacity, sample, eos_id, eval_length):
   """`autoregressive_sample` in eval mode: per token, the whole sequence is rerun.
 
   The sequence is zero-padded to `eval_length`.
   """
-  def run(model_ref, weights, state, prefix, enc, rng, key):
+  def run(model_ref, weights, state, prefix, enc, rng, key, max_length):
     def at(buf, state, pos):  # Log-probs of the token at `pos`.
       logits, state = step(model_ref, weights, state, buf, enc, rng)
       return log_probs_of(lax.dynamic_index_in_dim(logits, pos, axis=1,
@@ -183,7 +188,7 @@ def _eval_program(max_length, sample, eos_id, eval_length):
     log_probs, state = at(buf, state, n_known)
     out, n_gen, (_, state, _) = _generate(
         log_probs, True, (buf, state, jnp.int32(n_known)), advance, sample,
-        key, max_length, eos_id)
+        key, max_length, capacity, eos_id)
     return out, n_gen, state
   return run
 
@@ -349,20 +354,22 @@ def autoregressive_sample(model: Any, inputs: Any = None, batch_size: int = 1,
   decoder, prefix, enc = _prepared(model, inputs, prompt, batch_size,
                                    start_id, eval_mode)
   sample = sampler(temperature, top_k, top_p)
-  config = (float(temperature), top_k, top_p, eos_id, max_length)
+  capacity = pow2(max_length)  # The loop bound is traced; see `_generate`.
+  config = (float(temperature), top_k, top_p, eos_id, capacity)
   if eval_mode:
     prefix = prefix[:, 1:]  # The model's ShiftRight adds the start symbol.
     length = pow2(max(eval_min_length, prefix.shape[1] + max_length))
     state, args = model.state, (jnp.asarray(prefix),)
-    run = _eval_program(max_length, sample, eos_id, length)
+    run = _eval_program(capacity, sample, eos_id, length)
   else:
     length = None
     inspection.check_positions(model, prefix.shape[1], max_length)
     state, args = start(decoder, decoder.start_state(enc, batch_size), prefix,
                         enc, accelerate)
-    run = _predict_program(max_length, sample, eos_id)
+    run = _predict_program(capacity, sample, eos_id)
   program = decoder.program(('sample', length) + config, run)
   out, n_gen, state = decoder.call(program, accelerate, model.weights, state,
-                                   *args, enc, model.rng, base_key(rng))
+                                   *args, enc, model.rng, base_key(rng),
+                                   jnp.int32(max_length))
   model.state = state
   return np.asarray(out)[:, :int(n_gen)]
