@@ -396,6 +396,9 @@ def main(argv=None):
       raise
     return _error(args, _disk_error(args, e))
   except interrupts.TrainingStopped as e:  # The step is saved, logs flushed.
+    # A scheduler signals every host of a run, some after they stopped at a
+    # peer's signal: exiting already, they keep the code of a stop.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(f'retrax {args.command}: {e}', file=sys.stderr)
     return interrupts.EXIT_CODES[e.signum]
   except KeyboardInterrupt:  # Ctrl-C outside a training loop: no traceback.

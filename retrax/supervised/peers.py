@@ -21,10 +21,23 @@ line instead of a SIGABRT and a page of C++ stack:
 `PeerLostError`: one line naming the lost process(es) (asked of the
 service, at most `LIVE_QUERY_SECONDS`) and, through `note()`, the last
 checkpoint. Checkpoints are written atomically, so nothing is half-written.
+
+`agree_on_stop(signum, note)` is how the processes stop together: before
+each step every process says whether it received a signal, through the
+coordination service (a key when it did, then a barrier: no device work, a
+fraction of a millisecond); all learn the same answer at the same step, so
+all stop after it and join the same save. A scheduler signals hosts seconds
+apart, or only one: each deciding alone would leave the save's collectives
+waiting for a peer that has gone on training. A peer that does not arrive
+within `STOP_WAIT_SECONDS` (when this process has a stop request; else
+`STEP_WAIT_SECONDS`, longer: the chief may write alone between steps) is
+lost: `PeerLostError`.
 """
 
 import contextlib
+import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +54,11 @@ HEARTBEAT_SECONDS = 5
 LIVE_QUERY_SECONDS = 30
 SERVICE_GRACE_SECONDS = 60
 SHUTDOWN_SECONDS = 30
+# The wait for the peers at a step's stop agreement; environment variable
+# RETRAX_STOP_WAIT_SECONDS sets the first (a scheduler kills a host some
+# seconds after its SIGTERM: a stop waits no longer than that matters).
+STOP_WAIT_SECONDS = 120
+STEP_WAIT_SECONDS = 3600
 
 # Words in the error of a collective whose peer is gone (Gloo on CPU, NCCL
 # and the coordination service elsewhere).
@@ -144,12 +162,12 @@ def lost_message(error, note):
           'with the same command to resume from it.')
 
 
-def _newest_checkpoint_note():
+def newest_checkpoint_note():
   return 'the newest checkpoint in the run directory is the last'
 
 
 @contextlib.contextmanager
-def guard(note=_newest_checkpoint_note):
+def guard(note=newest_checkpoint_note):
   """Raises `PeerLostError` (one line; `note()` says which checkpoint is the
   last) in place of a collective's failure for a lost peer."""
   try:
@@ -160,6 +178,62 @@ def guard(note=_newest_checkpoint_note):
     if not is_peer_failure(e):
       raise
     raise PeerLostError(lost_message(e, note)) from e
+
+
+_agreements = itertools.count()  # Every process counts the same agreements.
+
+
+def multi_process():
+  return jax.process_count() > 1
+
+
+def stop_wait_seconds():
+  """How long a signalled process waits for its peers to stop with it."""
+  value = os.environ.get('RETRAX_STOP_WAIT_SECONDS', '')
+  try:
+    return max(1.0, float(value)) if value else STOP_WAIT_SECONDS
+  except ValueError:
+    return STOP_WAIT_SECONDS
+
+
+def stuck_message(signum, note=newest_checkpoint_note):
+  """The one line of a process whose peers did not stop with it in time."""
+  return (f'process {jax.process_index()} of the {jax.process_count()} in '
+          f'this run received {signal.Signals(signum).name} but the run did '
+          f'not reach its next step within {stop_wait_seconds():g} s: a peer '
+          f'process is hung or unreachable; this process stops without '
+          f'saving. {note()[:1].upper()}{note()[1:]}: restart every process '
+          'with the same command to resume from it.')
+
+
+def agree_on_stop(signum, note=newest_checkpoint_note):
+  """The stop request of the run: the largest signal number any process
+  received (`signum` is this process's, 0 for none; SIGTERM's 15 outranks
+  Ctrl-C's 2), the same on every process. A collective: every process calls
+  it before the same step.
+
+  Raises:
+    PeerLostError: a peer did not arrive in time, or is gone (`note()` says
+      which checkpoint is the last).
+  """
+  if jax.process_count() == 1:
+    return signum
+  from jax._src import distributed  # The coordination service's client.
+  client = distributed.global_state.client
+  assert client is not None  # Joined: more than one process.
+  prefix = f'retrax/stop/{next(_agreements)}'
+  wait = stop_wait_seconds() if signum else STEP_WAIT_SECONDS
+  try:
+    if signum:  # Keys only for requests: nothing accumulates otherwise.
+      client.key_value_set(f'{prefix}/{jax.process_index()}', str(signum))
+    client.wait_at_barrier('retrax/stop', int(wait * 1000))
+    values = client.key_value_dir_get(prefix + '/')
+  except Exception as e:  # pylint: disable=broad-except
+    what = (f'the processes did not all reach the stop agreement of the next '
+            f'step within {wait:g} s' if 'deadline' in str(e).lower() else
+            f'the stop agreement failed ({one_line(e, 160)})')
+    raise PeerLostError(lost_message(what, note)) from None
+  return max([signum] + [int(v) for _, v in values])
 
 
 if __name__ == '__main__' and sys.argv[1:2] == ['serve']:

@@ -38,6 +38,7 @@ from retrax.supervised import loop_internals
 from retrax.supervised import loop_schedules
 from retrax.supervised import loop_steps
 from retrax.supervised import metrics_log
+from retrax.supervised import peers
 from retrax.supervised import progress
 from retrax.supervised import reporters
 from retrax.supervised import run_dir
@@ -304,10 +305,10 @@ class Loop(loop_internals.TraxLoopInternals):
     self._run_dir.open_writers()
     self._bar = self._progress_bar(n_steps)
     start_time = time.time()
-    stop = interrupts.StopOnSignal().install()
+    stop = interrupts.StopOnSignal(self._last_checkpoint_note).install()
     try:
       for _ in range(n_steps):
-        if stop.requested:
+        if stop.agreed():  # Every process alike, before the same step.
           break
         prev_task_index = self._which_task(self.step)
         self._advance()
@@ -330,6 +331,8 @@ class Loop(loop_internals.TraxLoopInternals):
                              stdout=False)
           start_time = time.time()
         self._save_scheduled_checkpoints()
+      else:  # A signal during the last step: every process reports it.
+        stop.agreed()
       self._pending.check()
       if self._last_rolling_step != self.step:
         # The final step is always saved as the newest checkpoint (also when
@@ -539,15 +542,19 @@ class Loop(loop_internals.TraxLoopInternals):
                 'slots are split over processes and no host gathers them '
                 '(export_trax_checkpoint gathers them on request).',
                 stdout=False)
-    path = checkpointing.save_split_in_dir(
-        self.output_dir, sharding.local_shards(self._train_state), basename,
-        permanent, keep=self._keep_checkpoints,
-        process_index=jax.process_index(), process_count=jax.process_count(),
-        token=sharding.shared_token(), gather_ints=sharding.gather_ints,
-        last_saved_step=self._last_saved_step, report=self._log,
-        input_signature=self._input_signature, history=self._history,
-        batches=self._batch_counts(), kind=self._checkpoint_kind,
-        loss_sums=self._loss_sums.to_dict())
+    # Its token, checks and barriers are collectives: a peer lost in
+    # them is one line (the save is not committed; the last one stands).
+    with peers.guard(self._last_checkpoint_note):
+      path = checkpointing.save_split_in_dir(
+          self.output_dir, sharding.local_shards(self._train_state), basename,
+          permanent, keep=self._keep_checkpoints,
+          process_index=jax.process_index(),
+          process_count=jax.process_count(), token=sharding.shared_token(),
+          gather_ints=sharding.gather_ints,
+          last_saved_step=self._last_saved_step, report=self._log,
+          input_signature=self._input_signature, history=self._history,
+          batches=self._batch_counts(), kind=self._checkpoint_kind,
+          loss_sums=self._loss_sums.to_dict())
     return path if writes else None
 
   def export_trax_checkpoint(self, basename: str = 'model') -> Optional[str]:
@@ -567,7 +574,8 @@ class Loop(loop_internals.TraxLoopInternals):
     """The state fetched to the host (once per save) and checked finite, or
     None where this host writes nothing."""
     self._pending.check()  # Next: a collective where weights span processes.
-    host_state = sharding.to_host(self._train_state, self._run_dir.writes)
+    with peers.guard(self._last_checkpoint_note):  # A gather, maybe.
+      host_state = sharding.to_host(self._train_state, self._run_dir.writes)
     if host_state is None:
       return None
     checkpointing.check_finite(host_state, self._last_saved_step)
