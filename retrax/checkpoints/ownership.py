@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import weakref
 
 from retrax.errors import UserInputError
@@ -34,6 +35,10 @@ _log = logging.getLogger('retrax.supervised')
 
 class RunDirInUseError(UserInputError):
   """Another process (or a newer Loop of this one) owns the run directory."""
+
+
+class BadLockFileError(UserInputError):
+  """The run directory's lock file is not a regular file (a symlink, FIFO)."""
 
 
 class OutsideRunDirError(UserInputError):
@@ -115,8 +120,28 @@ def _alive(holder):
 
 
 def _lock_fd(directory, path):
-  """Opens and flocks `path`; the open descriptor (refused: an error)."""
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  """Opens and flocks `path`; the open descriptor (refused: an error).
+
+  Never through a symlink (the holder's pid would overwrite the file it
+  points to, outside the run), and only a regular file (a FIFO would block
+  or fail).
+  """
+  try:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
+                 os.O_NONBLOCK | getattr(os, 'O_CLOEXEC', 0), 0o644)
+  except OSError as e:
+    if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR,
+                       errno.EOPNOTSUPP):
+      raise
+    fd = None
+  if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
+    os.close(fd)
+    fd = None
+  if fd is None:
+    raise BadLockFileError(
+        f'{path} is not a regular file (a symlink, FIFO, directory or '
+        'device): a run only writes its lock into its own plain file. '
+        'Remove it (retrax creates it again) or choose another output_dir.')
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:

@@ -193,3 +193,20 @@ def test_a_save_is_not_written_outside_through_a_symlink(tmp_path):
     loop.save_checkpoint('../elsewhere/named')
   assert not os.listdir(tmp_path / 'elsewhere')
   assert loop.step == 3
+
+
+@pytest.mark.parametrize('kind', ['symlink', 'fifo', 'directory'])
+def test_a_lock_file_that_is_no_regular_file_is_refused(tmp_path, kind):
+  run, victim = tmp_path / 'run', tmp_path / 'victim.txt'
+  run.mkdir()
+  victim.write_text('user data')
+  lock = run / run_layout.LOCK_FILE
+  if kind == 'symlink':
+    lock.symlink_to(os.path.join('..', 'victim.txt'))
+  elif kind == 'fifo':
+    os.mkfifo(lock)
+  else:
+    lock.mkdir()
+  with pytest.raises(ownership.BadLockFileError, match='not a regular file'):
+    ownership.RunLock(str(run))
+  assert victim.read_text() == 'user data'  # Not written through the link.
