@@ -68,7 +68,26 @@ def _read_torch_bin(path):
         f'{path} is a PyTorch pickle, which only torch can read: pip install '
         'torch, or save the model with safetensors (save_pretrained writes '
         'model.safetensors by default) and convert that.') from None
-  state = torch.load(path, map_location='cpu', weights_only=True)
+  try:
+    state = torch.load(path, map_location='cpu', weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except
+    # Not torch's advice to retry with weights_only=False: that runs the
+    # pickle's code.
+    reason = ('it holds Python objects besides tensors, which could run code '
+              'and were refused unexecuted' if 'weights only' in str(e).lower()
+              else f'{type(e).__name__}: {one_line(e, 100)}')
+    raise HFReformerError(
+        f'{path} is not a PyTorch state dict that torch loads safely '
+        f'({reason}); it may be damaged or not a model\'s weights. Save the '
+        'model from a source you trust with save_pretrained (safetensors) '
+        'and convert that.') from None
+  if not isinstance(state, dict) or not all(
+      isinstance(k, str) and isinstance(t, torch.Tensor)
+      for k, t in state.items()):
+    raise HFReformerError(
+        f'{path} holds a {type(state).__name__}, not a dict of named tensors '
+        '(a state dict); save the model with save_pretrained and convert '
+        'that.')
 
   def numpy_of(t):
     t = t.detach().cpu().contiguous()
@@ -87,8 +106,11 @@ def read_tensors(directory):
   index = os.path.join(directory, SAFETENSORS_INDEX)
   if os.path.isfile(index):
     doc = read_json(index, HFReformerError, 'it lists the safetensors shards.')
-    shards = sorted(set((doc.get('weight_map') or {}).values()))
-    if not shards or any(os.path.basename(s) != s for s in shards):
+    weight_map = doc.get('weight_map') if isinstance(doc, dict) else None
+    shards = (sorted(set(weight_map.values())) if isinstance(weight_map, dict)
+              and all(isinstance(v, str) for v in weight_map.values()) else [])
+    if not shards or any(os.path.basename(s) != s or s in ('', '.', '..')
+                         for s in shards):
       raise HFReformerError(f'{index}: weight_map must name shard files in '
                             f'{directory}; got {shards!r:.80}.')
     tensors = {}

@@ -91,8 +91,8 @@ def _check_hf_lm(cfg):
         '(ReformerForMaskedLM and the like); retrax converts the causal '
         'ReformerModelWithLMHead (is_decoder: true) into ReformerLM.')
   eps = _get(cfg, 'layer_norm_eps')
-  if not isinstance(eps, (int, float)) or abs(
-      eps - TRAX_LAYER_NORM_EPS) > _EPS_TOLERANCE:
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not abs(
+      eps - TRAX_LAYER_NORM_EPS) <= _EPS_TOLERANCE:  # NaN compares False.
     raise HFReformerError(
         f'config.json: layer_norm_eps={eps!r:.40}, but retrax\'s LayerNorm '
         f'uses Trax\'s {TRAX_LAYER_NORM_EPS} (outputs agree only for values '
@@ -118,6 +118,11 @@ def _attention_layers(cfg):
       tl.SelfAttention, chunk_len=_int(cfg, 'local_attn_chunk_length', 1),
       n_chunks_before=_int(cfg, 'local_num_chunks_before'), n_chunks_after=0)
   buckets = _get(cfg, 'num_buckets')
+  if buckets is not None and not (_int_list([buckets]) or (
+      _int_list(buckets) and len(buckets) == 2)):
+    raise HFReformerError(
+        f'config.json: num_buckets must be null, an int > 0 or a list of two '
+        f'(factors of the bucket count); got {buckets!r:.40}.')
   lsh = functools.partial(
       tl.LSHSelfAttention, chunk_len=_int(cfg, 'lsh_attn_chunk_length', 1),
       n_chunks_before=_int(cfg, 'lsh_num_chunks_before'), n_chunks_after=0,
