@@ -58,6 +58,7 @@ import collections
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import typing
@@ -676,9 +677,13 @@ class _Decoder:
     return np.array(stored)  # A writable copy, detached from the file buffer.
 
   def _assemble(self, node, dtype, shape, where):
-    """A split array, whole, from the pieces of every process's file."""
-    out = np.zeros(shape, dtype)
-    covered = np.zeros(shape, bool)
+    """A split array, whole, from the pieces of every process's file.
+
+    The pieces are checked against the recorded shape before the array is
+    allocated (a crafted shape claims no more memory than the files hold),
+    and must tile it: no slice overlaps another, none is missing.
+    """
+    pieces = []
     for bounds, stored in self._pieces.get(node.get('key'), ()):
       if not isinstance(bounds, list) or len(bounds) != len(shape) or not all(
           isinstance(b, list) and len(b) == 2 and
@@ -698,13 +703,24 @@ class _Decoder:
             f'the slices {bounds}.')
       else:
         piece = stored
-      index = tuple(slice(a, b) for a, b in bounds)
+      pieces.append((tuple(slice(a, b) for a, b in bounds), piece))
+    # Python ints: a crafted shape's product does not wrap around.
+    want = math.prod(shape)
+    held = sum(p.size for _, p in pieces)
+    if held != want:
+      raise CheckpointFormatError(
+          f'{where}: the shards files do not cover the whole array exactly: '
+          f'they hold {held} values of its shape {shape} ({want}); pieces are '
+          'missing or overlap, or the recorded shape is not the saved one.')
+    out = np.zeros(shape, dtype)
+    covered = np.zeros(shape, bool)
+    for index, piece in pieces:
+      if covered[index].any():
+        raise CheckpointFormatError(
+            f'{where}: two pieces of the shards files overlap at the slices '
+            f'{[[s.start, s.stop] for s in index]}.')
       out[index] = piece
       covered[index] = True
-    if not covered.all():
-      raise CheckpointFormatError(
-          f'{where}: the shards files do not cover the whole array (a '
-          'process\'s shards are missing).')
     return out
 
   def node(self, node, where):

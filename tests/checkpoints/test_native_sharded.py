@@ -127,3 +127,35 @@ def test_pieces_that_do_not_cover_the_array_are_refused(tmp_path):
 def test_save_native_refuses_shards():
   with pytest.raises(TypeError, match='save_native_sharded'):
     native.save_native('/nonexistent', _trees(0, _arrays()))
+
+
+def _save_pieces(path, w_pieces, shape=(8, 6)):
+  """A save whose split array `w` (recorded `shape`) has `w_pieces[p]`
+  (row slices) in process p's file."""
+  w = np.arange(48, dtype=np.float32).reshape(8, 6)
+  for p in (1, 0):
+    tree = {'w': native.Shards(shape, w.dtype, [((rows, slice(0, 6)), w[rows])
+                                                for rows in w_pieces[p]])}
+    native.save_native_sharded(path, tree, {}, process_index=p,
+                               process_count=2, token=_TOKEN,
+                               all_ok=lambda ok: [True, True])
+
+
+def test_a_shape_claiming_more_than_the_files_hold_is_refused_unallocated(
+    tmp_path):
+  path = str(tmp_path / 'c')
+  _save_pieces(path, [[slice(0, 4)], [slice(4, 8)]], shape=(2 ** 20, 2 ** 20))
+  # 2**40 float32s: 4 TiB, a MemoryError had it been allocated.
+  with pytest.raises(CheckpointFormatError, match='1099511627776'):
+    native.load_native(path)
+
+
+def test_overlapping_pieces_are_refused(tmp_path):
+  path = str(tmp_path / 'c')
+  _save_pieces(path, [[slice(0, 6)], [slice(2, 8)]])  # All rows, 2 twice.
+  with pytest.raises(CheckpointFormatError, match='exactly: they hold 72'):
+    native.load_native(path)
+  path = str(tmp_path / 'd')
+  _save_pieces(path, [[slice(0, 4)], [slice(0, 4)]])  # As many values.
+  with pytest.raises(CheckpointFormatError, match='two pieces of the shards'):
+    native.load_native(path)
