@@ -7,7 +7,9 @@ trax.trainer` did: `--config` adds bindings (`--config='train.steps=20'`),
 `--dataset`, `--model` and `--data_dir` bind `data_streams.dataset_name`,
 `train.model` and `data_streams.data_dir`. The run directory gets the
 checkpoints and logs of every retrax run, and `config.gin`, the bindings it
-ran with. Without `--output_dir` it is `runs/<model>_<dataset>_<time>`.
+ran with, written once the run directory's lock is taken (a live run's is
+kept). Without `--output_dir` it is `runs/<model>_<dataset>_<time>`. A gin
+file is a program (its `import`s run modules): run only configs you trust.
 
 With a TOML file it is `retrax train --config FILE --output_dir DIR` (the
 keys of `retrax train --help`; `--config KEY=VALUE` overrides one).
@@ -119,14 +121,35 @@ def train_from_gin(config_files, bindings, output_dir=None):
   gin = parse_gin_configs(config_files, bindings)
   from retrax.checkpoints import atomic
   from retrax.supervised import trainer_lib
+  from retrax.checkpoints import ownership
   output_dir = os.path.expanduser(output_dir or _default_output_dir(gin))
   print(f'retrax.trainer: run directory {output_dir}', file=sys.stderr)
   os.makedirs(output_dir, exist_ok=True)
-  with atomic.atomic_write(os.path.join(output_dir, 'config.gin')) as f:
-    f.write(gin.config_str().encode())
+  lock = None
+  if _first_process():  # The writer of the run directory (the chief's).
+    # The lock first: a live run's config.gin is not overwritten before its
+    # lock refuses this one. The Loop's lock in this process takes it over.
+    lock = ownership.RunLock(output_dir)
+    with atomic.atomic_write(os.path.join(output_dir, 'config.gin')) as f:
+      f.write(gin.config_str().encode())
   # The gin-configured `train` (registered by `retrax.trax_gin`): gin
   # supplies `model` and the rest, which the signature cannot show.
-  return trainer_lib.train(output_dir=output_dir)  # type: ignore[call-arg]
+  try:
+    return trainer_lib.train(output_dir=output_dir)  # type: ignore[call-arg]
+  finally:
+    if lock is not None:
+      lock.release()  # A no-op once the Loop's lock took it over.
+
+
+# A launcher's rank variables: the process that writes the run directory
+# (process 0) is known before JAX joins the others.
+_RANK_VARIABLES = ('JAX_PROCESS_ID', 'SLURM_PROCID', 'OMPI_COMM_WORLD_RANK',
+                   'PMI_RANK', 'TPU_WORKER_ID')
+
+
+def _first_process():
+  return all(os.environ.get(name, '0').strip() in ('0', '')
+             for name in _RANK_VARIABLES)
 
 
 def _main_gin(args):

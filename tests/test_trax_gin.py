@@ -196,6 +196,25 @@ def test_a_gin_file_trains_from_the_trainer(tmp_path):
   ''', str(out_dir))
 
 
+def test_a_live_runs_config_gin_is_kept_when_its_lock_refuses(tmp_path):
+  from retrax.checkpoints import ownership
+  out_dir = tmp_path / 'run'
+  out_dir.mkdir()
+  (out_dir / 'config.gin').write_text('# the live run\'s bindings\n')
+  lock = ownership.RunLock(str(out_dir))  # A live run: this process.
+  try:
+    out = _python('import sys; from retrax import trainer; '
+                  'sys.exit(trainer.main(sys.argv[1:]))',
+                  f'--config_file={os.path.join(_GIN_DIR, "copy_lsh.gin")}',
+                  f'--output_dir={out_dir}')
+  finally:
+    lock.release()
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert 'is in use by process' in out.stderr.strip().splitlines()[-1]
+  assert (out_dir / 'config.gin').read_text() == (
+      '# the live run\'s bindings\n')
+
+
 def test_includes_and_errors_of_the_trainer(tmp_path):
   gin_file = tmp_path / 'bad.gin'
   gin_file.write_text('NoSuchLayer.x = 1\n')
@@ -225,7 +244,7 @@ def test_includes_and_errors_of_the_trainer(tmp_path):
               if 'run directory' not in line]  # The info line before training.
     assert len(errors) == 1 and message in errors[0], out.stderr
   # Nothing was trained; the parse errors made no directory at all.
-  assert os.listdir(tmp_path / 'o') == ['config.gin']
+  assert sorted(os.listdir(tmp_path / 'o')) == ['config.gin', 'retrax.lock']
   # Trax's own command, under compat.
   out = subprocess.run(
       [sys.executable, '-m', 'retrax.compat', '-m', 'trax.trainer',
