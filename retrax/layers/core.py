@@ -37,6 +37,11 @@ class Dense(base.Layer):
     self._use_bias = use_bias
     self._use_bfloat16 = use_bfloat16
 
+  @property
+  def n_units(self):
+    """The output depth (columns of `W`)."""
+    return self._n_units
+
   def forward(self, x):
     if self._use_bias:
       if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
@@ -127,6 +132,21 @@ class Dropout(base.Layer):
     validation.check_rate('Dropout', 'rate', rate)
     self._initial_rate = rate
     self._shared_axes = [] if shared_axes is None else list(shared_axes)
+
+  def same_mask_along(self, axis, ndim):
+    """True if every slice along `axis` of an `ndim`-axis input gets the same mask.
+
+    So it does when the layer is off (not training, or a rate of 0 not
+    overridden by a state dict) or `axis` is one of its `shared_axes`.
+    """
+    if self._mode != 'train':
+      return True
+    if isinstance(self.state, dict):
+      return False  # The rate is the state's, known only when run.
+    rate = self._initial_rate
+    if isinstance(rate, float) and rate == 0.0:
+      return True
+    return axis % ndim in {a % ndim for a in self._shared_axes}
 
   def init_weights_and_state(self, input_signature):
     del input_signature

@@ -20,6 +20,10 @@ Options:
   per-position loss (Trax's CrossEntropyLoss, WeightedCategoryCrossEntropy,
   L2Loss ...): the chunk means are recombined with the chunks' weight sums,
   which gives the unchunked value.
+* `loss_chunk_size` 0 (the default): the same, over chunks of positions,
+  chosen automatically for long sequences when the model ends in
+  position-wise layers (`Concatenate`, `LayerNorm`, `Dense` ...) and the loss
+  is a weighted mean over positions (see `_auto_chunked_forward_fn`).
 * `adasum=True`: gradients are computed per device share of the batch and
   merged with Adasum (https://arxiv.org/abs/2006.02924) as Trax does.
 """
@@ -32,7 +36,10 @@ from retrax import fastmath
 from retrax.fastmath import xla_cpu
 from retrax.layers import combinators
 from retrax.layers import core
+from retrax.layers import position_chunks
 from retrax.layers.assert_shape import AssertShape
+from retrax.layers.stack import make_tuple
+from retrax.layers.stack import single_or_tuple
 from retrax.optimizers import placement
 
 
@@ -187,6 +194,110 @@ def _chunked_forward_fn(model, loss_layer, chunk_size):
   return forward
 
 
+# --- the head and loss over chunks of positions, automatically -----------------------
+
+# Losses that are a weights-weighted mean over positions: the chunks' means
+# times their weight sums, summed and divided by all the weights, are the
+# whole batch's loss.
+_WEIGHTED_MEAN_LOSSES = frozenset({
+    'WeightedCategoryCrossEntropy', 'CrossEntropyLoss',
+    'CrossEntropyLossWithLogSoftmax'})
+
+
+def _position_wise_head(model):
+  """Index of the first of `model`'s last sublayers that all act per position.
+
+  None if there are none (or `model` is not a one-output Serial).
+  """
+  if not isinstance(model, combinators.Serial) or model.n_out != 1:
+    return None
+  subs = model.sublayers
+  start = len(subs)
+  while start and position_chunks.position_wise_width(subs[start - 1],
+                                                      3) is not None:
+    start -= 1
+  return start if start < len(subs) else None
+
+
+def _head_width(layers):
+  return max([position_chunks.position_wise_width(l, 3) for l in layers] + [1])
+
+
+def _auto_chunked_forward_fn(model, loss_layer, forward):
+  """`forward`, but for long sequences with the head and loss over chunks of positions.
+
+  The head is the longest run of position-wise layers (`position_chunks`)
+  ending the model (ReformerLM's `Concatenate, LayerNorm, Dropout, Dense`):
+  its `[batch, length, width]` activations, the logits and the loss's
+  per-position values then exist one chunk of positions at a time (a
+  rematerialized `lax.scan`), in the forward and the backward pass. Chosen
+  at trace time from the shapes (`position_chunks.n_position_chunks` of the
+  head's widest activation); short sequences, other losses and models, and
+  weights not of the targets' shape run `forward`.
+  """
+  start = _position_wise_head(model)
+  if (start is None or loss_layer.name not in _WEIGHTED_MEAN_LOSSES or
+      loss_layer.n_in != 3):
+    return forward
+  subs = model.sublayers
+  head = subs[start:]
+
+  def run_head(stack, model_w, model_s, rngs):
+    return _run_body(head, stack, model_w[start:], model_s[start:],
+                     rngs[start:])[0]
+
+  def auto_forward(weights, state, batch, rng):
+    targets, loss_weights = batch[model.n_in], batch[model.n_in + 1]
+    shape = tuple(np.shape(targets))
+    if (len(shape) < 2 or tuple(np.shape(loss_weights)) != shape or
+        position_chunks.n_position_chunks(
+            shape + (1,), _head_width(head)) == 1):
+      return forward(weights, state, batch, rng)  # Short (or not per position).
+    (model_w, loss_w), (model_s, loss_s) = weights, state
+    saved = model.weights, model.state
+    try:
+      model_rng, loss_rng = fastmath.random.split(rng, 2)
+      rngs = fastmath.random.split(model_rng, len(subs))
+      stack, new_states = _run_body(
+          subs[:start], combinators.inputs_from_stack(batch, model.n_in),
+          model_w, model_s, rngs)
+      items = make_tuple(stack)
+      width = max(_head_width(head), sum(x.shape[-1] for x in items))
+      n = position_chunks.n_position_chunks(shape + (width,), width)
+      new_state = (tuple(new_states) + tuple(model_s[start:]), loss_s)
+      if n == 1 or any(tuple(x.shape[:-1]) != shape for x in items):
+        out = run_head(stack, model_w, model_s, rngs)
+        loss, _ = loss_layer.pure_fn((out, targets, loss_weights), loss_w,
+                                     loss_s, loss_rng)
+        return loss, new_state
+
+      @jax.checkpoint
+      def chunk(carry, chunk_xs):
+        xc, tc, wc = chunk_xs
+        w_sum = jnp.sum(wc)
+        # An all-zero chunk (padding) gets weights 1 so that its mean stays
+        # finite; its contribution (and gradient) is then multiplied by 0.
+        safe_wc = jnp.where(w_sum > 0, wc, jnp.ones_like(wc))
+        out = run_head(single_or_tuple(xc), model_w, model_s,
+                       rngs)
+        mean, _ = loss_layer.pure_fn((out, tc, safe_wc), loss_w, loss_s,
+                                     loss_rng)
+        contribution = jnp.where(w_sum > 0, mean * w_sum, 0.0)
+        return (carry[0] + contribution.astype(jnp.float32),
+                carry[1] + w_sum.astype(jnp.float32)), None
+
+      xs = (tuple(position_chunks.to_chunks(x, n) for x in items),
+            position_chunks.to_chunks(targets, n, axis=-1),
+            position_chunks.to_chunks(loss_weights, n, axis=-1))
+      zero = jnp.zeros((), jnp.float32)
+      (total, w_total), _ = jax.lax.scan(chunk, (zero, zero), xs)
+      return total / w_total, new_state
+    finally:
+      model.state, model.weights = saved[1], saved[0]
+
+  return auto_forward
+
+
 # --- the steps -----------------------------------------------------------------------
 
 
@@ -212,7 +323,8 @@ class TrainStep:
     if loss_chunk_size and loss_chunk_size > 0:
       forward = _chunked_forward_fn(model, loss_layer, int(loss_chunk_size))
     else:
-      forward = _forward_fn(self.model_with_loss)
+      forward = _auto_chunked_forward_fn(
+          model, loss_layer, _forward_fn(self.model_with_loss))
     self._forward = forward
     self._n_shares = parallel.n_global_devices if adasum else 1
     rep, shard = parallel.replicated, parallel.batch

@@ -498,9 +498,12 @@ class EfficientAttentionBase(base.Layer):
       ys.append(y)
     return carry, _tree_stack(ys)
 
+  # `forward_and_or_backward` takes `subtract_from` (see there).
+  supports_subtract_from = True
+
   def forward_and_or_backward(self, inputs, weights, state, rng,
                               output_grad=None, compute_output=True,
-                              update_state=True):
+                              update_state=True, subtract_from=None):
     """Batched forward and/or backward pass (Trax's signature).
 
     Args:
@@ -512,6 +515,11 @@ class EfficientAttentionBase(base.Layer):
       output_grad: cotangent of the output; the backward pass runs iff given.
       compute_output: whether to return the output.
       update_state: whether to compute and return a new state.
+      subtract_from: None, or an array of the output's shape and dtype: the
+        output returned is then `subtract_from - attention(inputs)`, the
+        heads subtracted one by one in its buffer (a reversible layer
+        rebuilding its input keeps no second output-sized array). Needs
+        `compute_output`.
 
     Returns:
       `(output, new_state, inputs_grad, weights_grad)`, each None when not
@@ -522,6 +530,13 @@ class EfficientAttentionBase(base.Layer):
     inputs = self._as_tuple(inputs, weights)
     shape = inputs[0].shape
     self._check_pass(shape, output_grad, compute_output, update_state)
+    if subtract_from is not None and (
+        not compute_output or jnp.shape(subtract_from) != shape or
+        subtract_from.dtype != inputs[0].dtype):
+      raise ValueError(
+          f'{self.name}: subtract_from needs compute_output and the '
+          f'output\'s shape {tuple(shape)} and dtype {inputs[0].dtype}; got '
+          f'{jnp.shape(subtract_from)} {subtract_from.dtype}.')
     fn, inputs, state, merge_rows, direct = self._unit_function(
         inputs, weights, state, rng, update_state)
     if direct is not None:
@@ -533,7 +548,7 @@ class EfficientAttentionBase(base.Layer):
                  tuple(groups_lib.is_differentiable(x) for x in inputs))
     out, new_state, dx, w_ct = self._run_groups(
         groups_lib.GroupRunner(fn, groups, todo), inputs, weights, state, output_grad,
-        shape)
+        shape, subtract_from)
 
     output = out.reshape(shape) if compute_output else None
     if update_state:
@@ -600,10 +615,13 @@ class EfficientAttentionBase(base.Layer):
     return fn, inputs, state, lambda units: merge_rows(
         (new_mem_end, tuple(new_mem), units)), direct
 
-  def _run_groups(self, runner, inputs, weights, state, output_grad, shape):
+  def _run_groups(self, runner, inputs, weights, state, output_grad, shape,
+                  subtract_from=None):
     """Loops over example groups and, inside, head groups (`lax.scan`).
 
-    `shape` is the output's (in predict mode `inputs` hold the memory).
+    `shape` is the output's (in predict mode `inputs` hold the memory). With
+    `subtract_from`, each example group's output starts from its rows of it
+    and the heads are subtracted.
 
     Returns `(out [n_eg, E, L, d], new_state (split by units), inputs
     cotangents, weights cotangent [n_hg, G, ...])`, None where not asked.
@@ -613,31 +631,40 @@ class EfficientAttentionBase(base.Layer):
     w_r = jax.tree_util.tree_map(groups.split_heads, weights)
     s_r = jax.tree_util.tree_map(groups.split_units, state)
     ct_r = groups.split_examples(output_grad) if todo.grad else None
+    base_r = (None if subtract_from is None else
+              groups.split_examples(subtract_from))
     d_inputs = [x for x, d in zip(inputs, todo.differentiable) if d]
     out0 = (jnp.zeros((groups.examples,) + tuple(shape[1:]), inputs[0].dtype)
-            if todo.output else None)
+            if todo.output and subtract_from is None else None)
     dx0 = (tuple(jnp.zeros((groups.examples,) + x.shape[1:], x.dtype)
                  for x in d_inputs) if todo.grad else None)
 
     def example_body(w_ct_acc, ex):
-      xs_e, s_e, ct_e = ex
+      xs_e, s_e, ct_e, base_e = ex
 
       def head_body(carry, hd):
         out_acc, dx_acc = carry
         w_h, s_h = hd
         out, new_s, dx_ct, w_ct = runner.run(xs_e, w_h, s_h, ct_e)
-        out_acc = out_acc + out if todo.output else None
+        if not todo.output:
+          out_acc = None
+        elif base_e is None:
+          out_acc = out_acc + out
+        else:
+          out_acc = out_acc - out
         if todo.grad:
           dx_acc = tuple(a + b for a, b in zip(dx_acc, dx_ct))
         return (out_acc, dx_acc), (new_s if todo.state else None, w_ct)
 
       (out_e, dx_e), (new_s_e, w_ct_e) = self._loop(
-          head_body, (out0, dx0), (w_r, s_e), groups.n_head_groups)
+          head_body, (out0 if base_e is None else base_e, dx0), (w_r, s_e),
+          groups.n_head_groups)
       if todo.grad:
         w_ct_acc = jax.tree_util.tree_map(jnp.add, w_ct_acc, w_ct_e)
       return w_ct_acc, (out_e, new_s_e, dx_e)
 
     w_ct0 = jax.tree_util.tree_map(jnp.zeros_like, w_r) if todo.grad else None
     w_ct, (out, new_state, dx) = self._loop(
-        example_body, w_ct0, (xs_r, s_r, ct_r), groups.n_example_groups)
+        example_body, w_ct0, (xs_r, s_r, ct_r, base_r),
+        groups.n_example_groups)
     return out, new_state, dx, w_ct

@@ -105,6 +105,14 @@ class GroupRunner(NamedTuple):
     """
     def unit(x_u, w_u, s_u):
       return self.fn(*x_u, weights=w_u, state=s_u)
+    if self.groups.heads == 1 and self.groups.examples == 1:
+      # One unit: no vmap, whose batch dimensions of size 1 made XLA:CPU
+      # copy output-sized cotangents into the layouts of its batched dots.
+      out, new_s = unit(tuple(x[0] for x in xs),
+                        jax.tree_util.tree_map(lambda a: a[0], w),
+                        jax.tree_util.tree_map(lambda a: a[0, 0], s))
+      return (out[None].astype(xs[0].dtype),
+              jax.tree_util.tree_map(lambda a: a[None, None], new_s))
     if self.groups.copy_inputs:
       xs = tuple(jnp.broadcast_to(x, (self.groups.heads,) + x.shape)
                  for x in xs)

@@ -18,6 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
 from retrax.fastmath import precision
 
@@ -34,6 +35,14 @@ SELF_PENALTY = 1e5
 # 25.1 s), the loop's slicing and stacking cost more than the cache saves.
 BLOCK_CHUNKS = 64
 BLOCK_MIN_LOGITS = 2**23
+# Above this many logits (256 MB in float32: 512K tokens, 2 rounds, W = 128)
+# blocks run under every matmul policy: memory, not speed, decides. The
+# blocks are rematerialized (`jax.checkpoint`), so a backward pass never
+# holds more than one block's logits and probabilities.
+REMAT_MIN_LOGITS = 2**26
+# `hash_vecs` hashes in chunks of rows whose rotated vectors (all rounds)
+# hold about this many elements (16 MB in float32), once there are 3 or more.
+HASH_CHUNK_ELEMENTS = 2**22
 # Queries per chunk from which `attend` computes its logits keys-major.
 KEYS_MAJOR_MIN_QUERIES = 8
 # Matmul policies under which such blocks compute their logits in both layouts
@@ -88,18 +97,35 @@ def hash_vecs(vecs, n_buckets_in, n_hashes, rng):
       rng, (vecs.shape[-1], n_hashes, rot_size // 2)).astype(jnp.float32)
   # float32 draws (as Trax), promoted explicitly with the vectors.
   dtype = vecs.dtype if jnp.finfo(vecs.dtype).bits >= 32 else jnp.float32
-  rotated = jnp.einsum('tf,fhb->htb', vecs.astype(dtype),
-                       rotations.astype(dtype))  # [H, L, rot/2]
-  if len(factors) == 1:
-    return argmax_of_both_signs(rotated), n_buckets
-  buckets, start, radix = None, 0, 1
-  for factor in factors:
-    part = rotated[..., start:start + factor // 2]
-    start += factor // 2
-    digit = argmax_of_both_signs(part)
-    buckets = digit if buckets is None else buckets + radix * digit
-    radix *= factor
-  return buckets, n_buckets
+  rotations = rotations.astype(dtype)
+
+  def hash_rows(vecs):  # [L, D] -> [H, L]
+    rotated = jnp.einsum('tf,fhb->htb', vecs.astype(dtype),
+                         rotations)  # [H, L, rot/2]
+    if len(factors) == 1:
+      return argmax_of_both_signs(rotated)
+    buckets, start, radix = None, 0, 1
+    for factor in factors:
+      part = rotated[..., start:start + factor // 2]
+      start += factor // 2
+      digit = argmax_of_both_signs(part)
+      buckets = digit if buckets is None else buckets + radix * digit
+      radix *= factor
+    return buckets
+
+  # Each row hashes on its own: long inputs go in chunks of rows, so that
+  # the rotated vectors and the argmax's index arrays ([H, L, rot/2] each)
+  # exist one chunk at a time.
+  length = vecs.shape[0]
+  n_chunks = -(-length * n_hashes * rot_size // HASH_CHUNK_ELEMENTS)
+  if n_chunks <= 2 or vecs.ndim != 2:
+    return hash_rows(vecs), n_buckets
+  chunk = -(-length // n_chunks)
+  n_chunks = -(-length // chunk)
+  padded = jnp.pad(vecs, ((0, n_chunks * chunk - length), (0, 0)))
+  buckets = lax.map(hash_rows, jnp.reshape(padded, (n_chunks, chunk, -1)))
+  buckets = jnp.reshape(jnp.moveaxis(buckets, 0, 1), (n_hashes, -1))
+  return buckets[:, :length], n_buckets
 
 
 def argmax_of_both_signs(x):
@@ -211,15 +237,120 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
   share_qk = k is None
   q, k, v, q_info, kv_info = _chunked(q, k, v, q_info, kv_info, q_chunk_len,
                                       kv_chunk_len)
-  if share_qk:
-    k = length_normalized(k)
-  k = k / math.sqrt(k.shape[-1])
   if q_chunk_len is None and (n_chunks_before or n_chunks_after):
     raise ValueError('attend: n_chunks_before/after need chunk lengths.')
-  k = look_adjacent(k, n_chunks_before, n_chunks_after)  # [N, W, D]
-  v = look_adjacent(v, n_chunks_before, n_chunks_after)  # [N, W, V]
-  kv_info = look_adjacent(kv_info, n_chunks_before, n_chunks_after)
-  return _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng)
+  window = (n_chunks_before, n_chunks_after)
+  width = k.shape[-2] * (1 + n_chunks_before + n_chunks_after)
+  keep, keep_prob = _dropout_keep(dropout, rng, q.shape[-2:-1] + (width,))
+  if _in_blocks(q, width):
+    out, dots_logsumexp = _attend_in_blocks(q, k, v, q_info, kv_info, share_qk,
+                                            window, mask_fn, keep, keep_prob)
+  else:
+    k = _scaled_keys(k, share_qk)
+    k = look_adjacent(k, *window)  # [N, W, D]
+    v = look_adjacent(v, *window)  # [N, W, V]
+    kv_info = look_adjacent(kv_info, *window)
+    out, dots_logsumexp = _softmax_attend(q, k, v, q_info, kv_info, mask_fn,
+                                          keep, keep_prob)
+  return (jnp.reshape(out, (-1, out.shape[-1])),
+          jnp.reshape(dots_logsumexp, (-1,)))
+
+
+def _scaled_keys(k, share_qk):
+  """Keys divided by `sqrt(D)`; shared keys (the queries) length-normalised first."""
+  if share_qk:
+    k = length_normalized(k)
+  return k / math.sqrt(k.shape[-1])
+
+
+def _dropout_keep(dropout, rng, shape):
+  """`(keep mask [C, W] or None, keep probability)` of attention dropout.
+
+  One mask for every chunk (Trax's broadcast dropout).
+  """
+  if dropout <= 0.0:
+    return None, 1.0
+  if rng is None:
+    raise ValueError('attend: dropout > 0 needs an rng.')
+  keep_prob = 1.0 - dropout
+  return jax.random.bernoulli(rng, keep_prob, shape), keep_prob
+
+
+def _in_blocks(q, width):
+  """Whether chunked `q [N, C, D]` attends in blocks of `BLOCK_CHUNKS` chunks."""
+  if q.ndim != 3 or q.shape[0] <= BLOCK_CHUNKS:
+    return False
+  n_logits = q.shape[0] * q.shape[1] * width
+  return ((precision.matmul_dtype() == 'float32' and
+           n_logits > BLOCK_MIN_LOGITS) or n_logits > REMAT_MIN_LOGITS)
+
+
+def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
+                      keep, keep_prob):
+  """`_softmax_attend` of chunked `q`, `k`, `v` over blocks of `BLOCK_CHUNKS` chunks.
+
+  A `lax.map` over the blocks (the last one, if shorter, on its own): each
+  block slices its keys and values from the chunked arrays plus the few
+  neighbouring chunks its window reaches (`look_adjacent`'s wrap-around),
+  so no `[N, W, ...]` window array is ever built, and its body is
+  rematerialized: differentiated, only the inputs are kept and each block's
+  logits are recomputed in the backward pass. Returns `(out [N, C, V],
+  logsumexp [N, C, 1])`.
+  """
+  n, size = q.shape[0], BLOCK_CHUNKS
+  n_full = n // size
+  before, after = window
+
+  def parts(x, start, count, blocks, middle=True):
+    """`(before, middle, after)` chunks of `blocks` blocks of `count` from `start`.
+
+    Without `middle` (shared keys: the block's queries) it is None.
+    """
+    first = start + np.arange(blocks)[:, None] * count
+    lo = (first + np.arange(-before, 0)[None, :]) % n
+    hi = (first + count + np.arange(after)[None, :]) % n
+    mid = None
+    if middle:
+      mid = jnp.reshape(x[start:start + blocks * count],
+                        (blocks, count) + x.shape[1:])
+    return (jnp.take(x, lo, axis=0), mid, jnp.take(x, hi, axis=0))
+
+  def block(args):
+    q_b, qi_b, k_parts, v_parts, kvi_parts = args
+    count = q_b.shape[0]
+    if share_qk:  # One input (and one cotangent) for queries and keys.
+      k_parts = (k_parts[0], q_b, k_parts[2])
+    k_ext = _scaled_keys(jnp.concatenate(k_parts, axis=0), share_qk)
+    v_ext = jnp.concatenate(v_parts, axis=0)
+    kvi_ext = jnp.concatenate(kvi_parts, axis=0)
+
+    def windows(x):  # look_adjacent's [count, W, ...] from the extended chunks
+      return jnp.concatenate([x[j:j + count] for j in range(before + after + 1)],
+                             axis=1)
+    return _softmax_attend(q_b, windows(k_ext), windows(v_ext), qi_b,
+                           windows(kvi_ext), mask_fn, keep, keep_prob)
+
+  block = jax.checkpoint(block)
+
+  def blocks_of(start, count, blocks):
+    def split(x):
+      return jnp.reshape(x[start:start + blocks * count],
+                         (blocks, count) + x.shape[1:])
+    return (split(q), split(q_info),
+            parts(k, start, count, blocks, middle=not share_qk),
+            parts(v, start, count, blocks), parts(kv_info, start, count, blocks))
+
+  out, lse = lax.map(block, blocks_of(0, size, n_full))
+  out = jnp.reshape(out, (n_full * size,) + out.shape[2:])
+  lse = jnp.reshape(lse, (n_full * size,) + lse.shape[2:])
+  rest = n - n_full * size
+  if rest:
+    last = jax.tree_util.tree_map(lambda x: x[0],
+                                  blocks_of(n_full * size, rest, 1))  # None stays
+    out_r, lse_r = block(last)
+    out = jnp.concatenate([out, out_r], axis=0)
+    lse = jnp.concatenate([lse, lse_r], axis=0)
+  return out, lse
 
 
 def attend_queries_scaled(q, k, v, mask_fn=None, q_info=None, kv_info=None):
@@ -234,7 +365,10 @@ def attend_queries_scaled(q, k, v, mask_fn=None, q_info=None, kv_info=None):
                      'required.')
   q, k, v, q_info, kv_info = _chunked(q, k, v, q_info, kv_info, None, None)
   q = q / math.sqrt(k.shape[-1])
-  return _softmax_attend(q, k, v, q_info, kv_info, mask_fn, 0.0, None)
+  out, dots_logsumexp = _softmax_attend(q, k, v, q_info, kv_info, mask_fn,
+                                        None, 1.0)
+  return (jnp.reshape(out, (-1, out.shape[-1])),
+          jnp.reshape(dots_logsumexp, (-1,)))
 
 
 def _chunked(q, k, v, q_info, kv_info, q_chunk_len, kv_chunk_len):
@@ -277,18 +411,12 @@ def _chunked(q, k, v, q_info, kv_info, q_chunk_len, kv_chunk_len):
   return q, k, v, q_info, kv_info
 
 
-def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
+def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, keep, keep_prob):
   """Masked softmax attention of `q [N, C, D]` to `k [N, W, D]`, `v [N, W, V]`.
 
-  Returns `attend`'s `(out [N * C, V], logsumexp [N * C])`.
+  `keep` is the dropout mask `[C, W]` shared by all chunks (None: none).
+  Returns `(out [N, C, V], logsumexp [N, C, 1])`.
   """
-  keep, keep_prob = None, 1.0
-  if dropout > 0.0:
-    if rng is None:
-      raise ValueError('attend: dropout > 0 needs an rng.')
-    keep_prob = 1.0 - dropout
-    # One mask for every chunk (Trax's broadcast dropout).
-    keep = jax.random.bernoulli(rng, keep_prob, q.shape[-2:-1] + k.shape[-2:-1])
 
   def attend_block(q, k, v, q_info, kv_info):
     # With many queries the logits are keys-major, [N, W, C]: the softmax
@@ -313,16 +441,7 @@ def _softmax_attend(q, k, v, q_info, kv_info, mask_fn, dropout, rng):
     out = precision.einsum('...wc,...wv->...cv', dots, v)
     return out, jnp.swapaxes(dots_logsumexp, -1, -2)
 
-  if (q.ndim == 3 and q.shape[0] > BLOCK_CHUNKS and
-      precision.matmul_dtype() == 'float32' and
-      math.prod(q.shape[:-1]) * k.shape[-2] > BLOCK_MIN_LOGITS):
-    out, dots_logsumexp = lax.map(lambda a: attend_block(*a),
-                                  (q, k, v, q_info, kv_info),
-                                  batch_size=BLOCK_CHUNKS)
-  else:
-    out, dots_logsumexp = attend_block(q, k, v, q_info, kv_info)
-  return (jnp.reshape(out, (-1, out.shape[-1])),
-          jnp.reshape(dots_logsumexp, (-1,)))
+  return attend_block(q, k, v, q_info, kv_info)
 
 
 def _attend_both_layouts(q, k, v, q_info, kv_info, mask_fn, keep, keep_prob):

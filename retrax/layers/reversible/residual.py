@@ -6,8 +6,10 @@ from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers.cotangents import add_cotangents
 from retrax.layers.cotangents import cotangent_like
+from retrax.layers import position_chunks as chunks
 from retrax.layers.reversible.layer import check_items
 from retrax.layers.reversible.layer import ReversibleLayer
+from retrax.layers.reversible.serial import tie_to
 from retrax.layers.stack import init_layers
 from retrax.layers.stack import inputs_from_stack
 from retrax.layers.stack import make_tuple
@@ -15,6 +17,16 @@ from retrax.layers.stack import n_inputs_n_outputs
 from retrax.layers.stack import outputs_onto_stack
 from retrax.layers.stack import run_layers
 from retrax.layers.stack import split_rngs
+
+
+# From this many accumulator elements on (512K positions of d_model 256:
+# half a gigabyte per activation in float32), the fused backward pass runs
+# the attention twice: forward to rebuild the input, then backward keeping
+# no output. At the peak that is two output-sized buffers fewer (the output
+# and the one it is subtracted from), for one more attention forward pass
+# per layer (on CPU at 64K the step took ~25% longer), so only where memory
+# is what limits the length.
+TWO_PASS_MIN_ELEMENTS = 2 ** 27
 
 
 class ReversibleHalfResidual(ReversibleLayer):
@@ -71,10 +83,26 @@ class ReversibleHalfResidual(ReversibleLayer):
     return (acc + residual,) + context
 
   def _residual(self, context, weights, state, rngs):
-    """Runs the sublayers on the context stack: returns `(residual, new_state)`."""
+    """Runs the sublayers on the context stack: returns `(residual, new_state)`.
+
+    A long sequence through a position-wise `f` runs over chunks of
+    positions (see `chunks`); its state is then returned unchanged (the
+    position-wise layers have no state that changes).
+    """
+    n = self._n_chunks(context)
+    if n > 1:
+      def residual_fn(x):
+        return self._residual((x,), weights, state, rngs)[0]
+      return chunks.chunked_apply(residual_fn, context[0], n), state
     stack, new_state = run_layers(self, self.sublayers, context, weights,
                                   state, rngs, use_cache=False)
     return make_tuple(stack)[0], new_state
+
+  def _n_chunks(self, context):
+    """Position chunks to run `f` in (1: whole); see `chunks.n_chunks`."""
+    if self._attention_layer is not None or not context:
+      return 1
+    return chunks.n_chunks(self._compute_residual, context[0])
 
   def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
     weights, state, new_state, rng = self._resolve(weights, state, new_state,
@@ -87,13 +115,32 @@ class ReversibleHalfResidual(ReversibleLayer):
       cr_out, _ = cr.pure_fn(inputs_from_stack(context, cr.n_in),
                              weights[0], state[0], rngs[0])
       stack = outputs_onto_stack(cr_out, context, cr.n_in)
-      attn = self._attention_layer
-      residual, _, _, _ = attn.forward_and_or_backward(
-          inputs_from_stack(stack, attn.n_in), weights[1], new_state[1],
-          rngs[1], output_grad=None, compute_output=True, update_state=False)
-    else:
-      residual, _ = self._residual(context, weights, state, rngs)
+      x0, _, _ = self._attend_and_subtract(
+          output[0], inputs_from_stack(stack, self._attention_layer.n_in),
+          weights[1], new_state[1], rngs[1], None)
+      return (x0,) + context
+    residual, _ = self._residual(context, weights, state, rngs)
     return (output[0] - residual,) + context
+
+  def _attend_and_subtract(self, acc_out, attn_inputs, weights, new_state,
+                           rng, acc_ct):
+    """`(acc_out - attention(attn_inputs), inputs ct, weights ct)` by the fused hook.
+
+    An attention layer that `supports_subtract_from` subtracts its heads
+    from `acc_out`'s buffer (no second output-sized array).
+    """
+    attn = self._attention_layer
+    x = make_tuple(attn_inputs)[0]
+    kwargs = dict(output_grad=acc_ct, compute_output=True, update_state=False)
+    if (getattr(attn, 'supports_subtract_from', False) and
+        acc_out.shape == x.shape and acc_out.dtype == x.dtype):
+      x0, _, in_ct, w_ct = attn.forward_and_or_backward(
+          attn_inputs, weights, new_state, rng, subtract_from=acc_out,
+          **kwargs)
+      return x0, in_ct, w_ct
+    residual, _, in_ct, w_ct = attn.forward_and_or_backward(
+        attn_inputs, weights, new_state, rng, **kwargs)
+    return acc_out - residual, in_ct, w_ct
 
   def reverse_and_grad(self, output, grad, weights=(), state=(), new_state=(),
                        rng=None):
@@ -105,8 +152,19 @@ class ReversibleHalfResidual(ReversibleLayer):
     acc_ct, context_ct = grad[0], tuple(grad[1:])
 
     if self._fused:
-      residual, ctx_ct_from_f, weights_ct = self._fused_residual_and_grad(
-          context, acc_ct, weights, state, new_state, rngs)
+      x0, context_ct_f, weights_ct = self._fused_input_and_grad(
+          context, acc_out, acc_ct, weights, state, new_state, rngs)
+      context_ct = tuple(add_cotangents(a, b)
+                         for a, b in zip(context_ct, context_ct_f))
+      return (x0,) + context, ((acc_ct,) + context_ct, weights_ct)
+    if self._n_chunks(context) > 1:
+      # One chunk of positions at a time: only its activations exist.
+      def chunk_fn(x, w):
+        return self._residual((x,), w, state, rngs)[0]
+      residual, x_ct, weights_ct = chunks.chunked_vjp(
+          chunk_fn, context[0], weights, cotangent_like(acc_ct, acc_out),
+          self._n_chunks(context))
+      ctx_ct_from_f = (x_ct,) + tuple(None for _ in context[1:])
     else:
       def residual_fn(ctx, w):
         return self._residual(ctx, w, state, rngs)[0]
@@ -118,9 +176,9 @@ class ReversibleHalfResidual(ReversibleLayer):
     x = (acc_out - residual,) + context
     return x, ((acc_ct,) + context_ct, weights_ct)
 
-  def _fused_residual_and_grad(self, context, acc_ct, weights, state,
-                               new_state, rngs):
-    """Residual and gradients through the attention layer's fused hook."""
+  def _fused_input_and_grad(self, context, acc_out, acc_ct, weights, state,
+                            new_state, rngs):
+    """`(acc input, context cotangents, weights cotangents)` by the fused hook."""
     cr, attn = self._compute_residual, self._attention_layer
 
     def cr_fn(x, w):
@@ -130,9 +188,20 @@ class ReversibleHalfResidual(ReversibleLayer):
     cr_out, cr_vjp = jax.vjp(cr_fn, cr_in, weights[0])
     cr_items = make_tuple(cr_out)
     stack = cr_items + context[cr.n_in:]
-    residual, _, attn_in_ct, attn_w_ct = attn.forward_and_or_backward(
-        inputs_from_stack(stack, attn.n_in), weights[1], new_state[1],
-        rngs[1], output_grad=acc_ct, compute_output=True, update_state=False)
+    attn_inputs = inputs_from_stack(stack, attn.n_in)
+    if acc_out.size < TWO_PASS_MIN_ELEMENTS:
+      x0, attn_in_ct, attn_w_ct = self._attend_and_subtract(
+          acc_out, attn_inputs, weights[1], new_state[1], rngs[1], acc_ct)
+    else:
+      # Rebuild the input first (forward only), then differentiate keeping
+      # no output: the gradient pass is tied to the rebuilt input, so it
+      # starts once the attention's output is gone.
+      x0, _, _ = self._attend_and_subtract(
+          acc_out, attn_inputs, weights[1], new_state[1], rngs[1], None)
+      attn_w, attn_rng = tie_to((weights[1], rngs[1]), x0)
+      _, _, attn_in_ct, attn_w_ct = attn.forward_and_or_backward(
+          attn_inputs, attn_w, new_state[1], attn_rng, output_grad=acc_ct,
+          compute_output=False, update_state=False)
     stack_ct = [None] * len(stack)
     for j, ct in enumerate(make_tuple(attn_in_ct)):
       stack_ct[j] = ct
@@ -147,7 +216,7 @@ class ReversibleHalfResidual(ReversibleLayer):
       k = cr.n_in + j - len(cr_items)
       ctx_cts[k] = add_cotangents(ctx_cts[k], stack_ct[j])
     ctx_ct = tuple(cotangent_like(c, p) for c, p in zip(ctx_cts, context))
-    return residual, ctx_ct, (cr_w_ct, attn_w_ct)
+    return x0, ctx_ct, (cr_w_ct, attn_w_ct)
 
   def init_weights_and_state(self, input_signature):
     input_signature = make_tuple(input_signature)

@@ -117,7 +117,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     return self._period
 
   def forward(self, xs):
-    """Runs the layers in order, each one's work tied to its inputs (see `_tie_to`).
+    """Runs the layers in order, each one's work tied to its inputs (see `tie_to`).
 
     Under tracing, a run of identical blocks becomes one `lax.scan` over
     their stacked weights (see `_scan_period`).
@@ -133,7 +133,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
       self.state = unstack_groups(states, len(self.sublayers) // period)
       return outputs
     prepare = None if self._decodes() else (
-        lambda w, r, stack: _tie_to((w, r), stack))
+        lambda w, r, stack: tie_to((w, r), stack))
     outputs, self.state = run_layers(self, self.sublayers, xs, self.weights,
                                      self.state, rngs, prepare=prepare)
     return outputs
@@ -233,7 +233,7 @@ def _walk_back_layers(parent, layers, stack, stack_ct, weights, state,
       # (inputs and weights) exist; otherwise XLA may run all
       # reconstructions first and keep O(depth) activations alive.
       prev_w_ct = weights_ct[i + 1] if i + 1 < n else ()
-      w, r = _tie_to((w, r), (stack, stack_ct, prev_w_ct))
+      w, r = tie_to((w, r), (stack, stack_ct, prev_w_ct))
     with in_sublayer(parent, i):
       check_arity(layer, stack, layer.n_out, 'reverse',
                   what='outputs to reverse')
@@ -265,7 +265,7 @@ def _has_tracer(tree):
              for x in jax.tree_util.tree_leaves(tree))
 
 
-def _tie_to(tree, data):
+def tie_to(tree, data):
   """Returns `tree` (weights, rng) made data-dependent on `data`, values unchanged.
 
   XLA may schedule work that depends only on weights or rngs (bias
@@ -307,5 +307,14 @@ def _tie_to(tree, data):
 
 
 def _probe(x):
-  e = jax.lax.slice(jnp.reshape(x, (-1,)), (0,), (1,))[0].astype(jnp.float32)
-  return e - e
+  """`e - e` of the first elements `e` of `x` (0.0, or NaN if not finite).
+
+  A reduction over two elements, not a one-element slice: XLA computes it
+  as a scalar of its own, where it fuses a slice into every tie's multiply
+  and so keeps each probed array alive until the last tie has run (an
+  in-place update of the array, e.g. a reversible layer rebuilding its
+  input in its output's buffer, must then copy it).
+  """
+  flat = jnp.reshape(x, (-1,))
+  e = jnp.max(jax.lax.slice(flat, (0,), (min(2, flat.shape[0]),)))
+  return e.astype(jnp.float32) - e.astype(jnp.float32)
