@@ -5,9 +5,9 @@
 #
 #   main     the README's main job, unchanged (`retrax train` in a new folder)
 #   tests    `pytest --quick` in one process (the chip admits one program)
-#   profile  benchmarks/step_profile.py: the paper-size step part by part
-#   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
 #   search   the longest default-model step that fits (target 1,048,576)
+#   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
+#   profile  benchmarks/step_profile.py: the paper-size step part by part
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #
 #   bash benchmarks/tpu.sh                          # every stage
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT_DIR="${OUT:-$(mktemp -d)}"
 TOTAL_S="${TPU_SH_TOTAL_S:-560}"
-STAGES="${TPU_SH_STAGES:-main tests profile table search decode}"
+STAGES="${TPU_SH_STAGES:-main tests search table profile decode}"
 SITE="${TPU_SH_SITE:-/tmp/retrax-site}"
 INDEX=/opt/pypi/simple
 TINY="${RETRAX_TPU_SH_TINY:-}"
@@ -76,14 +76,13 @@ if want tests; then
     | cut -c1-160 | tail -n 80
 fi
 
-if want profile; then
-  echo "== step profile, paper size (budget $(share 20) s)"
-  PROF=(--length 16384 --trace /tmp/retrax-trace)
-  [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace)
-  timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
-    --json "$OUT_DIR/tpu_profile.json"
-  find /tmp/retrax-trace -name '*.trace.json.gz' -exec cp {} \
-    "$OUT_DIR/tpu_trace.json.gz" \; 2>/dev/null
+if want search; then
+  echo "== longest default-model step (budget $(share 30) s)"
+  SEARCH="${TPU_SH_SEARCH:-524288,1048576,2097152}"
+  SIZES=()
+  [ -n "$TINY" ] && { SEARCH=32,64; SIZES=(--tiny --n-layers 1); }
+  "$PY" benchmarks/vs_peers.py "${SIZES[@]}" --search "$SEARCH" \
+    --budget "$(share 30)" --timeout 240 --json "$OUT_DIR/tpu_max_length.json"
 fi
 
 PAPER=(--d-model 1024 --d-ff 4096 --n-heads 16 --chunk-len 128)
@@ -97,13 +96,14 @@ if want table; then
     --json "$OUT_DIR/tpu_vs_peers.json"
 fi
 
-if want search; then
-  echo "== longest default-model step (budget $(share 30) s)"
-  SEARCH="${TPU_SH_SEARCH:-524288,1048576,2097152}"
-  SIZES=()
-  [ -n "$TINY" ] && { SEARCH=32,64; SIZES=(--tiny --n-layers 1); }
-  "$PY" benchmarks/vs_peers.py "${SIZES[@]}" --search "$SEARCH" \
-    --budget "$(share 30)" --timeout 240 --json "$OUT_DIR/tpu_max_length.json"
+if want profile; then
+  echo "== step profile, paper size (budget $(share 20) s)"
+  PROF=(--length 16384 --trace /tmp/retrax-trace)
+  [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace)
+  timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
+    --json "$OUT_DIR/tpu_profile.json"
+  find /tmp/retrax-trace -name '*.trace.json.gz' -exec cp {} \
+    "$OUT_DIR/tpu_trace.json.gz" \; 2>/dev/null
 fi
 
 if want decode; then
