@@ -42,6 +42,40 @@ class _Parser(argparse.ArgumentParser):
     self.exit(2, f'{self.prog}: error: {message} (see {self.prog} --help)\n')
 
 
+def _seed(text):
+  """An argparse type: an int in [0, 2**32), what random seeds take."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected an int; got {text!r}') from None
+  if not 0 <= value < 2 ** 32:
+    raise argparse.ArgumentTypeError(f'expected an int in [0, 2**32); got '
+                                     f'{value}')
+  return value
+
+
+# Arguments that name files or directories, checked against the system's
+# limits before any command runs (else ENAMETOOLONG, or os.makedirs
+# recursing through thousands of levels).
+_PATH_ARGS = ('output_dir', 'output_dirs', 'src', 'dst', 'out', 'config')
+_NAME_MAX, _PATH_MAX = 255, 4095
+
+
+def _check_paths(args):
+  for dest in _PATH_ARGS:
+    values = getattr(args, dest, None)
+    for path in values if isinstance(values, list) else [values]:
+      if not isinstance(path, str):
+        continue
+      data = path.encode('utf-8', 'surrogateescape')
+      longest = max((len(c) for c in data.split(b'/')), default=0)
+      if len(data) > _PATH_MAX or longest > _NAME_MAX:
+        raise UserInputError(
+            f'{dest} {path[:60]!r}... is {len(data)} bytes with a name of '
+            f'{longest}; paths here are limited to {_PATH_MAX} bytes and '
+            f'names to {_NAME_MAX}: choose a shorter one.')
+
+
 def _count(text):
   """An argparse type: an int >= 1."""
   try:
@@ -234,7 +268,7 @@ def _add_run_commands(sub):
   p.add_argument('output_dir')
   p.add_argument('--batches', type=_count, default=8,
                  help='eval batches (default 8)')
-  p.add_argument('--seed', type=int, default=0,
+  p.add_argument('--seed', type=_seed, default=0,
                  help='seed of the random keys the model draws in eval mode '
                  '(LSH hashing); the same seed gives the same numbers '
                  '(default 0)')
@@ -383,6 +417,7 @@ def main(argv=None):
     build_parser().print_help()
     return 2
   try:
+    _check_paths(args)
     _check_set_keys(args)  # A typo is answered before JAX is imported.
   except UserInputError as e:
     return _error(args, one_line(e))
@@ -392,6 +427,8 @@ def main(argv=None):
   except user_errors() as e:
     return _error(args, one_line(e))
   except OSError as e:
+    if e.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # A path the user gave.
+      return _error(args, f'{e.strerror}: {str(e.filename)[:200]}.')
     if e.errno not in _DISK_ERRNOS:
       raise
     return _error(args, _disk_error(args, e))

@@ -196,8 +196,8 @@ def _read_toml(path):
   with open(path, 'rb') as f:
     try:
       data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-      raise ConfigError(f'{path}: not valid TOML: {e}') from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+      raise ConfigError(f'{path}: not valid TOML: {e}') from None
   values = {}
   for name, value in data.items():
     if name in SECTIONS and isinstance(value, dict):
@@ -298,6 +298,8 @@ def validate(config):
   if t.matmul_dtype not in ('float32', 'bfloat16'):
     raise ConfigError(f"matmul_dtype must be 'float32' or 'bfloat16'; got "
                       f'{t.matmul_dtype!r}')
+  if not 0 <= t.seed < 2 ** 32:  # What numpy's and JAX's seeds take.
+    raise ConfigError(f'seed must be in [0, 2**32); got {t.seed}')
   if t.warmup_steps < 0:
     raise ConfigError(f'warmup_steps must be >= 0; got {t.warmup_steps}')
   if m.name == 'TransformerLM' and m.d_model % m.n_heads:

@@ -105,6 +105,42 @@ def build_inputs(config):
       tokenizer_of_run(config), d.eval_fraction, seed=config.train.seed)
 
 
+def n_params_estimate(config):
+  """About how many weights the model of `config` has (embeddings, each
+  layer's attention and feed-forward, the output layer; the small terms
+  left out)."""
+  m = config.model
+  d, v, f = m.d_model, m.vocab_size, m.d_ff
+  width = m.d_model if m.name == 'TransformerLM' else m.n_heads * m.d_head
+  per_layer = 4 * d * width + 2 * d * f
+  d_out = d if m.name == 'TransformerLM' else 2 * d  # Reformer: 2 halves.
+  return v * d + m.length * d + m.n_layers * per_layer + d_out * v
+
+
+def _machine_bytes():
+  """This machine's memory (None where the system does not say)."""
+  try:
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def check_memory(config, machine_bytes=None):
+  """Refuses, before anything is built, a model whose training state alone
+  (float32 weights, gradients and Adam's two slots: 16 bytes a weight)
+  exceeds the machine's memory: it would grow until the kernel kills it."""
+  machine_bytes = machine_bytes or _machine_bytes()
+  n = n_params_estimate(config)
+  need = 16 * n
+  if machine_bytes and need > machine_bytes:
+    raise config_lib.ConfigError(
+        f'the model has about {n:.3g} weights: training needs about '
+        f'{need / 2 ** 30:.3g} GiB (weights, gradients and Adam\'s two slots '
+        f'in float32) before any activation, more than this machine\'s '
+        f'{machine_bytes / 2 ** 30:.3g} GiB; lower d_model, d_ff, n_layers or '
+        'vocab_size.')
+
+
 def _check_run_dir(config):
   """Refuses to train into a directory that holds a run of another model."""
   path = os.path.join(config.train.output_dir, CONFIG_FILE)
@@ -176,6 +212,7 @@ def train(config, quiet=False, mesh=None):
   ('data=2,fsdp=4'): see `training.Loop`.
   """
   t = config.train
+  check_memory(config)  # Before building: a huge model would not fail fast.
   _check_run_dir(config)
   train_stream, eval_stream = _streams(config)
   factors = 'constant * linear_warmup' if t.warmup_steps else 'constant'

@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 
 from retrax import local_paths
+from retrax.errors import UserInputError
+from retrax.errors import one_line
 from retrax.data.subword import SubwordTextEncoder
 
 _RESERVED_TOKENS_BYTES = (b'<pad>', b'<EOS>')
@@ -178,7 +180,12 @@ class SentencePieceVocabulary:
     spm = _import_sentencepiece()
     self.model_file = model_file
     self.extra_ids = extra_ids
-    self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    except (RuntimeError, OSError) as e:  # Not a ModelProto.
+      raise UserInputError(
+          f'{model_file} is not a SentencePiece model ({one_line(e, 100)}); '
+          'pass the .model file that spm_train wrote.') from None
     self.piece_size = self._sp.get_piece_size()
 
   def _id_or_none(self, i):

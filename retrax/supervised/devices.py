@@ -82,6 +82,16 @@ def _env_int(env, name):
     raise ClusterConfigError(f'{name}={value!r} is not an integer.') from None
 
 
+def _check_coordinator(address):
+  """`HOST:PORT` with a port in 1..65535 (else the processes wait for a
+  service that cannot be)."""
+  host, _, port = str(address).rpartition(':')
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ClusterConfigError(
+        f'--coordinator must be HOST:PORT with a port in 1..65535 (process '
+        f'0 serves there, the others connect to it); got {address!r:.100}.')
+
+
 def initialize_distributed(coordinator=None, num_processes=None,
                            process_id=None, env=None):
   """Joins a multi-process (multi-host) run with `jax.distributed.initialize`.
@@ -129,6 +139,7 @@ def initialize_distributed(coordinator=None, num_processes=None,
         f'a multi-process run needs --coordinator, --num_processes and '
         f'--process_id (or {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, '
         f'{ENV_PROCESS_ID}); missing {", ".join(missing)}.')
+  _check_coordinator(coordinator)
   if num_processes < 1 or not 0 <= process_id < num_processes:
     raise ClusterConfigError(
         f'process_id must be in [0, num_processes); got process_id='
