@@ -36,12 +36,14 @@ def _init(layer, shape):
 
 def _passes(layer, x):
   """forward, reverse and reverse_and_grad of `layer` at `x` (one rng)."""
-  w, s, rng = layer.weights, layer.state, jax.random.PRNGKey(2)
-  y, new_s = layer.pure_fn(x, w, s, rng)
-  ct_y = tuple(jnp.cos(3.0 * a) for a in y)
-  back = layer.reverse(y, w, s, new_s, rng)
-  x_rec, (ct_x, ct_w) = layer.reverse_and_grad(y, ct_y, w, s, new_s, rng)
-  return y, back, x_rec, ct_x, ct_w
+  @jax.jit
+  def passes(x, w, s, rng):
+    y, new_s = layer.pure_fn(x, w, s, rng)
+    ct_y = tuple(jnp.cos(3.0 * a) for a in y)
+    back = layer.reverse(y, w, s, new_s, rng)
+    x_rec, (ct_x, ct_w) = layer.reverse_and_grad(y, ct_y, w, s, new_s, rng)
+    return y, back, x_rec, ct_x, ct_w
+  return passes(x, layer.weights, layer.state, jax.random.PRNGKey(2))
 
 
 @pytest.mark.parametrize('length', [40, 37])  # 37: chunks padded at the end
@@ -103,9 +105,9 @@ def test_reformer_feed_forward_is_chunked_at_long_lengths(monkeypatch):
   def loss(w, x):
     return jnp.sum(jnp.sin(model.pure_fn(x, w, model.state,
                                          jax.random.PRNGKey(2))[0]))
-  whole = jax.value_and_grad(loss, (0, 1))(model.weights, x)
+  whole = jax.jit(jax.value_and_grad(loss, (0, 1)))(model.weights, x)
   monkeypatch.setattr(chunks, 'CHUNK_ELEMENTS', 8 * D_FF)
-  chunked = jax.value_and_grad(loss, (0, 1))(model.weights, x)
+  chunked = jax.jit(jax.value_and_grad(loss, (0, 1)))(model.weights, x)
   for got, want in zip(jax.tree_util.tree_leaves(chunked),
                        jax.tree_util.tree_leaves(whole)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
