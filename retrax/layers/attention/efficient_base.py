@@ -28,6 +28,7 @@ from jax import lax
 from retrax.fastmath import xla_cpu
 from retrax.layers import base
 from retrax.layers.attention import groups as groups_lib
+from retrax.layers.attention import ops as attention_ops
 from retrax.layers import predict_state
 from retrax import validation
 from retrax.shapes import ShapeDtype
@@ -191,7 +192,8 @@ class EfficientAttentionBase(base.Layer):
 
     What a group's vjp keeps: per attended row (`n_hashes` rounds of
     `length` positions) its window of scores, probabilities and their
-    cotangent, and its gathered queries, keys, values and their
+    cotangent (only one block's rows where `attention_ops.in_blocks`
+    rematerializes them), and its gathered queries, keys, values and their
     cotangents, in float32. Calibrated against `memory_analysis()` of the
     compiled pass (tests/layers/attention/test_parallel_heads.py).
     """
@@ -200,7 +202,10 @@ class EfficientAttentionBase(base.Layer):
     window = min(length, chunk * (1 + getattr(self, '_n_chunks_before', 0) +
                                   getattr(self, '_n_chunks_after', 0)))
     depth = getattr(self, '_d_qk', 64) + getattr(self, '_d_v', 64)
-    return 4 * rows * (4 * window + 6 * depth)
+    logit_rows = rows
+    if attention_ops.in_blocks(rows // chunk, chunk, window):
+      logit_rows = attention_ops.BLOCK_CHUNKS * chunk
+    return 4 * (logit_rows * 4 * window + rows * 6 * depth)
 
   def hash_length(self, length):
     """`length`, or in predict mode the memory's (what LSH bucket counts follow)."""

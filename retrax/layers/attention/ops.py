@@ -278,9 +278,16 @@ def _dropout_keep(dropout, rng, shape):
 
 def _in_blocks(q, width):
   """Whether chunked `q [N, C, D]` attends in blocks of `BLOCK_CHUNKS` chunks."""
-  if q.ndim != 3 or q.shape[0] <= BLOCK_CHUNKS:
+  return q.ndim == 3 and in_blocks(q.shape[0], q.shape[1], width)
+
+
+def in_blocks(n_chunks, chunk_len, width):
+  """Whether `n_chunks` chunks of `chunk_len` queries over `width` keys each
+  attend in rematerialized blocks of `BLOCK_CHUNKS` chunks (so that only one
+  block's logits are live at a time)."""
+  if n_chunks <= BLOCK_CHUNKS:
     return False
-  n_logits = q.shape[0] * q.shape[1] * width
+  n_logits = n_chunks * chunk_len * width
   return ((precision.matmul_dtype() == 'float32' and
            n_logits > BLOCK_MIN_LOGITS) or n_logits > REMAT_MIN_LOGITS)
 
