@@ -34,6 +34,7 @@ within `STOP_WAIT_SECONDS` (when this process has a stop request; else
 lost: `PeerLostError`.
 """
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -59,6 +60,10 @@ SHUTDOWN_SECONDS = 30
 # seconds after its SIGTERM: a stop waits no longer than that matters).
 STOP_WAIT_SECONDS = 120
 STEP_WAIT_SECONDS = 3600
+# A peer whose heartbeat key has not changed for this long, while this
+# process waits for it at a stop agreement, is dead or hung (the recoverable
+# service fails no barrier for a dead task: it would wait out the bound).
+PEER_SILENT_SECONDS = 30
 
 # Words in the error of a collective whose peer is gone (Gloo on CPU, NCCL
 # and the coordination service elsewhere).
@@ -104,6 +109,7 @@ def join(coordinator, num_processes, process_id):
   jax.distributed.initialize(coordinator_address=coordinator,
                              num_processes=num_processes,
                              process_id=process_id, **options)
+  _start_heartbeat()
 
 
 def serve(port, num_processes, parent_pid):
@@ -206,6 +212,72 @@ def stuck_message(signum, note=newest_checkpoint_note):
           'with the same command to resume from it.')
 
 
+def _client():
+  from jax._src import distributed  # The coordination service's client.
+  client = distributed.global_state.client
+  assert client is not None  # Joined: more than one process.
+  return client
+
+
+_heartbeat: list = []  # [the event that stops it], once started.
+
+
+def _start_heartbeat():
+  """A thread that rewrites this process's `retrax/alive/<id>` key every
+  second (until exit), for peers waiting on it to tell it is alive."""
+  if _heartbeat or not multi_process():
+    return
+  client, stop = _client(), threading.Event()
+  _heartbeat.append(stop)
+  atexit.register(stop.set)  # Before JAX's shutdown (registered earlier).
+  key = f'retrax/alive/{jax.process_index()}'
+
+  def beat():
+    n = 0
+    while not stop.is_set():
+      try:
+        client.key_value_set(key, str(n), allow_overwrite=True)
+      except Exception:  # pylint: disable=broad-except
+        return  # The service is gone: the run is ending.
+      n += 1
+      stop.wait(1.0)
+  threading.Thread(target=beat, daemon=True, name='retrax-heartbeat').start()
+
+
+def _silent_peers(client, seen, now):
+  """Peers whose heartbeat did not change for `PEER_SILENT_SECONDS` (`seen`:
+  id -> (value, when it changed), kept between calls)."""
+  for key, value in client.key_value_dir_get('retrax/alive/'):
+    pid = int(key.rsplit('/', 1)[1])
+    if seen.get(pid, (None,))[0] != value:
+      seen[pid] = (value, now)
+  return sorted(pid for pid, (_, when) in seen.items()
+                if pid != jax.process_index() and
+                now - when > PEER_SILENT_SECONDS)
+
+
+def _wait_at_barrier(client, wait):
+  """The stop barrier, bounded by `wait` seconds; returns the ids of the
+  peers found silent meanwhile (then the barrier is left waiting)."""
+  done, failed = threading.Event(), []
+
+  def run():
+    try:
+      client.wait_at_barrier('retrax/stop', int(wait * 1000))
+    except Exception as e:  # pylint: disable=broad-except
+      failed.append(e)
+    done.set()
+  threading.Thread(target=run, daemon=True).start()
+  seen: dict = {}
+  while not done.wait(1.0):
+    silent = _silent_peers(client, seen, time.monotonic())
+    if silent:
+      return silent
+  if failed:
+    raise failed[0]
+  return []
+
+
 def agree_on_stop(signum, note=newest_checkpoint_note):
   """The stop request of the run: the largest signal number any process
   received (`signum` is this process's, 0 for none; SIGTERM's 15 outranks
@@ -218,16 +290,25 @@ def agree_on_stop(signum, note=newest_checkpoint_note):
   """
   if jax.process_count() == 1:
     return signum
-  from jax._src import distributed  # The coordination service's client.
-  client = distributed.global_state.client
-  assert client is not None  # Joined: more than one process.
+  client = _client()
+  _start_heartbeat()  # Where JAX's own detection joined the run.
   prefix = f'retrax/stop/{next(_agreements)}'
   wait = stop_wait_seconds() if signum else STEP_WAIT_SECONDS
   try:
     if signum:  # Keys only for requests: nothing accumulates otherwise.
       client.key_value_set(f'{prefix}/{jax.process_index()}', str(signum))
-    client.wait_at_barrier('retrax/stop', int(wait * 1000))
+    silent = _wait_at_barrier(client, wait)
+    if silent:
+      raise PeerLostError(
+          f'process {", ".join(map(str, silent))} of the '
+          f'{jax.process_count()} in this run stopped answering for '
+          f'{PEER_SILENT_SECONDS} s (dead or hung); process '
+          f'{jax.process_index()} stops too. {note()[:1].upper()}'
+          f'{note()[1:]}: restart every process with the same command to '
+          'resume from it.')
     values = client.key_value_dir_get(prefix + '/')
+  except PeerLostError:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     what = (f'the processes did not all reach the stop agreement of the next '
             f'step within {wait:g} s' if 'deadline' in str(e).lower() else

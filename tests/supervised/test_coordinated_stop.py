@@ -194,3 +194,19 @@ def test_a_peer_killed_inside_a_sharded_save_leaves_one_line(tmp_path):
   assert 'Traceback' not in outs[0], outs[0][-3000:]
   assert 'process 1 of the 2 in this run was lost' in lines[-1], lines
   assert 'last checkpoint is from step 1' in lines[-1], lines
+
+
+@pytest.mark.slow
+def test_agreements_carry_a_peers_signal_and_notice_a_dead_peer():
+  addr = f'127.0.0.1:{free_port()}'
+  procs = [subprocess.Popen(
+      [sys.executable, os.path.join(_HERE, 'stop_agreement_worker.py'), addr,
+       str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      env=cpu_env(pythonpath=[_ROOT])) for i in range(2)]
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  lines = [l for l in outs[0].splitlines() if l.startswith(('agree', 'lost'))]
+  assert lines[:2] == ['agreement 0: 0', 'agreement 1: 15'], outs[0][-3000:]
+  assert lines[2].startswith('lost after') and (
+      'process 1 of the 2 in this run stopped answering' in lines[2]), lines
+  assert float(lines[2].split()[2]) < 20, lines
+  assert procs[0].returncode == 2 and procs[1].returncode == 9
