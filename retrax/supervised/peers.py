@@ -63,7 +63,7 @@ STEP_WAIT_SECONDS = 3600
 # A peer whose heartbeat key has not changed for this long, while this
 # process waits for it at a stop agreement, is dead or hung (the recoverable
 # service fails no barrier for a dead task: it would wait out the bound).
-PEER_SILENT_SECONDS = 30
+PEER_SILENT_SECONDS = 15
 
 # Words in the error of a collective whose peer is gone (Gloo on CPU, NCCL
 # and the coordination service elsewhere).
@@ -301,8 +301,8 @@ def agree_on_stop(signum, note=newest_checkpoint_note):
     if silent:
       raise PeerLostError(
           f'process {", ".join(map(str, silent))} of the '
-          f'{jax.process_count()} in this run stopped answering for '
-          f'{PEER_SILENT_SECONDS} s (dead or hung); process '
+          f'{jax.process_count()} in this run was lost (its heartbeat '
+          f'stopped for {PEER_SILENT_SECONDS} s: dead or hung); process '
           f'{jax.process_index()} stops too. {note()[:1].upper()}'
           f'{note()[1:]}: restart every process with the same command to '
           'resume from it.')

@@ -207,6 +207,6 @@ def test_agreements_carry_a_peers_signal_and_notice_a_dead_peer():
   lines = [l for l in outs[0].splitlines() if l.startswith(('agree', 'lost'))]
   assert lines[:2] == ['agreement 0: 0', 'agreement 1: 15'], outs[0][-3000:]
   assert lines[2].startswith('lost after') and (
-      'process 1 of the 2 in this run stopped answering' in lines[2]), lines
+      'process 1 of the 2 in this run was lost' in lines[2]), lines
   assert float(lines[2].split()[2]) < 20, lines
   assert procs[0].returncode == 2 and procs[1].returncode == 9
