@@ -70,7 +70,7 @@ def group_memory_bytes():
   optimizer slots and other activations. Devices that report no limit
   (CPUs) get 1 GiB.
   """
-  stats = jax.devices()[0].memory_stats() or {}
+  stats = jax.local_devices()[0].memory_stats() or {}
   limit = stats.get('bytes_limit')
   return limit // 4 if limit else 1 << 30
 
