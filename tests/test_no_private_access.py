@@ -15,9 +15,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / 'retrax'
 
-# Public APIs of namedtuples and `sys` that happen to start with '_'.
+# Public APIs of namedtuples, `sys` and `os` that happen to start with '_'.
 _STDLIB_NAMES = {'_replace', '_fields', '_asdict', '_make', '_field_defaults'}
-_STDLIB_CALLS = {('sys', '_getframe')}
+_STDLIB_CALLS = {('sys', '_getframe'), ('os', '_exit')}
 
 
 def _is_private(attr):
