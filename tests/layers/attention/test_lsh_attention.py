@@ -6,6 +6,7 @@ from jax.test_util import check_grads
 import numpy as np
 import pytest
 
+from retrax.layers.attention import efficient_base
 from retrax.layers.attention import ops
 from retrax.layers.attention import lsh
 from retrax.layers.base import LayerError
@@ -484,12 +485,14 @@ def test_decode_step_attends_to_recent_bucket_mates():
   np.testing.assert_allclose(y[0, 0], want, rtol=1e-4, atol=1e-5)
 
 
-def test_decode_step_runs_all_units_at_once():
+def test_decode_step_runs_all_units_at_once(monkeypatch):
   """A one-position call vmaps every (example, head) unit, whatever n_parallel_heads.
 
   With `n_parallel_heads=1` the units of longer calls run in a loop, one at a
   time; for a decoding step that loop would make batch 8 cost 8 batch-1 steps.
+  (The default batches units on accelerators; CPUs get one at a time.)
   """
+  monkeypatch.setattr(efficient_base, 'group_memory_bytes', lambda: 1 << 30)
   def n_loops(n_parallel_heads, length):
     layer = _layer(mode='predict', causal=True, chunk_len=2, n_hashes=2,
                    predict_mem_len=16, predict_drop_len=4,

@@ -38,8 +38,16 @@ def _lsh(n_parallel_heads):
                              n_parallel_heads=n_parallel_heads)
 
 
-def test_default_batches_heads_and_equals_one_at_a_time():
-  """Trax's one-head-at-a-time loop and the batched default agree."""
+def test_cpus_run_one_unit_at_a_time():
+  assert jax.default_backend() != 'cpu' or (
+      efficient_base.group_memory_bytes() == 0 and
+      _lsh(None)._units_at_once((2, 64, 16)) == 1)
+
+
+def test_default_batches_heads_and_equals_one_at_a_time(monkeypatch):
+  """Trax's one-head-at-a-time loop and the batched default (an
+  accelerator's budget) agree."""
+  monkeypatch.setattr(efficient_base, 'group_memory_bytes', lambda: 1 << 30)
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 64, 16))
   default = _lsh(None)
   assert default._units_at_once(x.shape) == 8  # both examples, all heads
