@@ -39,7 +39,7 @@ def test_forward_flops_close_to_xla_cost_analysis():
              n_hashes=2, chunk_len=16)
   length = 256
   attention = functools.partial(tl.LSHSelfAttention, n_hashes=2, chunk_len=16,
-                                n_parallel_heads=None)
+                                n_parallel_heads=2)  # both heads at once
   model = models.ReformerLM(
       vocab_size=64, d_model=64, d_ff=256, d_attention_key=32,
       d_attention_value=32, n_layers=1, n_heads=2, dropout=0.0,
