@@ -207,13 +207,15 @@ def test_varied_max_lengths_share_one_program_per_power_of_two():
   kwargs = dict(inputs=SOURCE, batch_size=2, temperature=0.0, eos_id=None)
   model.state = initial_state
   decoding.autoregressive_sample(model, max_length=8, **kwargs)  # compiles
+  want = {n: [reference(row, [], n) for row in range(2)] for n in (5, 6, 7)}
+  got = {}
   with counting_compiles() as compiles:
     for n in (5, 7, 6):
       model.state = initial_state
-      got = decoding.autoregressive_sample(model, max_length=n, **kwargs)
-      assert got.shape == (2, n)
-      for row in range(2):
-        assert list(got[row]) == reference(row, [], n)
+      got[n] = decoding.autoregressive_sample(model, max_length=n, **kwargs)
   assert not compiles
+  for n, tokens in got.items():
+    assert tokens.shape == (2, n)
+    assert [list(row) for row in tokens] == want[n]
   keys = [k for k in decoding.decoder_for(model).compiled if k[0] == 'sample']
   assert 8 in {k[-1] for k in keys}
