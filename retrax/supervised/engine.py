@@ -133,6 +133,31 @@ def _position_chunks(x, targets, loss_weights, chunk_size):
           t.reshape((n_chunks, chunk_size)), w.reshape((n_chunks, chunk_size)))
 
 
+def _weighted_mean_over_chunks(head, mean_loss, xs):
+  """The weighted mean loss of `(x, targets, weights)` chunks `xs`.
+
+  A rematerialized `lax.scan`: each chunk runs `head(x)` and
+  `mean_loss(out, targets, weights)`; the chunks' means times their weight
+  sums, summed in float32 and divided by all the weights, are the whole
+  batch's weighted mean.
+  """
+  @jax.checkpoint
+  def chunk(carry, chunk_xs):
+    xc, tc, wc = chunk_xs
+    w_sum = jnp.sum(wc)
+    # An all-zero chunk (padding) gets weights 1 so that its mean stays
+    # finite; its contribution (and gradient) is then multiplied by 0.
+    safe_wc = jnp.where(w_sum > 0, wc, jnp.ones_like(wc))
+    mean = mean_loss(head(xc), tc, safe_wc)
+    contribution = jnp.where(w_sum > 0, mean * w_sum, 0.0)
+    return (carry[0] + contribution.astype(jnp.float32),
+            carry[1] + w_sum.astype(jnp.float32)), None
+
+  zero = jnp.zeros((), jnp.float32)
+  (total, w_total), _ = jax.lax.scan(chunk, (zero, zero), xs)
+  return total / w_total
+
+
 def _chunked_forward_fn(model, loss_layer, chunk_size):
   """Forward of `Serial(model, loss_layer)` with the head and loss in chunks."""
   if loss_layer.n_in != 3:
@@ -168,24 +193,10 @@ def _chunked_forward_fn(model, loss_layer, chunk_size):
       xs = _position_chunks(x, batch[model.n_in], batch[model.n_in + 1],
                             chunk_size)
 
-      @jax.checkpoint
-      def chunk(carry, chunk_xs):
-        xc, tc, wc = chunk_xs
-        w_sum = jnp.sum(wc)
-        # An all-zero chunk gets weights 1 so its mean stays finite; its
-        # contribution (and gradient) is then multiplied by 0.
-        safe_wc = jnp.where(w_sum > 0, wc, jnp.ones_like(wc))
-        out = apply_head(xc, model_w, model_s, rngs)
-        mean, _ = loss_layer.pure_fn((out, tc, safe_wc), loss_w, loss_s,
-                                     loss_rng)
-        contribution = jnp.where(w_sum > 0, mean * w_sum, 0.0).astype(
-            jnp.float32)
-        return (carry[0] + contribution,
-                carry[1] + w_sum.astype(jnp.float32)), None
-
-      zero = jnp.zeros((), jnp.float32)
-      (total, w_total), _ = jax.lax.scan(chunk, (zero, zero), xs)
-      loss = total / w_total
+      loss = _weighted_mean_over_chunks(
+          lambda xc: apply_head(xc, model_w, model_s, rngs),
+          lambda out, tc, wc: loss_layer.pure_fn((out, tc, wc), loss_w, loss_s,
+                                                 loss_rng)[0], xs)
       new_state = (tuple(new_states) + tuple(model_s[head_start:]), loss_s)
       return loss, new_state
     finally:
@@ -271,27 +282,14 @@ def _auto_chunked_forward_fn(model, loss_layer, forward):
                                      loss_s, loss_rng)
         return loss, new_state
 
-      @jax.checkpoint
-      def chunk(carry, chunk_xs):
-        xc, tc, wc = chunk_xs
-        w_sum = jnp.sum(wc)
-        # An all-zero chunk (padding) gets weights 1 so that its mean stays
-        # finite; its contribution (and gradient) is then multiplied by 0.
-        safe_wc = jnp.where(w_sum > 0, wc, jnp.ones_like(wc))
-        out = run_head(single_or_tuple(xc), model_w, model_s,
-                       rngs)
-        mean, _ = loss_layer.pure_fn((out, tc, safe_wc), loss_w, loss_s,
-                                     loss_rng)
-        contribution = jnp.where(w_sum > 0, mean * w_sum, 0.0)
-        return (carry[0] + contribution.astype(jnp.float32),
-                carry[1] + w_sum.astype(jnp.float32)), None
-
       xs = (tuple(position_chunks.to_chunks(x, n) for x in items),
             position_chunks.to_chunks(targets, n, axis=-1),
             position_chunks.to_chunks(loss_weights, n, axis=-1))
-      zero = jnp.zeros((), jnp.float32)
-      (total, w_total), _ = jax.lax.scan(chunk, (zero, zero), xs)
-      return total / w_total, new_state
+      loss = _weighted_mean_over_chunks(
+          lambda xc: run_head(single_or_tuple(xc), model_w, model_s, rngs),
+          lambda out, tc, wc: loss_layer.pure_fn((out, tc, wc), loss_w, loss_s,
+                                                 loss_rng)[0], xs)
+      return loss, new_state
     finally:
       model.state, model.weights = saved[1], saved[0]
 
