@@ -80,6 +80,14 @@ def _signal(proc):
     pass
 
 
+def _kill_left(procs):
+  """Kills (and reaps) the processes a failed test left running."""
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.communicate()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('skew', [0.0, 0.3, 2.0, None])  # None: only p0.
 def test_skewed_sigterm_stops_both_processes_at_one_saved_step(
@@ -96,10 +104,7 @@ def test_skewed_sigterm_stops_both_processes_at_one_saved_step(
     outs = [p.communicate(timeout=120)[0] for p in procs]
     took = time.time() - signalled
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.communicate()
+    _kill_left(procs)
   codes = [p.returncode for p in procs]
   last = [o.strip().splitlines()[-1] for o in outs]
   print(f'skew {skew}: exit codes {codes}, {took:.1f} s; {last}')
@@ -128,10 +133,7 @@ def test_a_peer_that_never_reaches_the_stop_is_lost_with_one_line(tmp_path):
     out = procs[0].communicate(timeout=60)[0]
     took = time.time() - signalled
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.communicate()
+    _kill_left(procs)
   print(f'hung peer: exit code {procs[0].returncode}, {took:.1f} s')
   lines = [l for l in out.splitlines() if l.startswith('retrax')]
   assert procs[0].returncode == 2, out[-3000:]
