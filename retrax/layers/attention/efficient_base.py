@@ -118,8 +118,9 @@ class EfficientAttentionBase(base.Layer):
     n_heads: number of attention heads.
     n_in: number of inputs.
     n_parallel_heads: (example, head) units computed at once. None: as many
-      as fit `group_memory_bytes()` by `unit_bytes`' estimate (all of them
-      at ordinary lengths; fewer as sequences grow); 1: one at a time (least
+      as fit `group_memory_bytes()` by `unit_bytes`' estimate (on an
+      accelerator all of them at ordinary lengths, fewer as sequences grow;
+      on a CPU one at a time); 1: one at a time (least
       memory); a divisor of `n_heads`: that many heads of one example; a
       multiple of `n_heads`: `n_parallel_heads // n_heads` whole examples.
       A predict-mode call of one position computes all units at once.

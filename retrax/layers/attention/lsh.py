@@ -272,9 +272,10 @@ class LSHSelfAttention(EfficientAttentionBase):
   factorised hashing), mode, predict_mem_len, predict_drop_len,
   attention_dropout, output_dropout (train-only), max_length_for_buckets (pad
   the stored buckets to this length, for inputs of varying length), bias,
-  n_parallel_heads (default None: as many (example, head) units at once as
-  fit a memory budget, see `EfficientAttentionBase`; Trax's default, 1,
-  computes one at a time and leaves an accelerator idle),
+  n_parallel_heads (default None: on an accelerator as many (example, head)
+  units at once as fit a memory budget, on a CPU one at a time, see
+  `EfficientAttentionBase`; Trax's default, 1, always computes one at a time
+  and leaves an accelerator idle),
   use_python_loop, use_reference_code.
   """
 
