@@ -74,6 +74,12 @@ class TrainConfig:
   trax_files: bool = _key(True, "also write Trax's model.pkl.gz files")
   matmul_dtype: str = _key('float32', "matmul operands: 'float32' or "
                            "'bfloat16' (float32 sums; faster on AMX/GPU)")
+  log_every: int = _key(0, 'steps between training-metric logs (mean loss, '
+                        'learning rate, steps/s) to metrics.jsonl, TensorBoard '
+                        'and report_to (0: at evals only)')
+  report_to: str = _key('', "also send the logged metrics to 'wandb', "
+                        "'mlflow' or 'wandb,mlflow' (pip install "
+                        '"retrax[wandb]" / "retrax[mlflow]")')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +308,9 @@ def validate(config):
     raise ConfigError(f'seed must be in [0, 2**32); got {t.seed}')
   if t.warmup_steps < 0:
     raise ConfigError(f'warmup_steps must be >= 0; got {t.warmup_steps}')
+  if t.log_every < 0:
+    raise ConfigError(f'log_every must be >= 0 (0: at evals only); got '
+                      f'{t.log_every}')
   if m.name == 'TransformerLM' and m.d_model % m.n_heads:
     raise ConfigError(f'd_model ({m.d_model}) must be a multiple of '
                       f'n_heads ({m.n_heads}) for TransformerLM')

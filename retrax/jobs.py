@@ -45,6 +45,7 @@ from retrax.run_layout import TOKENIZER_FILE
 from retrax.supervised import checkpointing
 from retrax.supervised import decoding
 from retrax.supervised import devices
+from retrax.supervised import reporters
 from retrax.supervised import training
 
 
@@ -212,6 +213,7 @@ def train(config, quiet=False, mesh=None):
   ('data=2,fsdp=4'): see `training.Loop`.
   """
   t = config.train
+  reporters.parse(t.report_to)  # An unknown name fails before any work.
   check_memory(config)  # Before building: a huge model would not fail fast.
   _check_run_dir(config)
   train_stream, eval_stream = _streams(config)
@@ -236,12 +238,14 @@ def train(config, quiet=False, mesh=None):
       eval_at=lambda step: step == 1 or step % t.eval_every == 0,
       # A bar only on a terminal (never drawn into a redirected log).
       progress_bar=False if quiet else None,
-      write_trax_files=t.trax_files, mesh=mesh or None)
+      write_trax_files=t.trax_files, mesh=mesh or None,
+      log_every=t.log_every or None, report_to=t.report_to or None)
   _write_run_files(config)  # Only once the Loop has validated the run dir.
   remaining = t.steps - loop.step
   if remaining > 0:
     with precision.matmul_precision(t.matmul_dtype):
       loop.run(remaining)
+  loop.close_reporters()  # The W&B / MLflow run ends with the job.
   return loop
 
 

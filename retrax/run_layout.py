@@ -21,6 +21,10 @@ every module that writes or looks for one of them takes its name from here:
   <task name>/      folder per task (`supervised.run_dir`)
   hf_config.json    HF_CONFIG_COPY: a converted Hugging Face model's config
                     (`hf_runs`)
+  mlruns/           MLFLOW_STORE: MLflow's file store, for `report_to='mlflow'`
+                    where MLflow is set to no store (`supervised.reporters`)
+  wandb/            W&B's files, for `report_to='wandb'` without WANDB_DIR
+                    (written by W&B; `supervised.reporters`)
 
 Temporary files of atomic writes (`checkpoints.atomic`) appear beside the
 entry they replace while it is written.
@@ -39,6 +43,7 @@ METRICS_FILE = 'metrics.jsonl'
 RUN_FILES = 'run_files.json'
 EVENTS_PREFIX = 'events.out.tfevents.'
 HF_CONFIG_COPY = 'hf_config.json'
+MLFLOW_STORE = 'mlruns'
 
 _CHECKPOINT_RE = re.compile(
     f'^(?:{ROLLING_PREFIX}|{PERMANENT_PREFIX})\\d+$')

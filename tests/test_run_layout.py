@@ -16,7 +16,8 @@ _NAMES = {run_layout.LOCK_FILE, run_layout.CONFIG_FILE,
           run_layout.TOKENIZER_FILE, run_layout.MODEL_FILE,
           run_layout.METRICS_FILE, run_layout.RUN_FILES,
           run_layout.HF_CONFIG_COPY, run_layout.EVENTS_PREFIX,
-          run_layout.ROLLING_PREFIX, run_layout.PERMANENT_PREFIX}
+          run_layout.ROLLING_PREFIX, run_layout.PERMANENT_PREFIX,
+          run_layout.MLFLOW_STORE}
 
 
 def _unlisted(directory):

@@ -10,20 +10,30 @@ loss and statistics at `log_every` and eval steps, eval metrics), named
 
 Both libraries are optional extras (`pip install "retrax[wandb]"`,
 `"retrax[mlflow]"`), imported only when asked for. Their own settings
-apply: `WANDB_PROJECT`, `WANDB_MODE=offline`, `MLFLOW_TRACKING_URI`,
-`MLFLOW_EXPERIMENT_NAME` ... The W&B or MLflow run starts when the `Loop`
-is built, stays open across `run` calls (a notebook's cells report to one
-run) and ends with `Loop.close_reporters()` or at exit.
+apply (`WANDB_PROJECT`, `WANDB_MODE=offline`, `MLFLOW_TRACKING_URI`,
+`MLFLOW_EXPERIMENT_NAME` ...); what they would otherwise write into the
+working directory goes into the run directory (`wandb/`, `mlruns/`; see
+each reporter). The W&B or MLflow run starts when the `Loop` is built, stays
+open across `run` calls (a notebook's cells report to one run) and ends with
+`Loop.close_reporters()` or at exit. A run that cannot start (no W&B login,
+an unreachable MLflow server) fails there with one line.
 
 Any object with `record(step, mode, name, value)`, `flush()` and `close()`
 can be passed in `report_to` too.
 """
 
+import atexit
+import functools
 import importlib
 import math
+import os
+import pathlib
+import time
 
 from retrax.errors import missing_package
+from retrax.errors import one_line
 from retrax.errors import UserInputError
+from retrax.run_layout import MLFLOW_STORE
 
 NAMES = ('wandb', 'mlflow')
 
@@ -61,13 +71,25 @@ class WandbReporter(_Buffered):
   Args:
     run_name: the W&B run's name (the `Loop` passes its output_dir's name).
     config: a dict of settings recorded with the run (the CLI's config).
+    files_dir: where W&B keeps its files (`<files_dir>/wandb/`) unless
+      `WANDB_DIR` or a `dir` argument says (the `Loop` passes its
+      output_dir); None: W&B's default, the working directory.
     **init_kwargs: more arguments for `wandb.init` (project, entity, ...).
   """
 
-  def __init__(self, run_name=None, config=None, **init_kwargs):
+  def __init__(self, run_name=None, config=None, files_dir=None,
+               **init_kwargs):
     super().__init__()
     wandb = _import('wandb', 'wandb')
-    self._run = wandb.init(name=run_name, config=config, **init_kwargs)
+    wandb_error = importlib.import_module('wandb.errors').Error
+    if files_dir is not None and not os.environ.get('WANDB_DIR'):
+      init_kwargs.setdefault('dir', os.fspath(files_dir))
+    try:
+      self._run = wandb.init(name=run_name, config=config, **init_kwargs)
+    except wandb_error as e:
+      raise UserInputError(
+          f"report_to='wandb': W&B could not start a run: {one_line(e)} "
+          '(WANDB_MODE=offline logs to files without an account)') from None
 
   def _send(self, step, metrics):
     self._run.log(metrics, step=step)
@@ -80,35 +102,81 @@ class WandbReporter(_Buffered):
 
 
 class MlflowReporter(_Buffered):
-  """Reports to an MLflow run (a new one, or the active one if there is).
+  """Reports to an MLflow run: the active one if there is (the caller's
+  `mlflow.start_run`: joined, and left open), else a new one.
+
+  A new run goes where MLflow is set to log (`MLFLOW_TRACKING_URI`,
+  `mlflow.set_tracking_uri`; its experiment settings apply). Where it is set
+  to nothing, it goes into a file store at `store_dir` (`mlflow ui
+  --backend-store-uri <store_dir>` shows it), in the experiment
+  `MLFLOW_EXPERIMENT_NAME` or else MLflow's Default: MLflow 3's own default,
+  a SQLite file in the working directory, needs the full `mlflow` package,
+  while the extra installs `mlflow-skinny`. Choosing that store sets
+  `MLFLOW_ALLOW_FILE_STORE=true` (MLflow 3's opt-in to file stores) unless
+  it is set.
 
   Args:
     run_name: the new run's name (the `Loop` passes its output_dir's name).
     config: a dict of settings logged as the run's parameters.
+    store_dir: see above (the `Loop` passes `<output_dir>/mlruns`); None:
+      MLflow's own default.
   """
 
-  def __init__(self, run_name=None, config=None):
+  def __init__(self, run_name=None, config=None, store_dir=None):
     super().__init__()
-    self._mlflow = _import('mlflow', 'mlflow')
-    self._owned = self._mlflow.active_run() is None
-    run = (self._mlflow.start_run(run_name=run_name) if self._owned
-           else self._mlflow.active_run())
-    self._run_id = run.info.run_id
-    if config:
-      self._mlflow.log_params(config)
+    mlflow = _import('mlflow', 'mlflow')
+    self._entities = importlib.import_module('mlflow.entities')
+    mlflow_error = importlib.import_module('mlflow.exceptions').MlflowException
+    self._end = None  # Ends the run, if this reporter started it.
+    try:
+      self._client, self._run_id = self._open(mlflow, run_name, store_dir)
+      if config:
+        self._client.log_batch(self._run_id, params=[
+            self._entities.Param(k, str(v)) for k, v in config.items()])
+    except mlflow_error as e:
+      raise UserInputError(f"report_to='mlflow': MLflow could not start a "
+                           f'run: {one_line(e, 600)}') from None
+    # MLflow ends a run of its client API at exit only if told to.
+    atexit.register(self.close)
+
+  def _open(self, mlflow, run_name, store_dir):
+    """(client, run id) of the run to log to; sets `_end` for a new one."""
+    active = mlflow.active_run()
+    if active is not None:
+      return mlflow.tracking.MlflowClient(), active.info.run_id
+    if mlflow.tracking.is_tracking_uri_set() or store_dir is None:
+      run = mlflow.start_run(run_name=run_name)
+      self._end = mlflow.end_run
+      return mlflow.tracking.MlflowClient(), run.info.run_id
+    os.environ.setdefault('MLFLOW_ALLOW_FILE_STORE', 'true')
+    client = mlflow.tracking.MlflowClient(tracking_uri=pathlib.Path(
+        os.path.abspath(store_dir)).as_uri())
+    name = (os.environ.get('MLFLOW_EXPERIMENT_NAME') or
+            self._entities.Experiment.DEFAULT_EXPERIMENT_NAME)
+    experiment = client.get_experiment_by_name(name)
+    experiment_id = (experiment.experiment_id if experiment else
+                     client.create_experiment(name))
+    run = client.create_run(experiment_id, run_name=run_name)
+    self._end = functools.partial(client.set_terminated, run.info.run_id)
+    return client, run.info.run_id
 
   @property
   def run_id(self):
     return self._run_id
 
   def _send(self, step, metrics):
-    self._mlflow.log_metrics(metrics, step=step)
+    now = int(time.time() * 1000)
+    self._client.log_batch(self._run_id, metrics=[
+        self._entities.Metric(k, v, now, step) for k, v in metrics.items()])
 
   def close(self):
+    if self._run_id is None:
+      return
     self.flush()
-    if self._owned and self._run_id is not None:
-      self._mlflow.end_run()
-    self._run_id = None
+    if self._end is not None:
+      self._end()
+    self._run_id = self._end = None
+    atexit.unregister(self.close)
 
 
 _CLASSES = {'wandb': WandbReporter, 'mlflow': MlflowReporter}
@@ -130,14 +198,24 @@ def parse(report_to):
   return items
 
 
-def make(report_to, run_name=None, config=None):
+def make(report_to, output_dir=None, config=None):
   """The reporters of `report_to` (see `parse`), built: each named library
-  is imported now, so a missing one fails before any training.
+  is imported now, so a missing one fails before any training. A run
+  directory `output_dir` names their runs and holds the files W&B and
+  MLflow would otherwise write into the working directory (see each).
 
   Raises:
     UserInputError: an unknown name.
     MissingPackageError: wandb / mlflow is not installed (the message says
       what to pip install).
   """
-  return [_CLASSES[item](run_name=run_name, config=config)
-          if isinstance(item, str) else item for item in parse(report_to)]
+  items = parse(report_to)
+  if output_dir is None:
+    where = {'wandb': {}, 'mlflow': {}}
+  else:
+    output_dir = os.fspath(output_dir)
+    where = {'wandb': {'files_dir': output_dir},
+             'mlflow': {'store_dir': os.path.join(output_dir, MLFLOW_STORE)}}
+  run_name = output_dir and os.path.basename(os.path.normpath(output_dir))
+  return [_CLASSES[item](run_name=run_name, config=config, **where[item])
+          if isinstance(item, str) else item for item in items]

@@ -201,8 +201,7 @@ class Loop(loop_internals.TraxLoopInternals):
     self._resume_or_start()  # Run files are written only after this succeeds.
     if self._is_chief:  # model.json: what `retrax.load_run` rebuilds.
       registry.write_model_file(self.output_dir, self._model)
-      self._run_dir.reporters = reporters.make(report_to, run_name=(
-          output_dir and os.path.basename(os.path.normpath(output_dir))))
+      self._run_dir.reporters = reporters.make(report_to, self.output_dir)
 
   # --- properties (Trax's, and the training state) ------------------------------------
 

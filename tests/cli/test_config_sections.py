@@ -21,9 +21,10 @@ _OLD_RUN_CONFIG = {
 
 def test_every_key_has_one_section_field_and_default():
   config = config_lib.RunConfig()
-  # Keys added since: matmul_dtype, temperature.
+  # Keys added since: matmul_dtype, temperature, log_every, report_to.
   assert sorted(config_lib.KEYS) == sorted([*_OLD_RUN_CONFIG, 'matmul_dtype',
-                                            'temperature'])
+                                            'temperature', 'log_every',
+                                            'report_to'])
   for name, key in config_lib.KEYS.items():
     assert getattr(getattr(config, key.section), key.field) == key.default
     assert config.get(name) == config.get(f'{key.section}.{key.field}')
@@ -43,7 +44,8 @@ def test_old_run_config_json_is_read(tmp_path):
       7, 3, False)
   # Written back, the file keeps its flat layout (newer keys: defaults).
   assert config.to_dict() == dict(_OLD_RUN_CONFIG, output_dir=str(tmp_path),
-                                  matmul_dtype='float32', temperature=0.0)
+                                  matmul_dtype='float32', temperature=0.0,
+                                  log_every=0, report_to='')
 
 
 def test_missing_keys_take_defaults_unknown_keys_are_errors(tmp_path):

@@ -1,12 +1,16 @@
-"""Training metrics at `log_every` steps, and reporters (W&B, MLflow, any object).
+"""Training metrics at `log_every` steps, and reporters (W&B, MLflow, any
+object), from a `Loop` and from `retrax train --log_every --report_to`.
 
 The reporters are checked against fakes with the libraries' API in every
 run, and against the real libraries in their offline modes where they are
-installed (`pip install "retrax[wandb,mlflow]"`; skipped otherwise).
+installed (`pip install "retrax[wandb,mlflow]"`; skipped otherwise, as in
+CI): the metrics read back from their stores equal metrics.jsonl's.
 """
 
+import collections
 import importlib.util
 import json
+import os
 import re
 import sys
 import time
@@ -16,6 +20,7 @@ import numpy as np
 import pytest
 
 import supervised_toys as toys
+from retrax import cli
 from retrax import optimizers
 from retrax.errors import MissingPackageError
 from retrax.errors import UserInputError
@@ -129,14 +134,26 @@ class _FakeWandbRun:
     self.finished = True
 
 
-def _fake_wandb():
+class _FakeWandbError(Exception):
+  """`wandb.errors.Error`, the base of W&B's errors."""
+
+
+def _fake_wandb(monkeypatch, fails=None):
+  """A `wandb` module (its `init` raising `fails`, if given) in sys.modules."""
   wandb = types.ModuleType('wandb')
   wandb.runs = []
+  errors = types.ModuleType('wandb.errors')
+  errors.Error = _FakeWandbError
 
   def init(**kwargs):
+    if fails is not None:
+      raise fails
     wandb.runs.append(_FakeWandbRun(**kwargs))
     return wandb.runs[-1]
-  wandb.init = init
+  wandb.init, wandb.errors = init, errors
+  monkeypatch.setitem(sys.modules, 'wandb', wandb)
+  monkeypatch.setitem(sys.modules, 'wandb.errors', errors)
+  monkeypatch.delenv('WANDB_DIR', raising=False)
   return wandb
 
 
@@ -156,12 +173,13 @@ def _merged(logged):
 
 
 def test_report_to_wandb_logs_every_metric_by_step(tmp_path, monkeypatch):
-  wandb = _fake_wandb()
-  monkeypatch.setitem(sys.modules, 'wandb', wandb)
+  wandb = _fake_wandb(monkeypatch)
   loop = _loop(tmp_path / 'my-run', log_every=5, report_to='wandb')
   loop.run(10)
   (run,) = wandb.runs
-  assert run.init_kwargs == {'name': 'my-run', 'config': None}
+  # W&B's files go into the run directory, not the working directory.
+  assert run.init_kwargs == {'name': 'my-run', 'config': None,
+                             'dir': str(tmp_path / 'my-run')}
   steps = [step for step, _ in run.logged]
   assert steps == sorted(steps)  # W&B needs steps in order.
   assert _merged(run.logged) == _by_step(_records(tmp_path / 'my-run'))
@@ -170,60 +188,173 @@ def test_report_to_wandb_logs_every_metric_by_step(tmp_path, monkeypatch):
   assert run.finished
 
 
-class _FakeMlflow(types.ModuleType):
-  """mlflow's fluent API, as far as the reporter uses it."""
+def test_wandb_dir_setting_wins_over_the_run_directory(tmp_path, monkeypatch):
+  wandb = _fake_wandb(monkeypatch)
+  reporters.WandbReporter(files_dir=str(tmp_path), dir='/elsewhere')
+  monkeypatch.setenv('WANDB_DIR', '/from-env')
+  reporters.WandbReporter(files_dir=str(tmp_path))
+  assert [r.init_kwargs.get('dir') for r in wandb.runs] == ['/elsewhere', None]
 
-  def __init__(self, active=None):
+
+def test_wandb_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+  _fake_wandb(monkeypatch, fails=_FakeWandbError(
+      'No API key configured.\nUse `wandb login` to log in.'))
+  with pytest.raises(UserInputError) as e:
+    _loop(tmp_path / 'run', report_to='wandb')
+  message = str(e.value)
+  assert message.startswith("report_to='wandb': W&B could not start a run: "
+                            'No API key configured. Use `wandb login`')
+  assert 'WANDB_MODE=offline' in message and '\n' not in message
+
+
+class _FakeMlflowError(Exception):
+  """`mlflow.exceptions.MlflowException`."""
+
+
+class _FakeMlflow(types.ModuleType):
+  """mlflow as far as the reporter uses it: the active run, the fluent API's
+  start and end of a run, and clients that log batches into this object.
+
+  `uri`: the tracking URI the user set (None: none); `fails`: raised by
+  `create_run`.
+  """
+
+  def __init__(self, active=None, uri=None, fails=None):
     super().__init__('mlflow')
-    self.active, self.started, self.ended = active, [], 0
-    self.metrics, self.params = [], {}
+    self.active, self.uri, self.fails = active, uri, fails
+    self.started, self.ended, self.terminated = [], 0, []
+    self.runs = {}  # run id -> (tracking URI, experiment id, run name)
+    self.metrics, self.params = [], {}  # (run id, step, {key: value}), ...
+    self.experiments = {'Default': '0'}
+    self.tracking = types.SimpleNamespace(
+        MlflowClient=self._client, is_tracking_uri_set=lambda: bool(self.uri))
+
+  def _new_run(self, uri, experiment_id, run_name):
+    run_id = f'run-{len(self.runs)}'
+    self.runs[run_id] = (uri, experiment_id, run_name)
+    return types.SimpleNamespace(info=types.SimpleNamespace(run_id=run_id))
+
+  def _client(self, tracking_uri=None):
+    fake, uri = self, tracking_uri or self.uri
+
+    class Client:
+
+      def get_experiment_by_name(self, name):
+        found = fake.experiments.get(name)
+        return found and types.SimpleNamespace(experiment_id=found)
+
+      def create_experiment(self, name):
+        fake.experiments[name] = str(len(fake.experiments))
+        return fake.experiments[name]
+
+      def create_run(self, experiment_id, run_name=None):
+        if fake.fails is not None:
+          raise fake.fails
+        return fake._new_run(uri, experiment_id, run_name)
+
+      def log_batch(self, run_id, metrics=(), params=()):
+        assert fake.runs[run_id][0] == uri
+        fake.params.update({p.key: p.value for p in params})
+        for m in metrics:
+          assert isinstance(m.timestamp, int)
+          fake.metrics.append((run_id, m.step, {m.key: m.value}))
+
+      def set_terminated(self, run_id):
+        fake.terminated.append(run_id)
+    return Client()
 
   def active_run(self):
     return self.active
 
   def start_run(self, run_name=None):
-    self.active = types.SimpleNamespace(info=types.SimpleNamespace(
-        run_id=f'run-{len(self.started)}'))
+    self.active = self._new_run(self.uri, 'fluent', run_name)
     self.started.append(run_name)
     return self.active
-
-  def log_metrics(self, metrics, step=None):
-    assert self.active is not None
-    self.metrics.append((step, dict(metrics)))
-
-  def log_params(self, params):
-    self.params.update(params)
 
   def end_run(self):
     self.active = None
     self.ended += 1
 
+  def install(self, monkeypatch):
+    """Puts this mlflow into sys.modules (with no file-store opt-in set)."""
+    entities = types.ModuleType('mlflow.entities')
+    entities.Metric = collections.namedtuple(
+        'Metric', 'key value timestamp step')
+    entities.Param = collections.namedtuple('Param', 'key value')
+    entities.Experiment = types.SimpleNamespace(
+        DEFAULT_EXPERIMENT_NAME='Default')
+    exceptions = types.ModuleType('mlflow.exceptions')
+    exceptions.MlflowException = _FakeMlflowError
+    monkeypatch.setitem(sys.modules, 'mlflow', self)
+    monkeypatch.setitem(sys.modules, 'mlflow.entities', entities)
+    monkeypatch.setitem(sys.modules, 'mlflow.exceptions', exceptions)
+    monkeypatch.delenv('MLFLOW_ALLOW_FILE_STORE', raising=False)
+    monkeypatch.delenv('MLFLOW_EXPERIMENT_NAME', raising=False)
+    return self
 
-def test_report_to_mlflow_logs_to_a_new_run(tmp_path, monkeypatch):
-  mlflow = _FakeMlflow()
-  monkeypatch.setitem(sys.modules, 'mlflow', mlflow)
+  def logged(self, run_id):
+    return _merged([(step, m) for r, step, m in self.metrics if r == run_id])
+
+
+def test_report_to_mlflow_without_a_store_logs_into_the_run_dir(
+    tmp_path, monkeypatch):
+  mlflow = _FakeMlflow().install(monkeypatch)
+  loop = _loop(tmp_path / 'r1', log_every=5, report_to='mlflow')
+  loop.run(10)
+  (run_id,) = mlflow.runs
+  store = (tmp_path / 'r1' / 'mlruns').as_uri()
+  assert mlflow.runs[run_id] == (store, '0', 'r1')  # Default experiment.
+  assert os.environ['MLFLOW_ALLOW_FILE_STORE'] == 'true'  # MLflow 3's opt-in.
+  assert mlflow.logged(run_id) == _by_step(_records(tmp_path / 'r1'))
+  assert mlflow.started == [] and mlflow.active is None  # Not the fluent run.
+  loop.close_reporters()
+  assert mlflow.terminated == [run_id] and mlflow.ended == 0
+  monkeypatch.setenv('MLFLOW_EXPERIMENT_NAME', 'mine')
+  monkeypatch.setenv('MLFLOW_ALLOW_FILE_STORE', 'false')  # The user's wins.
+  reporters.MlflowReporter(run_name='r2', store_dir='/s').close()
+  assert mlflow.runs['run-1'] == ('file:///s', mlflow.experiments['mine'], 'r2')
+  assert os.environ['MLFLOW_ALLOW_FILE_STORE'] == 'false'
+
+
+def test_report_to_mlflow_with_a_store_set_starts_a_run_there(
+    tmp_path, monkeypatch):
+  mlflow = _FakeMlflow(uri='http://tracking:5000').install(monkeypatch)
   loop = _loop(tmp_path / 'r1', log_every=5, report_to='mlflow')
   loop.run(10)
   assert mlflow.started == ['r1']
-  assert _merged(mlflow.metrics) == _by_step(_records(tmp_path / 'r1'))
+  run_id = mlflow.active.info.run_id
+  assert mlflow.runs[run_id][0] == 'http://tracking:5000'
+  assert mlflow.logged(run_id) == _by_step(_records(tmp_path / 'r1'))
   loop.close_reporters()
   assert mlflow.ended == 1 and mlflow.active is None
+  assert mlflow.terminated == []
 
 
 def test_mlflow_reporter_joins_an_active_run_and_leaves_it_open(monkeypatch):
-  users_run = types.SimpleNamespace(info=types.SimpleNamespace(run_id='mine'))
-  mlflow = _FakeMlflow(active=users_run)
-  monkeypatch.setitem(sys.modules, 'mlflow', mlflow)
-  reporter = reporters.MlflowReporter(run_name='x', config={'d_model': 64})
-  assert reporter.run_id == 'mine' and mlflow.started == []
-  assert mlflow.params == {'d_model': 64}
+  mlflow = _FakeMlflow(uri='http://tracking:5000').install(monkeypatch)
+  users_run = mlflow.start_run('mine')
+  reporter = reporters.MlflowReporter(run_name='x', config={'d_model': 64},
+                                      store_dir='/unused')
+  assert reporter.run_id == users_run.info.run_id and len(mlflow.runs) == 1
+  assert mlflow.params == {'d_model': '64'}
   reporter.record(3, 'train', LOSS, np.float32(2.5))
   reporter.record(1, 'eval', 'metrics/A', 0.5)
   reporter.record(1, 'train', 'metrics/nan', float('nan'))  # Not sent.
   reporter.close()
-  assert mlflow.metrics == [(1, {'eval/metrics/A': 0.5}),
-                            (3, {f'train/{LOSS}': 2.5})]
+  assert [(step, m) for _, step, m in mlflow.metrics] == [
+      (1, {'eval/metrics/A': 0.5}), (3, {f'train/{LOSS}': 2.5})]
   assert mlflow.ended == 0 and mlflow.active is users_run
+
+
+def test_mlflow_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+  _FakeMlflow(fails=_FakeMlflowError(
+      'The filesystem tracking backend\nis in maintenance mode.')).install(
+          monkeypatch)
+  with pytest.raises(UserInputError) as e:
+    _loop(tmp_path / 'run', report_to='mlflow')
+  assert str(e.value) == ("report_to='mlflow': MLflow could not start a run: "
+                          'The filesystem tracking backend is in maintenance '
+                          'mode.')
 
 
 @pytest.mark.parametrize('name', ['wandb', 'mlflow'])
@@ -251,29 +382,42 @@ def _installed(name):
   return importlib.util.find_spec(name) is not None
 
 
-@pytest.mark.skipif(not _installed('mlflow'), reason='mlflow not installed')
-def test_real_mlflow_file_store_holds_the_jsonl_values(tmp_path, monkeypatch):
+def _mlflow_history(store):
+  """`({step: {key: value}}, run)` of the one run in MLflow store `store`."""
   import mlflow
-  monkeypatch.setenv('MLFLOW_ALLOW_FILE_STORE', 'true')  # MLflow >= 3.x.
-  monkeypatch.setenv('MLFLOW_TRACKING_URI', (tmp_path / 'mlruns').as_uri())
-  mlflow.set_tracking_uri((tmp_path / 'mlruns').as_uri())
+  client = mlflow.tracking.MlflowClient(tracking_uri=store.as_uri())
+  (run,) = client.search_runs(experiment_ids=['0'])
+  history = {}
+  for key in run.data.metrics:
+    for m in client.get_metric_history(run.info.run_id, key):
+      history.setdefault(m.step, {})[key] = m.value
+  return history, run
+
+
+def _assert_same(history, expected):
+  assert history.keys() == expected.keys()
+  for step, values in expected.items():
+    assert history[step] == pytest.approx(values, rel=1e-12), step
+
+
+@pytest.mark.skipif(not _installed('mlflow'), reason='mlflow not installed')
+def test_real_mlflow_store_in_the_run_dir_holds_the_jsonl_values(
+    tmp_path, monkeypatch):
+  """The extra as shipped (mlflow-skinny, nothing configured): MLflow 3's
+  default SQLite store needs the full package, so the run's own store."""
+  import mlflow
+  for name in ('MLFLOW_TRACKING_URI', 'MLFLOW_ALLOW_FILE_STORE',
+               'MLFLOW_EXPERIMENT_NAME', 'MLFLOW_EXPERIMENT_ID'):
+    monkeypatch.delenv(name, raising=False)
+  assert not mlflow.tracking.is_tracking_uri_set()
+  monkeypatch.chdir(tmp_path)  # Where MLflow's own default would write.
   loop = _loop(tmp_path / 'run', log_every=5, report_to='mlflow')
   loop.run(10)
   loop.close_reporters()
-  client = mlflow.tracking.MlflowClient()
-  (run,) = client.search_runs(experiment_ids=['0'])
+  history, run = _mlflow_history(tmp_path / 'run' / 'mlruns')
   assert run.info.run_name == 'run' and run.info.status == 'FINISHED'
-  expected = _by_step(_records(tmp_path / 'run'))
-  got = {}
-  for key in run.data.metrics:
-    for m in client.get_metric_history(run.info.run_id, key):
-      got.setdefault(m.step, {})[key] = m.value
-  assert got.keys() == expected.keys()
-  for step in expected:
-    assert got[step].keys() == expected[step].keys()
-    np.testing.assert_allclose([got[step][k] for k in sorted(got[step])],
-                               [expected[step][k] for k in sorted(got[step])],
-                               rtol=1e-12)
+  _assert_same(history, _by_step(_records(tmp_path / 'run')))
+  assert sorted(os.listdir(tmp_path)) == ['run']
 
 
 def _wandb_history(path):
@@ -307,6 +451,18 @@ def _wandb_history(path):
   return history, ended
 
 
+def _wandb_offline_history(wandb_dir):
+  """`_wandb_history` of the one offline run in `wandb_dir`, once ended."""
+  (log,) = wandb_dir.glob('offline-run-*/run-*.wandb')
+  deadline = time.time() + 60  # W&B's service writes the file after finish().
+  history, ended = _wandb_history(log)
+  while not ended and time.time() < deadline:
+    time.sleep(0.5)
+    history, ended = _wandb_history(log)
+  assert ended
+  return history
+
+
 @pytest.mark.skipif(not _installed('wandb'), reason='wandb not installed')
 def test_real_wandb_offline_run_records_the_jsonl_values(tmp_path, monkeypatch):
   monkeypatch.setenv('WANDB_MODE', 'offline')
@@ -315,14 +471,78 @@ def test_real_wandb_offline_run_records_the_jsonl_values(tmp_path, monkeypatch):
   loop = _loop(tmp_path / 'run', log_every=5, report_to='wandb')
   loop.run(10)
   loop.close_reporters()
-  (log,) = (tmp_path / 'wandb').glob('offline-run-*/run-*.wandb')
+  _assert_same(_wandb_offline_history(tmp_path / 'wandb'),
+               _by_step(_records(tmp_path / 'run')))
+
+
+# --- retrax train --log_every / --report_to -------------------------------------
+
+_TINY_RUN = ['--steps', '6', '--quiet', '--no-sample', '--log_every', '2',
+             '--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
+             '--set', 'd_head=8', '--set', 'batch_size=2', '--set',
+             'eval_every=3', '--set', 'warmup_steps=0', '--attention', 'local',
+             '--length', '16', '--trax_files', 'false']
+_CLI_LOSS = 'train/metrics/WeightedCategoryCrossEntropy'
+
+
+def _train(out, *flags):
+  return cli.main(['train', '--output_dir', str(out), *_TINY_RUN, *flags])
+
+
+def test_cli_report_to_gets_what_metrics_jsonl_holds(tmp_path, monkeypatch):
+  mlflow = _FakeMlflow().install(monkeypatch)
+  wandb = _fake_wandb(monkeypatch)
+  out = tmp_path / 'run'
+  assert _train(out, '--report_to', 'wandb,mlflow') == 0
+  settings = json.loads((out / 'run_config.json').read_text())
+  assert (settings['log_every'], settings['report_to']) == (2, 'wandb,mlflow')
+  expected = _by_step(_records(out))
+  # Evals at 1, 3, 6 log the training loss; log_every=2 adds 2 and 4.
+  assert [s for s in expected if _CLI_LOSS in expected[s]] == [1, 2, 3, 4, 6]
+  (run,) = wandb.runs
+  assert _merged(run.logged) == expected and run.finished  # Ended by the job.
+  (run_id,) = mlflow.runs
+  assert mlflow.runs[run_id][0] == (out / 'mlruns').as_uri()
+  assert mlflow.logged(run_id) == expected and mlflow.terminated == [run_id]
+
+
+@pytest.mark.parametrize('flags,message', [
+    (['--report_to', 'tensorboard'], "unknown reporter 'tensorboard'"),
+    (['--log_every', '-1'], 'log_every must be >= 0'),
+])
+def test_cli_bad_report_settings_are_one_line(flags, message, tmp_path, capsys):
+  assert _train(tmp_path / 'run', *flags) == 2
+  err = capsys.readouterr().err.strip()
+  assert message in err and '\n' not in err
+  assert not (tmp_path / 'run').exists()
+
+
+def _read_mlflow(out):
+  return _mlflow_history(out / 'mlruns')[0]
+
+
+def _read_wandb(out):
+  return _wandb_offline_history(out / 'wandb')
+
+
+@pytest.mark.parametrize('name,read', [
+    pytest.param('mlflow', _read_mlflow, marks=pytest.mark.skipif(
+        not _installed('mlflow'), reason='mlflow not installed')),
+    pytest.param('wandb', _read_wandb, marks=pytest.mark.skipif(
+        not _installed('wandb'), reason='wandb not installed')),
+])
+def test_real_tracker_of_cli_run_holds_the_jsonl_values(
+    name, read, tmp_path, monkeypatch):
+  """`retrax train --report_to NAME` with the extra as shipped, offline and
+  otherwise unconfigured: the tracker's files are in the run directory."""
+  for var in ('MLFLOW_TRACKING_URI', 'MLFLOW_ALLOW_FILE_STORE',
+              'MLFLOW_EXPERIMENT_NAME', 'WANDB_DIR'):
+    monkeypatch.delenv(var, raising=False)
+  monkeypatch.setenv('WANDB_MODE', 'offline')
+  monkeypatch.setenv('WANDB_SILENT', 'true')
+  monkeypatch.chdir(tmp_path)
+  assert _train(tmp_path / 'run', '--report_to', name) == 0
   expected = _by_step(_records(tmp_path / 'run'))
-  deadline = time.time() + 60  # W&B's service writes the file after finish().
-  history, ended = _wandb_history(log)
-  while not ended and time.time() < deadline:
-    time.sleep(0.5)
-    history, ended = _wandb_history(log)
-  assert ended
-  assert history.keys() == expected.keys()
-  for step, values in expected.items():
-    assert history[step] == pytest.approx(values, rel=1e-12), step
+  assert _CLI_LOSS in expected[2]
+  _assert_same(read(tmp_path / 'run'), expected)
+  assert sorted(os.listdir(tmp_path)) == ['run']
