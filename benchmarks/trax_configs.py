@@ -65,7 +65,9 @@ def _run(args, timeout):
 
 def parse_all(config_dir):
   """`{file: 'ok' or the error's first line}` for every config."""
-  code = ('import glob, json, os, sys, gin, retrax\n'
+  code = ('import glob, json, os, sys, gin\n'
+          'from retrax import compat\n'
+          'compat.install()  # The configs `import trax.models` etc.\n'
           'gin.add_config_file_search_path(sys.argv[1])\n'
           'res = {}\n'
           'for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.gin"))):\n'

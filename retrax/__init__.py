@@ -2,24 +2,21 @@
 
 `import retrax as trax` and `from retrax import layers as tl` give Trax's names.
 The subpackages (`fastmath`, `layers`, `lr`, `optimizers`, `shapes`, `models`,
-`supervised`, `data`) load on first use, so that importing the package alone
-(the `retrax` command's `--version`, `--help` and argument errors) does not
-import JAX.
+`supervised`, `data`, and the Trax bridges `trax_gin` and `compat`) load on
+first use, so that importing the package alone (the `retrax` command's
+`--version`, `--help` and argument errors) does not import JAX. Importing it
+installs nothing: gin names are registered and `import trax` redirected only
+by `retrax.trax_gin.register()` / `retrax.compat.install()`.
 """
 
 import importlib
 
-from retrax import trax_gin as _trax_gin
 from retrax.errors import Error as Error  # Base of retrax's errors.
 
 __version__ = '0.1.0'
 
-# Trax's gin configurables, registered once the program imports gin (an
-# optional extra): Trax's `.gin` files and bindings then work.
-_trax_gin.install()
-
 _SUBPACKAGES = ('fastmath', 'layers', 'lr', 'optimizers', 'shapes', 'models',
-                'supervised', 'data')
+                'supervised', 'data', 'trax_gin', 'compat')
 
 
 def __getattr__(name):

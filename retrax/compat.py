@@ -2,12 +2,15 @@
 
 `retrax.compat.install()` installs an import hook so that `trax` and every
 `trax.X.Y` module resolve to their retrax counterparts (with Trax's older
-module paths mapped too); `python -m retrax.compat program.py [args]` runs a
-program with the hook installed.
+module paths mapped too), and Trax's gin configurables are registered once
+the program imports gin (`retrax.trax_gin`), as `import trax` did;
+`python -m retrax.compat program.py [args]` runs a program with the hook
+installed. Nothing of this happens unless the program asks for it.
 """
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import runpy
 import sys
@@ -47,11 +50,36 @@ class _AliasLoader(importlib.abc.Loader):
     module.__spec__ = self._spec  # importlib set the alias spec; keep retrax's.
 
 
+class _RegisteringLoader(importlib.abc.Loader):
+  """Loads gin with its own loader, then registers Trax's names with it."""
+
+  def __init__(self, loader):
+    self._loader = loader
+
+  def create_module(self, spec):
+    return self._loader.create_module(spec)
+
+  def exec_module(self, module):
+    self._loader.exec_module(module)
+    from retrax import trax_gin
+    trax_gin.register(module)
+
+  def __getattr__(self, name):  # get_data, get_resource_reader, ...
+    return getattr(self._loader, name)
+
+
 class _TraxFinder(importlib.abc.MetaPathFinder):
-  """Maps `trax` and `trax.*` imports to retrax modules."""
+  """Maps `trax` and `trax.*` imports to retrax modules; registers Trax's gin
+  names when the program imports gin (Trax's modules did on import)."""
 
   def find_spec(self, fullname, path=None, target=None):
-    del path, target
+    if fullname == 'gin':
+      # Found as the import system would without this finder (not through
+      # sys.meta_path, which would come back here).
+      spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+      if spec is not None and spec.loader is not None:
+        spec.loader = _RegisteringLoader(spec.loader)
+      return spec
     if fullname != 'trax' and not fullname.startswith('trax.'):
       return None
     name = retrax_name(fullname)
@@ -61,12 +89,16 @@ class _TraxFinder(importlib.abc.MetaPathFinder):
 
 
 def alias_trax_modules():
-  """Makes `import trax` (and `trax.*`) import retrax. Idempotent.
+  """Makes `import trax` (and `trax.*`) import retrax, and registers Trax's
+  gin names when gin is imported (now, if it is). Idempotent.
 
   Only the module names: `install` also restores JAX's removed names.
   """
   if not any(isinstance(f, _TraxFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _TraxFinder())
+  if 'gin' in sys.modules:
+    from retrax import trax_gin
+    trax_gin.register(sys.modules['gin'])
 
 
 def _module_alias(name, **attrs):
@@ -143,8 +175,9 @@ def _patch_jax():
 def install():
   """Makes `import trax` (and `trax.*`) import retrax. Idempotent.
 
-  Once the program imports gin, Trax's configurable names are registered
-  (`retrax.trax_gin`), so Trax's gin files and bindings work as in Trax.
+  Once the program imports gin (or now, if it has), Trax's configurable
+  names are registered (`retrax.trax_gin`), so Trax's gin files and
+  bindings work as in Trax.
   """
   _patch_jax()
   alias_trax_modules()

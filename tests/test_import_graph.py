@@ -104,7 +104,7 @@ def test_no_module_circles():
 # module or package must be placed here.
 LEVELS = (
     ('errors', 'validation', 'run_layout', 'local_paths', 'suggest',
-     'shapes'),
+     'shapes', 'configurable'),
     ('fastmath',),
     ('checkpoints',),
     ('layers',),

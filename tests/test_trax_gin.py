@@ -1,8 +1,9 @@
 """Trax's gin configs on retrax (`retrax.trax_gin`, `python -m retrax.trainer`).
 
-Registering rebinds public names for the rest of a process, so each check
-runs in a fresh interpreter. The gin files are tests/fixtures/gin/, written
-with the configurable names Trax's experiment configs use.
+Registering with gin lasts for the rest of a process (gin's registry, classes
+configured in place), so each check runs in a fresh interpreter. The gin
+files are tests/fixtures/gin/, written with the configurable names Trax's
+experiment configs use.
 """
 
 import json
@@ -14,8 +15,8 @@ import textwrap
 
 import pytest
 
-# Not importorskip: importing gin here would register Trax's names in this
-# process (see retrax.trax_gin); the checks run in fresh interpreters.
+# Not importorskip: the checks run in fresh interpreters, each registering
+# Trax's names itself.
 if importlib.util.find_spec('gin') is None:
   pytest.skip('gin-config is not installed', allow_module_level=True)
 
@@ -44,6 +45,7 @@ def test_every_configurable_trax_registers_is_registered():
       import gin
       import retrax
       from retrax.data import tensorflow_only
+      retrax.trax_gin.register()
       names = json.loads(sys.argv[1])
       missing, stand_ins = [], []
       for name in names:
@@ -64,16 +66,58 @@ def test_every_configurable_trax_registers_is_registered():
 
 
 def test_bindings_reach_public_names_defaults_and_classes():
-  # `import retrax as trax`, no compat: gin imported after retrax.
+  # `import retrax as trax`, no compat: importing retrax installs nothing,
+  # importing gin changes nothing, one explicit call registers the names and
+  # rebinds nothing (references taken before it see the bindings too), and
+  # `import trax` stays unredirected.
   _ok('''
+      import sys
       import numpy as np
       import retrax as trax
       from retrax import layers as tl
+      from retrax import models
       from retrax.layers.attention.lsh import LSHSelfAttention
+      from retrax.lr import multifactor
+      from retrax.models import registry
+      for module in trax.trax_gin._DECLARING_MODULES:  # Declares every name.
+        __import__(module)
+      def retrax_finders():
+        return [f for f in sys.meta_path
+                if type(f).__module__.startswith('retrax')]
+      assert not retrax_finders()
+      public = {(m, n): v for m, mod in list(sys.modules.items())
+                if m.startswith('retrax') for n, v in vars(mod).items()
+                if not n.startswith('_')}
+      def spec(**kwargs):  # What the run's model.json records.
+        model = models.ReformerLM(
+            10, d_model=8, d_ff=8, n_layers=1, n_heads=1, d_attention_key=4,
+            d_attention_value=4, **kwargs)
+        return registry.constructor_of(model)
+      lsh_spec = spec(attention_type=tl.LSHSelfAttention)
       import gin
+      assert spec(attention_type=tl.LSHSelfAttention) == lsh_spec
+      trax.trax_gin.register()
+      assert spec(attention_type=tl.LSHSelfAttention) == lsh_spec
+      assert not retrax_finders() and 'trax' not in sys.modules
+      changed = sorted(f'{m}.{n}' for (m, n), v in public.items()
+                       if getattr(sys.modules[m], n) is not v)
+      assert not changed, changed
+      for name, fn in registry.MODELS.items():
+        assert getattr(models, name) is fn, name
+      # Bindings of a layer given by a gin reference travel with the model.
       gin.parse_config("""
-          import trax.layers
-          import trax.models
+          LSHSelfAttention.n_hashes = 2
+          CausalAttention.max_inference_length = 64
+      """)
+      assert spec(attention_type=tl.LSHSelfAttention)['kwargs'][
+          'attention_type'] == {'layer': 'LSHSelfAttention',
+                                'kwargs': {'n_hashes': 2}}
+      causal = gin.get_configurable('trax.layers.CausalAttention')
+      assert causal is not tl.CausalAttention  # gin's configured function.
+      assert spec(attention_type=causal)['kwargs']['attention_type'] == {
+          'layer': 'CausalAttention', 'kwargs': {'max_inference_length': 64}}
+      gin.clear_config()
+      gin.parse_config("""
           LSHSelfAttention.n_hashes = 3
           LSHSelfAttention.chunk_len = 8
           ReformerLM.vocab_size = 11
@@ -97,7 +141,7 @@ def test_bindings_reach_public_names_defaults_and_classes():
       assert LSHSelfAttention(n_heads=1, d_qk=4, d_v=4)._n_hashes == 3
       assert LSHSelfAttention(n_heads=1, d_qk=4, d_v=4, n_hashes=5)._n_hashes == 5
       # Schedules: constant * min(1, step / warmup).
-      for schedule in (trax.lr.multifactor(),
+      for schedule in (trax.lr.multifactor(), multifactor(),
                        trax.supervised.lr_schedules.multifactor()):
         assert abs(float(schedule(5)) - 0.25) < 1e-7
         assert abs(float(schedule(40)) - 0.5) < 1e-7
@@ -119,6 +163,7 @@ def test_positional_arguments_win_over_bindings_as_in_trax():
       import gin
       import pytest
       import retrax as trax
+      trax.trax_gin.register()
       gin.parse_config("""
           TransformerLM.vocab_size = 13
           TransformerLM.d_model = 16

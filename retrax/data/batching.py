@@ -10,6 +10,7 @@ import math
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
+from retrax.configurable import configurable
 
 
 def _stack_padded(tensors, target):
@@ -164,6 +165,7 @@ def batch(generator: Iterable[Any], batch_size: int) -> Iterator[Any]:
       buf = []
 
 
+@configurable('trax.data')
 def Batch(batch_size: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function batching examples; see `batch`."""
   if batch_size <= 0:
@@ -171,6 +173,7 @@ def Batch(batch_size: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
   return lambda g: batch(g, batch_size)
 
 
+@configurable('trax.data')
 def UnBatch() -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function splitting tuple batches into examples.
 
@@ -268,6 +271,7 @@ def _check_buckets(boundaries, batch_sizes):
                      f'{list(boundaries)}.')
 
 
+@configurable('trax.data')
 def BucketByLength(
     boundaries: Sequence[int],
     batch_sizes: Sequence[int],

@@ -19,6 +19,7 @@ import os
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
 import jax
+from retrax.configurable import configurable
 
 _log = logging.getLogger('retrax.data')
 
@@ -47,6 +48,7 @@ def count_and_skip(generator: Iterable[Any], name: str) -> Iterator[Any]:
       yield example
 
 
+@configurable('trax.data')
 def CountAndSkip(name: str) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function that counts and skips examples; see above."""
   if not isinstance(name, str) or not name:
@@ -111,6 +113,7 @@ def load_data_counters(output_dir: str, host_id: Optional[int] = None) -> bool:
   return True
 
 
+@configurable('trax.data')
 def UniformlySeek(name: Optional[str] = None,
                   host_id: Optional[int] = None,
                   n_hosts: Optional[int] = None,

@@ -9,6 +9,7 @@ Trax code that imports them from ``trax.data.inputs`` (e.g.
 import logging
 from typing import Any, Iterator, Optional, Sequence, Tuple
 
+from retrax.configurable import configurable
 from retrax.data.batching import Batch as Batch
 from retrax.data.batching import batch as batch
 from retrax.data.batching import bucket_by_length as bucket_by_length
@@ -55,6 +56,7 @@ from retrax.data.transforms import TruncateToLength as TruncateToLength
 
 _log = logging.getLogger('retrax.data')
 
+@configurable('trax.data')
 def make_inputs(train_stream: Any, eval_stream: Any = None) -> Inputs:
   """Wraps ready iterators (or lists of stream functions) into `Inputs`.
 
@@ -70,6 +72,7 @@ def make_inputs(train_stream: Any, eval_stream: Any = None) -> Inputs:
   return Inputs(train_stream=lambda _: train_stream, eval_stream=eval_fn)
 
 
+@configurable('trax.data')
 def make_additional_stream(stream: Any) -> Iterator[Any]:
   """The iterator of a pipeline given as a list of stream functions.
 
@@ -79,6 +82,7 @@ def make_additional_stream(stream: Any) -> Iterator[Any]:
   return Serial(stream)()
 
 
+@configurable('trax.data')
 def make_parallel_stream(streams: Sequence[Any],
                          counters: Optional[Sequence[int]] = None
                          ) -> Iterator[Any]:
@@ -133,6 +137,7 @@ def batch_fn(dataset, training, n_devices, variable_shapes,
   return add_loss_weights(dataset, id_to_mask)
 
 
+@configurable('trax.data')
 def batcher(data_streams: Any = None,
             variable_shapes: bool = True,
             batch_size_per_device: int = 32,

@@ -5,11 +5,13 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
+from retrax.configurable import configurable
 from retrax.data.combinators import Serial
 
 StreamFn = Callable[[Iterable[Any]], Iterator[Any]]
 
 
+@configurable('trax.data')
 def ConcatenateToLMInput(pad_to_length: Optional[int] = None) -> StreamFn:
   """Turns ``(input, target)`` pairs into LM examples.
 
@@ -48,6 +50,7 @@ def ConcatenateToLMInput(pad_to_length: Optional[int] = None) -> StreamFn:
   return _concatenate
 
 
+@configurable('trax.data')
 def PrefixLM(input_length: int = 128, output_length: int = 512) -> StreamFn:
   """Cuts each sequence into ``(input, output)`` chunks for prefix LM.
 
@@ -68,6 +71,7 @@ def PrefixLM(input_length: int = 128, output_length: int = 512) -> StreamFn:
   return _f
 
 
+@configurable('trax.data')
 def generate_sequential_chunks(max_length: Optional[int]) -> StreamFn:
   """Returns a stream function cutting sequences into chunks of <= max_length.
 
@@ -129,6 +133,7 @@ def random_spans_noise_mask(length: int,
   return is_noise[:orig_length]
 
 
+@configurable('trax.data')
 def generate_random_noise_mask(noise_density: float = 0.15,
                                mean_noise_span_length: float = 3.0,
                                seed1: Optional[int] = None,
@@ -141,6 +146,7 @@ def generate_random_noise_mask(noise_density: float = 0.15,
   return _f
 
 
+@configurable('trax.data')
 def consume_noise_mask(vocab_size: int = 32100) -> StreamFn:
   """Maps ``(tokens, noise_mask)`` to T5-style ``(inputs, targets)``.
 
@@ -166,6 +172,7 @@ def consume_noise_mask(vocab_size: int = 32100) -> StreamFn:
   return _f
 
 
+@configurable('trax.data')
 def MLM(vocab_size: Optional[int] = None,
         max_length: Optional[int] = None,
         noise_density: float = 0.15,

@@ -11,6 +11,7 @@ of `chunk_size` characters (bytes with ``encoding=None``), tokenized, is one
 import itertools
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple, Union
 
+from retrax.configurable import configurable
 from retrax.data.preprocessing import no_preprocess
 from retrax.data.sources import TextChunks
 from retrax.data.sources import TextLines
@@ -22,6 +23,7 @@ from retrax.errors import UserInputError
 Paths = Union[str, Sequence[str]]
 
 
+@configurable('trax.data')
 def text_streams(train_path: Optional[Paths] = None,
                  eval_path: Optional[Paths] = None,
                  vocab_type: str = 'char',

@@ -9,6 +9,7 @@ dropping) the consumer stops the producer, so nothing blocks interpreter exit.
 import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator
+from retrax.configurable import configurable
 
 _ITEM, _END, _ERROR = 0, 1, 2
 _POLL_S = 0.05
@@ -82,6 +83,7 @@ def prefetch(source: Iterable[Any], n_prefetch: int = 2) -> Iterator[Any]:
     stop.set()
 
 
+@configurable('trax.data')
 def Prefetch(n_prefetch: int = 2) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function prefetching in a background thread.
 

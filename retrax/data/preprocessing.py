@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from retrax import local_paths
+from retrax.configurable import configurable
 from retrax.errors import UserInputError
 
 Examples = Iterable[Any]
@@ -43,6 +44,7 @@ def _scale_image(features, targets):
   return features, targets
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def cifar10_no_augmentation_preprocess(dataset: Examples,
                                        training: bool) -> Iterator[Any]:
   """Scales ``features['image']`` to float32 in [0, 1]."""
@@ -84,6 +86,7 @@ def _augment(features, targets):
   return features, targets
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def cifar10_augmentation_preprocess(dataset: Examples,
                                     training: bool) -> Iterator[Any]:
   """Random crop and flip of ``features['image']`` in training, then scaling."""
@@ -92,6 +95,7 @@ def cifar10_augmentation_preprocess(dataset: Examples,
   return _map_pairs(_scale_image, dataset)
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def cifar10_augmentation_flatten_preprocess(
     dataset: Examples, training: bool,
     predict_image_train_weight: float = 0.01) -> Iterator[Any]:
@@ -115,6 +119,7 @@ def cifar10_augmentation_flatten_preprocess(
   return _map_pairs(flatten, dataset)
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def downsampled_imagenet_flatten_bare_preprocess(
     dataset: Examples, training: bool) -> Iterator[Dict[str, np.ndarray]]:
   """Feature dicts to ``{'image': int64 pixels, flattened}`` (other keys drop).
@@ -135,6 +140,7 @@ def _pad_like(x, value=0):
   return np.full((1,) + x.shape[1:], value, x.dtype)
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def concat_preprocess(dataset: Examples, training: bool,
                       pad_symbol: int = 0) -> Iterator[Any]:
   """LM input ``[pad, inputs, pad, targets]``, as ``features['inputs']`` and targets."""
@@ -150,6 +156,7 @@ def concat_preprocess(dataset: Examples, training: bool,
   return _map_pairs(concat, dataset)
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def squeeze_targets_preprocess(dataset: Examples,
                                training: bool) -> Iterator[Any]:
   """Drops a last targets axis of size 1."""
@@ -169,6 +176,7 @@ def _filter_pairs(dataset, max_length, length):
       yield features, targets
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def lm1b_preprocess(dataset: Examples, training: bool,
                     max_target_length: int = -1,
                     max_eval_target_length: int = -1) -> Examples:
@@ -182,6 +190,7 @@ def lm1b_preprocess(dataset: Examples, training: bool,
   return _filter_pairs(dataset, max_length, lambda _, t: len(t))
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def wmt_preprocess(dataset: Examples, training: bool, max_length: int = -1,
                    max_eval_length: int = -1) -> Examples:
   """Keeps pairs whose ``features['inputs']`` and targets both fit the maximum."""
@@ -201,6 +210,7 @@ def _concat_with_mask(inputs, targets):
   return seq, mask
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def wmt_concat_preprocess(dataset: Examples, training: bool,
                           max_length: int = -1,
                           max_eval_length: int = -1) -> Iterator[Any]:
@@ -218,6 +228,7 @@ def wmt_concat_preprocess(dataset: Examples, training: bool,
       concat, wmt_preprocess(dataset, training, max_length, max_eval_length))
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def lm_token_preprocessing(dataset: Examples,
                            training: bool) -> Iterator[Dict[str, Any]]:
   """Feature dicts: ``inputs`` = ``targets`` = ``[inputs, 0, targets]``, plus ``mask``."""
@@ -229,6 +240,7 @@ def lm_token_preprocessing(dataset: Examples,
     yield x
 
 
+@configurable('trax.data', denylist=('hparams',))
 def bair_robot_pushing_hparams(hparams: Any = None,
                                video_num_input_frames: int = 1,
                                video_num_target_frames: int = 15):
@@ -239,6 +251,7 @@ def bair_robot_pushing_hparams(hparams: Any = None,
   hparams.video_num_target_frames = video_num_target_frames
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def bair_robot_pushing_preprocess(dataset: Examples,
                                   training: bool) -> Iterator[Any]:
   """Input and target frames as one flat int32 sequence with a targets mask."""
@@ -264,6 +277,7 @@ def _code_points(text):
   return np.frombuffer(text.encode('utf-32-le'), np.uint32).astype(np.int64)
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def c4_preprocess(dataset: Examples, training: bool,
                   max_target_length: int = -1,
                   tokenization: Optional[str] = None,
@@ -310,6 +324,7 @@ def _check_len_map(len_map, name):
                     f'length, got {type(len_map).__name__}.')
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def filter_dataset_on_len(dataset: Examples, training: bool,
                           len_map: LenMap = None,
                           filter_on_eval: bool = False) -> Examples:
@@ -326,6 +341,7 @@ def filter_dataset_on_len(dataset: Examples, training: bool,
           if all(lo <= len(x[key]) <= hi for key, (lo, hi) in len_map.items()))
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def truncate_dataset_on_len(dataset: Examples, training: bool,
                             len_map: LenMap = None,
                             truncate_on_eval: bool = False) -> Examples:
@@ -346,6 +362,7 @@ def truncate_dataset_on_len(dataset: Examples, training: bool,
   return map(truncate, dataset)
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def pad_dataset_to_length(dataset: Examples, training: bool,
                           len_map: LenMap = None) -> Examples:
   """Pads each feature of ``len_map`` with zeros to ``len_map[key]`` items."""
@@ -366,6 +383,7 @@ def pad_dataset_to_length(dataset: Examples, training: bool,
   return map(pad, dataset)
 
 
+@configurable('trax.data', denylist=('dataset', 'training'))
 def add_eos_to_output_features(
     dataset: Examples, training: bool,
     output_features: Union[str, Sequence[str]] = 'targets',

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from retrax.configurable import configurable
 from retrax.data import tokenizers
 from retrax.data.batching import pad_to_max_dims
 from retrax.data.input_streams import Inputs
@@ -63,6 +64,7 @@ def _copy_batches(lengths, vocab_size, batch_size, reverse, pad_to_multiple,
     yield (x, x, loss_weights)
 
 
+@configurable('trax.data')
 def sequence_copy_inputs(vocab_size: int, batch_size: int, train_length: int,
                          eval_min_length: int, eval_max_length: int,
                          reverse: bool = False, pad_to_multiple: int = 32,
@@ -119,6 +121,7 @@ def _simple_copy_batches(lengths, vocab_size, batch_size, pad_to_multiple,
     yield (x, x, loss_weights)
 
 
+@configurable('trax.data')
 def simple_sequence_copy_inputs(vocab_size: int, batch_size: int,
                                 train_length: int, eval_min_length: int,
                                 eval_max_length: int,
@@ -166,6 +169,7 @@ def _random_number_lower_endian(length, base, rng):
   return prefix + [rng.randint(base - 1) + 1]
 
 
+@configurable('trax.data')
 def addition_input_stream(vocab_size: int, batch_size: int, min_length: int,
                           max_length: int, pad_to_multiple: int = 32,
                           encdec: bool = False,
@@ -216,6 +220,7 @@ def addition_input_stream(vocab_size: int, batch_size: int, min_length: int,
                 for x in zip(*examples))
 
 
+@configurable('trax.data')
 def addition_inputs(vocab_size: int, batch_size: int, train_length: int,
                     eval_min_length: int, eval_max_length: int,
                     pad_to_multiple: int = 32, encdec: bool = False,
@@ -243,6 +248,7 @@ def addition_inputs(vocab_size: int, batch_size: int, train_length: int,
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
+@configurable('trax.data')
 def random_inputs(input_shape: Sequence[int], input_dtype: Any = np.int32,
                   input_range: Sequence[float] = (0, 255),
                   output_shape: Optional[Sequence[int]] = None,
@@ -282,6 +288,7 @@ def random_inputs(input_shape: Sequence[int], input_dtype: Any = np.int32,
   return Inputs(random_minibatches)
 
 
+@configurable('trax.data')
 def sine_inputs(batch_size: int, length: int, max_phase: float = 2 * math.pi,
                 min_period: float = 0.1, max_period: float = 10.0,
                 seed: Optional[int] = None) -> Inputs:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 import numpy as np
 
 from retrax import local_paths
+from retrax.configurable import configurable
 from retrax.data.preprocessing import no_preprocess
 from retrax.data.tensorflow_only import TensorFlowOnlyError
 from retrax.data.transforms import shuffle
@@ -215,6 +216,7 @@ def _hosts(host_id, n_hosts):
   return host_id, n_hosts
 
 
+@configurable('trax.data')
 def TFDS(dataset_name: str,  # pylint: disable=invalid-name
          data_dir: Optional[str] = None,
          tfds_preprocess_fn: Optional[Callable[[Any], Any]] = None,
@@ -304,6 +306,7 @@ def _input_and_targets(info, dataset_name, input_name, target_name):
   return input_name, target_names
 
 
+@configurable('trax.data')
 def data_streams(dataset_name: Optional[str] = None,
                  data_dir: Optional[str] = None,
                  preprocess_fn: Optional[Callable[..., Any]] = no_preprocess,

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 
 from retrax import local_paths
+from retrax.configurable import configurable
 from retrax.errors import UserInputError
 from retrax.errors import one_line
 from retrax.data.subword import SubwordTextEncoder
@@ -431,6 +432,7 @@ def tokenize(stream: Iterable[Any],
       yield _map_keys(example, keys, encode)
 
 
+@configurable('trax.data')
 def Tokenize(keys: Optional[Sequence[Any]] = None,
              vocab_type: str = 'subword',
              vocab_file: Optional[str] = None,
@@ -487,6 +489,7 @@ def vocab_size(vocab_type: str = 'subword',
       n_reserved_ids)
 
 
+@configurable('trax.data')
 def ConvertToUnicode(keys: Optional[Sequence[Any]] = None
                      ) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Decodes UTF-8 bytes at `keys` to str, ignoring undecodable bytes (Trax)."""
@@ -512,6 +515,7 @@ def sentencepiece_tokenize(stream: Iterable[Any], spm_path: str,
     yield np.asarray(encoder.encode(example), dtype=np.int64)
 
 
+@configurable('trax.data')
 def SentencePieceTokenize(spm_path: Optional[str] = None,
                           extra_ids: int = 0
                           ) -> Callable[[Iterable[Any]], Iterator[Any]]:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, 
 import numpy as np
 
 from retrax import shapes
+from retrax.configurable import configurable
 from retrax.data.batching import _length_fn
 
 StreamFn = Callable[[Iterable[Any]], Iterator[Any]]
@@ -63,6 +64,7 @@ def shuffle(samples: Iterable[Any], queue_size: int,
   yield from queue
 
 
+@configurable('trax.data')
 def Shuffle(queue_size: int = 1024, seed: Optional[int] = None) -> StreamFn:
   """Returns a stream function shuffling with a queue; see `shuffle`."""
   if queue_size < 1:
@@ -70,6 +72,7 @@ def Shuffle(queue_size: int = 1024, seed: Optional[int] = None) -> StreamFn:
   return lambda g: shuffle(g, queue_size, seed)
 
 
+@configurable('trax.data')
 def Dup() -> StreamFn:
   """Duplicates the first element: ``(x, *rest)`` -> ``(x, x, *rest)``.
 
@@ -85,6 +88,7 @@ def Dup() -> StreamFn:
   return _dup
 
 
+@configurable('trax.data')
 def FilterEmptyExamples(axes: Optional[Sequence[int]] = None,
                         debug: bool = False) -> StreamFn:
   """Drops examples in which some element has shape ``(0,)``.
@@ -104,6 +108,7 @@ def FilterEmptyExamples(axes: Optional[Sequence[int]] = None,
   return _filter
 
 
+@configurable('trax.data')
 def FilterByLength(max_length: Optional[int],
                    min_length: Optional[int] = 0,
                    length_keys: Optional[Sequence[int]] = None,
@@ -138,6 +143,7 @@ def FilterByLength(max_length: Optional[int],
   return _filtered
 
 
+@configurable('trax.data')
 def TruncateToLength(len_map: Optional[Dict[int, Any]] = None) -> StreamFn:
   """Truncates tuple elements to the shapes given in `len_map`.
 
@@ -175,6 +181,7 @@ def _pad_len(length, value, multiple):
   return max(0, value - length)
 
 
+@configurable('trax.data')
 def PadToLength(len_map: Optional[Dict[int, int]] = None,
                 pad_value: Union[int, float, Dict[int, Any]] = 0,
                 multiple: bool = False) -> StreamFn:
@@ -258,11 +265,13 @@ def add_loss_weights(generator: Iterable[Any],
     yield (example[0], example[1], weights)
 
 
+@configurable('trax.data')
 def AddLossWeights(id_to_mask: Optional[int] = None) -> StreamFn:
   """Returns a stream function adding loss weights; see `add_loss_weights`."""
   return lambda g: add_loss_weights(g, id_to_mask=id_to_mask)
 
 
+@configurable('trax.data')
 def CastTo(dtype: Any = np.int32, indices: Sequence[int] = (0, 1),
            debug: bool = False) -> StreamFn:
   """Casts tuple elements at `indices` to `dtype`.
@@ -295,6 +304,7 @@ def CastTo(dtype: Any = np.int32, indices: Sequence[int] = (0, 1),
   return _cast
 
 
+@configurable('trax.data')
 def AppendValue(val: Optional[Dict[int, Any]] = None) -> StreamFn:
   """Appends ``val[key]`` along the last axis of tuple element ``key``.
 
@@ -319,6 +329,7 @@ def AppendValue(val: Optional[Dict[int, Any]] = None) -> StreamFn:
   return _append
 
 
+@configurable('trax.data')
 def Log(n_steps_per_example: int = 1, only_shapes: bool = True) -> StreamFn:
   """Prints (and logs) every `n_steps_per_example`-th example, passing all on.
 

@@ -3,6 +3,7 @@
 import math
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers.assert_shape import assert_shape
@@ -11,6 +12,7 @@ from retrax.layers.base import Fn
 _SQRT2 = math.sqrt(2.0)  # float32(√2) equals jnp.sqrt(2.0), Trax's divisor.
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def Relu():
   """ReLU: 0 if x <= 0 else x."""
@@ -42,6 +44,7 @@ def Selu(alpha=1.6732632423543772848170429916717,
   return Fn('Selu', lambda x: lmbda * jnp.where(x > 0, x, alpha * jnp.expm1(x)))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def Gelu():
   """Exact GELU: x·Φ(x) = x·(1 + erf(x/√2))/2."""
@@ -49,6 +52,7 @@ def Gelu():
             lambda x: x * 0.5 * (1.0 + fastmath.erf(x / _SQRT2)))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def FastGelu():
   """Tanh approximation of GELU: x·(1 + tanh(0.7978845608·x·(1 + 0.044715·x²)))/2."""
@@ -56,36 +60,42 @@ def FastGelu():
       1 + jnp.tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def Sigmoid():
   """1 / (1 + exp(-x))."""
   return Fn('Sigmoid', lambda x: fastmath.expit(x))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def Tanh():
   """tanh(x)."""
   return Fn('Tanh', lambda x: jnp.tanh(x))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def HardSigmoid():
   """max(0, min(1, 1 + x)) (Trax's formula: the ramp spans [-1, 0])."""
   return Fn('HardSigmoid', lambda x: jnp.maximum(0, jnp.minimum(1, (1 + x))))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def HardTanh():
   """max(-1, min(1, x))."""
   return Fn('HardTanh', lambda x: jnp.maximum(-1, jnp.minimum(1, x)))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def Softplus():
   """log(1 + exp(x))."""
   return Fn('Softplus', lambda x: jnp.logaddexp(x, 0.))
 
 
+@configurable('trax.layers')
 @assert_shape('...->...')
 def Exp():
   """exp(x)."""
@@ -116,6 +126,7 @@ def Glu():
   return Fn('Glu', glu)
 
 
+@configurable('trax.layers')
 class ThresholdedLinearUnit(base.Layer):
   """max(x, τ) with one learned threshold τ (initialized to 0)."""
 

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import precision
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
@@ -217,6 +218,7 @@ def log_softmax(x, axis=-1):
   return x - fastmath.logsumexp(x, axis=axis, keepdims=True)
 
 
+@configurable('trax.layers')
 def LogSoftmax(axis=-1):
   """Layer computing `log_softmax` along `axis`."""
   return Fn('LogSoftmax', lambda x: log_softmax(x, axis=axis))
@@ -228,6 +230,7 @@ def LogSumExp(axis=-1):
             lambda x: fastmath.logsumexp(x, axis=axis, keepdims=True))
 
 
+@configurable('trax.layers')
 def Softmax(axis=-1):
   """Layer computing softmax along `axis` (as exp of `log_softmax`)."""
   return Fn('Softmax', lambda x: jnp.exp(log_softmax(x, axis=axis)))

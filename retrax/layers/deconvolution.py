@@ -7,12 +7,14 @@ import operator
 from jax import lax
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import convolution
 from retrax.layers import initializers as init
 
 
+@configurable('trax.layers')
 class ConvTranspose(convolution.ConvLayoutMixin, base.Layer):
   """N-d transposed ("de-") convolution plus bias, as Trax's (`lax.conv_transpose`).
 

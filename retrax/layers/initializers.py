@@ -6,6 +6,7 @@ scales computed in float32 as Trax does), so a given key gives Trax's numbers.
 
 import numpy as np
 
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import random
 
@@ -157,6 +158,7 @@ def OrthogonalInitializer(stddev=1.0):
   return init
 
 
+@configurable('trax.layers')
 def AtariConvInit(kernel_shape, rng, dtype=np.float32):
   """Uniform(±1/sqrt(fan_in·h·w)) for (h, w, in, out) conv kernels."""
   h, w, fan_in, _ = kernel_shape

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
@@ -118,6 +119,7 @@ def CategoryAccuracy():
   return base.Fn('CategoryAccuracy', f)
 
 
+@configurable('trax.layers')
 def WeightedCategoryAccuracy():
   """Weighted fraction of items whose argmax category equals the target.
 
@@ -151,6 +153,7 @@ def _category_cross_entropy(model_output, targets, label_smoothing, cutoff):
   return cross_ent
 
 
+@configurable('trax.layers')
 def CategoryCrossEntropy(label_smoothing=None):
   """Mean cross-entropy of softmax(logits) against one-hot targets.
 
@@ -167,6 +170,7 @@ def CategoryCrossEntropy(label_smoothing=None):
   return base.Fn('CategoryCrossEntropy', f)
 
 
+@configurable('trax.layers')
 def WeightedCategoryCrossEntropy(label_smoothing=None, cutoff=0.0):
   """Weighted mean cross-entropy of softmax(logits) against one-hot targets.
 
@@ -288,6 +292,7 @@ def Accuracy(classifier=core.ArgMax()):
                    name='Accuracy', sublayers_to_print=[])
 
 
+@configurable('trax.layers')
 def SequenceAccuracy(classifier=core.ArgMax()):
   """Fraction of sequences `classifier` gets right at every weighted position (Trax: deprecated).
 
@@ -308,6 +313,7 @@ def CrossEntropyLoss():
                    name='CrossEntropyLoss', sublayers_to_print=[])
 
 
+@configurable('trax.layers')
 def CrossEntropyLossWithLogSoftmax():
   """`CrossEntropyLoss` with the `LogSoftmax` built in: takes logits."""
   return cb.Serial(core.LogSoftmax(), _CrossEntropy(), _WeightedMean(),
@@ -339,6 +345,7 @@ def BinaryCrossEntropySum():
 # --- regression losses -------------------------------------------------------
 
 
+@configurable('trax.layers')
 def L2Loss():
   """Weighted mean squared error: sum(w·(y - t)²) / sum(w).
 
@@ -406,6 +413,7 @@ def _per_category_f_scores(model_output, targets, beta, initial_category_index):
   return jnp.concatenate(f_scores), jnp.concatenate(n_targets)
 
 
+@configurable('trax.layers')
 def MacroAveragedFScore(beta=1., initial_category_index=0):
   """Mean over categories k >= initial_category_index of the F_beta score of k.
 
@@ -419,6 +427,7 @@ def MacroAveragedFScore(beta=1., initial_category_index=0):
   return base.Fn('MacroAveragedFScore', f)
 
 
+@configurable('trax.layers')
 def WeightedFScore(beta=1., initial_category_index=0):
   """F_beta scores of the categories averaged with weights = their target counts.
 

@@ -1,11 +1,13 @@
 """Normalization layers: LayerNorm, BatchNorm, FilterResponseNorm."""
 
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax import fastmath
 from retrax.fastmath import with_rank
 from retrax.layers import base
 
 
+@configurable('trax.layers')
 class LayerNorm(base.Layer):
   """Normalizes the last axis to zero mean and unit variance, then scales and shifts."""
 
@@ -39,6 +41,7 @@ class LayerNorm(base.Layer):
     self.weights = (scale, bias)
 
 
+@configurable('trax.layers')
 class BatchNorm(base.Layer):
   """Batch normalization with running statistics in state (momentum-smoothed).
 
@@ -104,6 +107,7 @@ class BatchNorm(base.Layer):
                   jnp.zeros((), dtype=jnp.int32))
 
 
+@configurable('trax.layers')
 class FilterResponseNorm(base.Layer):
   """Filter Response Normalization (Singh & Krishnan 2019), without the TLU.
 

@@ -17,6 +17,7 @@ import operator
 import numpy as np
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
@@ -76,6 +77,7 @@ class _PositionCounter(base.Layer):
     return predict_state.PredictStateLayout(0, state, self.max_len)
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('...d->...d')
 class PositionalEncoding(_PositionCounter):
   """Adds a learned positional table, initialized with Trax's sin/cos values.

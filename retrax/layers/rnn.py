@@ -8,6 +8,7 @@ keeps the last state, so a sequence can be fed a few positions at a time.
 """
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import activation_fns
 from retrax.layers import base
@@ -31,6 +32,7 @@ def _check_cell_inputs(layer, x, state, d_state, d_in):
                      f'{d_in}; got input shape {tuple(x.shape)}.')
 
 
+@configurable('trax.layers')
 class LSTMCell(base.Layer):
   """LSTM cell: `(x, [c, h]) -> (h', [c', h'])`.
 
@@ -110,6 +112,7 @@ def LSTM(n_units, mode='train', return_state=False, initial_state=False):
   return cb.Serial(*layers, name=f'LSTM_{n_units}', sublayers_to_print=[])
 
 
+@configurable('trax.layers')
 class GRUCell(base.Layer):
   """GRU cell: `(x, s) -> (s', s')`.
 
@@ -274,7 +277,7 @@ def ScanSRUCell(mode, monkey_patched_mask=None):
   )
 
 
-def SRU(n_units, activation=None, mode='train'):
+def SRU(n_units, activation=None, mode='train', scan_cell=ScanSRUCell):
   r"""Simple Recurrent Unit (https://arxiv.org/abs/1709.02755) over axis 1.
 
   .. math::
@@ -289,6 +292,9 @@ def SRU(n_units, activation=None, mode='train'):
     n_units: Depth of inputs and outputs.
     activation: Optional activation layer applied to `c`.
     mode: If 'predict', the last `c` is kept between calls.
+    scan_cell: The recurrence over axis 1, called as `scan_cell(mode=mode)`:
+      `ScanSRUCell`, or one taking a mask (Terraformer's predict mode passes
+      `functools.partial(ScanSRUCell, monkey_patched_mask=...)`).
 
   Returns:
     A layer named `SRU_{n_units}` (sublayers not printed).
@@ -301,7 +307,7 @@ def SRU(n_units, activation=None, mode='train'):
       base.Fn('', lambda r, f, y: (y * (1.0 - f), f, r),    # y(1-f), f, r, x
               n_out=3),
       cb.Parallel([], [], cb.Branch(MakeZeroState(), [])),
-      ScanSRUCell(mode=mode),
+      scan_cell(mode=mode),
       cb.Select([0], n_in=2),                               # c, r, x
       activation if activation is not None else [],
       base.Fn('FinalSRUGate', lambda c, r, x: c * r + x * (1 - r) * (3**0.5)),

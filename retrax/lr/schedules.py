@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax import validation
+from retrax.configurable import configurable
 
 __all__ = [
     'FACTOR_NAMES',
@@ -61,6 +62,7 @@ def _check_n_warmup_steps(owner, n_warmup_steps):
   validation.check_int(owner, 'n_warmup_steps', n_warmup_steps, 0)
 
 
+@configurable('trax.supervised.lr_schedules')
 def constant(value):
   """Returns a schedule that is ``value`` from step 1 on.
 
@@ -76,6 +78,7 @@ def constant(value):
   return _BodyAndTail(value, body_start=1)
 
 
+@configurable('trax.supervised.lr_schedules')
 def warmup(n_warmup_steps, max_value):
   """Returns a schedule with linear warm-up followed by a constant value.
 
@@ -92,6 +95,7 @@ def warmup(n_warmup_steps, max_value):
   return _BodyAndTail(max_value, body_start=n_warmup_steps + 1)
 
 
+@configurable('trax.supervised.lr_schedules')
 def warmup_and_rsqrt_decay(n_warmup_steps, max_value):
   r"""Returns a schedule with linear warm-up then reciprocal-sqrt decay.
 
@@ -243,6 +247,7 @@ def _check_real_params(params, minimum):
   validation.check_real('lr.multifactor', 'minimum', minimum)
 
 
+@configurable('trax.supervised.lr_schedules')
 def multifactor(factors='constant * linear_warmup * rsqrt_decay',
                 constant=0.1,
                 warmup_steps=400,

@@ -2,7 +2,8 @@
 
 Each public constructor of `retrax.models` is decorated with `register`
 where it is defined, so every import path gives the same function
-(`retrax.models.ReformerLM is retrax.models.reformer.ReformerLM`). The
+(`retrax.models.ReformerLM is retrax.models.reformer.ReformerLM is
+MODELS['ReformerLM']`), which is also Trax's gin name `trax.models.<name>`. The
 layers it builds remember the constructor's name and arguments in JSON
 form (`constructor_of`): a `training.Loop` writes them to a run's
 ``model.json`` (`write_model_file`) and `retrax.load_run` rebuilds the
@@ -19,12 +20,12 @@ import functools
 import inspect
 import json
 import os
-import sys
 import weakref
 from typing import Optional
 
 import numpy as np
 
+from retrax import configurable
 from retrax import layers as tl
 from retrax import model_spec
 from retrax.checkpoints.atomic import atomic_write
@@ -42,6 +43,7 @@ class _NotJSON(Exception):
 
 
 def _layer_name(fn):
+  fn = configurable.public_object(fn)  # A gin reference's function: retrax's.
   name = getattr(fn, '__name__', None)
   if name and getattr(tl, name, None) is fn:
     return name
@@ -63,31 +65,15 @@ def _encode(x):
     return {'layer': _layer_name(x.func),
             'kwargs': {k: _encode(v) for k, v in x.keywords.items()}}
   if callable(x):
-    # Arguments a gin config binds travel with the layer, as a partial's do.
-    bound = _gin_bindings(x)
+    # Arguments a gin config binds travel with the layer, as a partial's do
+    # (`ReformerLM.attention_type = @LSHSelfAttention` with `LSHSelfAttention.*`
+    # bindings), so `load_run` rebuilds the model that trained without gin.
+    bound = configurable.bound_arguments(x)
     if bound:
       return {'layer': _layer_name(x),
               'kwargs': {k: _encode(v) for k, v in bound.items()}}
     return {'layer': _layer_name(x)}
   raise _NotJSON(x)
-
-
-def _gin_bindings(fn):
-  """The arguments gin binds for layer constructor `fn` now: `{}` without gin.
-
-  A run records them with a layer constructor passed to a model
-  (`ReformerLM.attention_type = @LSHSelfAttention` with `LSHSelfAttention.*`
-  bindings), so `load_run` rebuilds the model that trained without gin. Read
-  from gin itself (only `retrax.trax_gin`, a layer above, makes retrax's
-  names configurable), and only if the program imported it.
-  """
-  gin = sys.modules.get('gin')
-  if gin is None:
-    return {}
-  try:
-    return gin.get_bindings(fn)
-  except ValueError:  # Not a configurable.
-    return {}
 
 
 def _decode(x, where):
@@ -111,7 +97,11 @@ def _decode(x, where):
 
 
 def register(fn):
-  """Registers model constructor `fn`; the layers it builds remember the call."""
+  """Registers model constructor `fn`; the layers it builds remember the call.
+
+  Declares it Trax's gin name `trax.models.<name>` too (`retrax.configurable`):
+  the returned function is the one `MODELS` holds, with gin or without.
+  """
   name = fn.__name__
   signature = inspect.signature(fn)
 
@@ -134,8 +124,9 @@ def register(fn):
       pass  # Not describable as JSON: the run records no constructor.
     return layer
 
-  MODELS[name] = build_and_record
-  return build_and_record
+  public = configurable.configurable('trax.models')(build_and_record)
+  MODELS[name] = public
+  return public
 
 
 def constructor_of(model) -> Optional[dict]:

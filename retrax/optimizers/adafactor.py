@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 import optax
 
+from retrax.configurable import configurable
 from retrax.optimizers import base
 
 __all__ = ['Adafactor', 'scale_by_trax_factored_rms']
@@ -82,6 +83,7 @@ def _weight_decay_at(step, weight_decay_rate, weight_decay_n_steps):
   return jnp.where(n_steps < 1, weight_decay_rate, fading)
 
 
+@configurable('trax.optimizers')
 class Adafactor(base.Optimizer):
   r"""Adafactor optimizer, as in Trax.
 

@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 import optax
 
+from retrax.configurable import configurable
 from retrax.optimizers import base
 
 __all__ = ['Adam', 'scale_by_trax_adam']
@@ -48,6 +49,7 @@ def scale_by_trax_adam(step, b1, b2, eps) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@configurable('trax.optimizers')
 class Adam(base.Optimizer):
   r"""Adam optimizer (https://arxiv.org/abs/1412.6980), as in Trax.
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from retrax.configurable import configurable
 from retrax.fastmath.tree import tree_flatten
 from retrax.fastmath.tree import unflatten_like as tree_unflatten
 from retrax import validation
@@ -355,6 +356,7 @@ def set_learning_rate(opt_params, learning_rate):
   opt_params['learning_rate'] = jnp.asarray(learning_rate, dtype)
 
 
+@configurable('trax.optimizers')
 class SGD(Optimizer):
   """Stochastic gradient descent: ``w <- w - learning_rate * g``; no slots."""
 

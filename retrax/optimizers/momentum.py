@@ -2,6 +2,7 @@
 
 import optax
 
+from retrax.configurable import configurable
 from retrax.optimizers import base
 
 __all__ = ['Momentum', 'trace_slot']
@@ -34,6 +35,7 @@ def trace_slot(mass, nesterov) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@configurable('trax.optimizers')
 class Momentum(base.Optimizer):
   r"""Momentum SGD, as in Trax (Sutskever et al. 2013; Bengio et al. 2012).
 

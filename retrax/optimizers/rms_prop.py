@@ -2,6 +2,7 @@
 
 import optax
 
+from retrax.configurable import configurable
 from retrax.optimizers import base
 
 __all__ = ['RMSProp', 'scale_by_trax_rms']
@@ -37,6 +38,7 @@ def scale_by_trax_rms(gamma, eps) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@configurable('trax.optimizers')
 class RMSProp(base.Optimizer):
   r"""RMSProp: ``w <- w - learning_rate * g / (sqrt(a) + eps)``.
 

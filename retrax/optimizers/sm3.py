@@ -5,6 +5,7 @@ import enum
 import jax.numpy as jnp
 import optax
 
+from retrax.configurable import configurable
 from retrax.optimizers import base
 from retrax.optimizers import momentum as momentum_lib
 
@@ -147,6 +148,7 @@ def scale_by_trax_sm3(beta2, graft) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@configurable('trax.optimizers')
 class SM3(base.Optimizer):
   r"""SM3 optimizer, as in Trax.
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from retrax import fastmath
 from retrax import optimizers
+from retrax.configurable import configurable
 from retrax.layers import base
 
 
@@ -44,6 +45,7 @@ class _Stream:
       self.next_batch()
 
 
+@configurable('trax.supervised.training')
 class TrainTask(_Stream):
   """A supervised task (labeled data + feedback mechanism) for training.
 
@@ -123,6 +125,7 @@ class TrainTask(_Stream):
     return value
 
 
+@configurable('trax.supervised.training')
 class EvalTask(_Stream):
   """Labeled data plus metric layers, measured now and then during training.
 

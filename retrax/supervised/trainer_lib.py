@@ -29,6 +29,7 @@ import numpy as np
 from retrax import layers as tl
 from retrax import lr as lr_lib
 from retrax import optimizers as trax_opt
+from retrax.configurable import configurable
 from retrax.data import inputs as data_inputs
 from retrax.layers import base
 from retrax.shapes import ShapeDtype  # Trax programs use trainer_lib.ShapeDtype.
@@ -52,11 +53,13 @@ _METRIC_LAYERS = ('WeightedCategoryCrossEntropy', 'WeightedCategoryAccuracy',
                   'Negate', 'Drop', 'Sum')
 
 
+@configurable('trax.supervised.trainer_lib')
 def named_stream(name, stream):
   """A `NamedStream(name, stream)`: an eval stream whose metrics carry `name`."""
   return NamedStream(name=name, stream=stream)
 
 
+@configurable('trax.supervised.trainer_lib')
 def num_devices(value=None):
   """How many devices to use (None: all); Trax's gin hook, kept for programs."""
   return value
@@ -432,6 +435,7 @@ def epochs(total_steps, steps_to_skip, epoch_steps):
     steps_to_go -= steps_this_epoch
 
 
+@configurable('trax.supervised.trainer_lib', denylist=('output_dir',))
 def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
           lr_schedule_fn=None, trainer_class=Trainer, steps=1000,
           checkpoints_at=None, permanent_checkpoints_at=None, eval_steps=10,

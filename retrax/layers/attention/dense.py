@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import precision
 from retrax.layers import base
@@ -54,6 +55,7 @@ def _check_heads(owner, d_feature, n_heads):
 
 
 # inputs are (batch, length, depth) and a (batch, 1, 1, length) mask.
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld,b11l->bld,b11l')
 def Attention(d_feature, n_heads=1, dropout=0.0, mode='train'):
   """Multi-head self-attention: `(x, mask) -> (y, mask)`.
@@ -298,9 +300,11 @@ def ConfigurableAttention(q_layer, k_layer, v_layer, final_layer,
   )
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld->bld')
 def CausalAttention(d_feature, n_heads=1, dropout=0.0,
-                    max_inference_length=2048, use_dconv=False, mode='train'):
+                    max_inference_length=2048, use_dconv=False, mode='train',
+                    qkv_attention_type=None):
   """Multi-head self-attention in which position i attends to positions <= i.
 
   Args:
@@ -311,6 +315,10 @@ def CausalAttention(d_feature, n_heads=1, dropout=0.0,
     use_dconv: If True, Q, K and V each pass through a causal depthwise
       convolution (kernel 3) after their `Dense` layer.
     mode: One of 'train', 'eval', 'predict' or 'viz'.
+    qkv_attention_type: The per-head attention layer class, called with
+      `dropout, max_inference_length, mode, n_heads` (default
+      `DotProductCausalAttention`; Terraformer's predict mode passes one
+      that also reads the source's padding mask).
   """
   _check_heads('CausalAttention', d_feature, n_heads)
   _check_dropout('CausalAttention', dropout)
@@ -323,11 +331,12 @@ def CausalAttention(d_feature, n_heads=1, dropout=0.0,
   return ConfigurableAttention(
       QKVLayer(), QKVLayer(), QKVLayer(), core.Dense(d_feature),
       n_heads=n_heads,
-      qkv_attention_layer=DotProductCausalAttention(
+      qkv_attention_layer=(qkv_attention_type or DotProductCausalAttention)(
           dropout=dropout, max_inference_length=max_inference_length,
           mode=mode, n_heads=n_heads))
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld,bld,bld->bld')
 class DotProductCausalAttention(base.Layer):
   """Per-head causal attention: `(Q, K, V) -> activations`, position i sees keys <= i.

@@ -35,6 +35,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from retrax.configurable import configurable
 from retrax.fastmath import precision
 from retrax import validation
 from retrax.layers.attention.efficient_base import drop_oldest
@@ -124,6 +125,7 @@ def check_width(name, x, w, what='d_model'):
                      f'weights expect {w.shape[1]}.')
 
 
+@configurable('trax.layers', denylist=('mode',))
 class SelfAttention(EfficientAttentionBase):
   """Multi-head self-attention, optionally chunked (local), memory-efficient.
 
@@ -458,6 +460,7 @@ class SharedQKDotProductAttention(SelfAttention):
     super().__init__(n_heads, d_qk, d_v, share_qk=True, **kwargs)
 
 
+@configurable('trax.layers', denylist=('mode',))
 class EncDecAttention(EfficientAttentionBase):
   """Memory-efficient multi-head encoder-decoder attention.
 

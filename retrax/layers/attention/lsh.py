@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.configurable import configurable
 from retrax.fastmath import precision
 from retrax.layers.attention.efficient import attention_kernel_init
 from retrax.layers.attention.efficient import check_count
@@ -258,6 +259,7 @@ def recent_matching_keys(is_valid_target, seqlen, q_start, q_len, n_keys):
   return kv_indices[-n_keys:]
 
 
+@configurable('trax.layers', denylist=('mode',))
 class LSHSelfAttention(EfficientAttentionBase):
   """Multi-head LSH self-attention (shared queries and keys), memory-efficient.
 

@@ -17,6 +17,7 @@ In 'predict' mode it keeps `(S, z)` in its state and continues the sums
 import jax
 import numpy as np
 
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import random
 from retrax.layers import attention
@@ -50,6 +51,7 @@ def orthogonal_feature_matrix(rng, n_rows, n_columns, scale_by_norm=True):
   return norms[:, None] * matrix
 
 
+@configurable('trax.layers', denylist=('mode',))
 class FavorAttention(base.Layer):
   """`(Q, K, V, mask) -> (attention, mask)`, non-causal FAVOR+ over heads merged into the batch."""
 
@@ -106,6 +108,7 @@ class FavorAttention(base.Layer):
     return numerator / denominator[..., None], mask
 
 
+@configurable('trax.layers', denylist=('mode',))
 def Favor(d_feature, n_heads=1, n_random_features=256, dropout=0.0,
           numerical_stabilizer=0.001, use_approximate_softmax=False,
           scale_by_norm=0, normalize_data=False, epsilon=0.0001, mode='train'):
@@ -175,6 +178,7 @@ def _causal_bwd(res, cts):
 _causal_linear_attention.defvjp(_causal_fwd, _causal_bwd)
 
 
+@configurable('trax.layers', denylist=('mode',))
 class CausalFavorAttention(base.Layer):
   """`(Q, K, V) -> attention`: causal FAVOR+ with relu features, heads merged into the batch.
 
@@ -220,6 +224,7 @@ class CausalFavorAttention(base.Layer):
           jnp.zeros((k_sig.shape[0], k_sig.shape[-1]), np.float32))
 
 
+@configurable('trax.layers', denylist=('mode',))
 def CausalFavor(d_feature, n_heads=1, dropout=0.0, numerical_stabilizer=0.001,
                 mode='train'):
   """`x -> y`: multi-head causal FAVOR+ attention with Dense Q, K, V and output.

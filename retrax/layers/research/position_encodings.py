@@ -31,6 +31,7 @@ import jax.extend.random as jex_random
 import numpy as np
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
@@ -164,6 +165,7 @@ def _time_bin_features(t, bin_length):
                     (inter_bin % 2).astype(jnp.float32)], -1).astype(jnp.float32)
 
 
+@configurable('trax.layers', denylist=('mode',))
 class InfinitePositionalEncoding(base.Layer):
   """Adds `cos(2π · cycles)` codes of unbounded positions (Trax's layout).
 
@@ -257,6 +259,7 @@ class InfinitePositionalEncoding(base.Layer):
                     self.rng)
 
 
+@configurable('trax.layers', denylist=('mode',))
 class TimeBinPositionalEncoding(base.Layer):
   """Replaces the last 3 channels with time-bin features of the position.
 

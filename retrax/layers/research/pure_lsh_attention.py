@@ -29,6 +29,7 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.configurable import configurable
 from retrax.layers import predict_state
 from retrax.layers.attention.efficient import check_count
 from retrax.layers.attention.efficient import check_depths_and_rates
@@ -57,6 +58,7 @@ def _check_parallel_heads(name, n_parallel_heads, n_heads):
                      f'divisor of n_heads ({n_heads}); got {n_parallel_heads}.')
 
 
+@configurable('trax.layers', denylist=('mode',))
 class PureLSHSelfAttention(EfficientAttentionBase):
   """LSH self-attention on projected heads: `(qk, v[, mask]) -> [B * H, L, D]`.
 

@@ -18,6 +18,7 @@ runs without `output_grad` (a forward pass replaying the buckets);
 import jax
 import jax.numpy as jnp
 
+from retrax.configurable import configurable
 from retrax.layers import attention
 from retrax.layers import base
 from retrax.layers import combinators as cb
@@ -119,6 +120,7 @@ def _heads_mask(mask, n_heads):
   return jnp.repeat(mask, n_heads, axis=0)
 
 
+@configurable('trax.layers', denylist=('mode',))
 class MixedLSHSelfAttention(base.Layer):
   """`PureLSHSelfAttention` above `std_length` positions, dot-product attention below.
 
@@ -211,6 +213,7 @@ class MixedLSHSelfAttention(base.Layer):
     return out, None, inputs_grad, ()
 
 
+@configurable('trax.layers', denylist=('mode',))
 class PureLSHSelfAttentionWrapper(cb.Serial):
   """Multi-head LSH self-attention: `x [B, L, n_heads * d_qk] (, mask) -> [B, L, n_heads * d_qk]`.
 

@@ -16,6 +16,7 @@ Trax's relative attention keeps no key/value cache, so it has no predict mode
 import math
 
 from retrax import fastmath
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
@@ -47,6 +48,7 @@ def _check_bias_layers(layer, context_bias_layer, location_bias_layer,
         'product of the pooling factors before this layer (1 if none).')
 
 
+@configurable('trax.layers')
 def RelativeAttentionWrapper(d_feature, n_heads=1, dropout=0.0,
                              max_inference_length=2048, mode='train',
                              context_bias_layer=None, location_bias_layer=None,
@@ -80,6 +82,7 @@ def get_rel_att_inputs(d_model, n_heads):
   return context_bias_layer, location_bias_layer
 
 
+@configurable('trax.layers')
 @assert_shape('bSq,blk,blv,b1xl->bSd,b1xl')
 def RelativeAttentionLayer(d_feature, context_bias_layer, location_bias_layer,
                            total_kv_pooling, separate_cls, n_heads=1,
@@ -109,6 +112,7 @@ def RelativeAttentionLayer(d_feature, context_bias_layer, location_bias_layer,
   )
 
 
+@configurable('trax.layers')
 @assert_shape('bSq,blk,blv->bSd')
 def RelativeAttentionLMLayer(d_feature, context_bias_layer, location_bias_layer,
                              total_kv_pooling, separate_cls=False, n_heads=1,

@@ -9,6 +9,7 @@ fit the same call in `models.research.hourglass`.
 import numbers
 from typing import Union
 
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import combinators as cb
 from retrax.layers import core
@@ -29,6 +30,7 @@ def _check_divisible(name, length, shorten_factor):
                      f'multiple of shorten_factor ({shorten_factor}).')
 
 
+@configurable('trax.layers')
 def AveragePooling(shorten_factor, *args, **kwargs):
   """Means of consecutive blocks of `shorten_factor` positions."""
   del args, kwargs
@@ -36,6 +38,7 @@ def AveragePooling(shorten_factor, *args, **kwargs):
   return AvgPool(pool_size=(shorten_factor,), strides=(shorten_factor,))
 
 
+@configurable('trax.layers')
 def LinearPooling(shorten_factor, d_model, *args, dropout=0.0, mode='train',
                   **kwargs):
   """Concatenates blocks of `shorten_factor` positions, then `Dense(d_model)` and dropout."""
@@ -51,6 +54,7 @@ def LinearPooling(shorten_factor, d_model, *args, dropout=0.0, mode='train',
                    core.Dropout(rate=dropout, mode=mode))
 
 
+@configurable('trax.layers')
 def LinearUpsampling(shorten_factor, d_model, *args, dropout=0.0, mode='train',
                      **kwargs):
   """`Dense(shorten_factor * d_model)` and dropout; each position then split in `shorten_factor`."""
@@ -65,6 +69,7 @@ def LinearUpsampling(shorten_factor, d_model, *args, dropout=0.0, mode='train',
                    core.Fn('ProlongBack', prolong, n_out=1))
 
 
+@configurable('trax.layers')
 def NaiveUpsampling(shorten_factor, d_model, *args, **kwargs):
   """Each position repeated `shorten_factor` times."""
   del d_model, args, kwargs
@@ -72,6 +77,7 @@ def NaiveUpsampling(shorten_factor, d_model, *args, **kwargs):
   return core.Fn('Repeat', lambda x: jnp.repeat(x, shorten_factor, axis=1))
 
 
+@configurable('trax.layers')
 def NoUpsampling(shorten_factor, d_model, *args, **kwargs):
   """Zeros of the upsampled shape (the residual around the valley carries everything)."""
   del d_model, args, kwargs
@@ -91,6 +97,7 @@ def FeedForwardBlock(d_model, d_ff, dropout, dropout_shared_axes, mode,
   ]
 
 
+@configurable('trax.layers')
 def AttentionResampling(shorten_factor, d_model, is_upsampling, d_ff, n_heads,
                         dropout, dropout_shared_axes, mode, ff_activation,
                         context_bias_layer, location_bias_layer, total_pooling,

@@ -5,6 +5,7 @@ angle `p · 10000^(-2i/d)`, so dot products of rotated queries and keys depend
 on their relative position only. Inputs are `(batch, length, d)`, d even.
 """
 
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import core
 
@@ -25,6 +26,7 @@ def rotate(x):
   return x * cos + rotated_half * sin
 
 
+@configurable('trax.layers')
 def Rotate():
   """`x -> rotate(x)`: the rotary embedding as a weightless layer."""
   return core.Fn('Rotate', rotate)

@@ -25,6 +25,7 @@ import random as pyrandom
 
 import numpy as np
 
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
 from retrax.layers import base
@@ -125,26 +126,37 @@ def LocallyConnectedDense(n_modules, n_units, kernel_size=1,
 
 
 def _causal_attention_with(make_layer, n_heads, dropout, max_inference_length,
-                           mode):
+                           mode, qkv_attention_type):
   return attention.ConfigurableAttention(
       make_layer(), make_layer(), make_layer(), make_layer(), n_heads=n_heads,
-      qkv_attention_layer=attention.DotProductCausalAttention(
-          dropout=dropout, max_inference_length=max_inference_length,
-          mode=mode, n_heads=n_heads))
+      qkv_attention_layer=_qkv_attention(
+          qkv_attention_type, dropout=dropout,
+          max_inference_length=max_inference_length, mode=mode,
+          n_heads=n_heads))
 
 
+def _qkv_attention(qkv_attention_type, **kwargs):
+  """The per-head causal attention: `qkv_attention_type` (as `CausalAttention`
+  takes it; default `DotProductCausalAttention`) built with `kwargs`."""
+  return (qkv_attention_type or attention.DotProductCausalAttention)(**kwargs)
+
+
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld->bld')
 def ModularCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,
                            max_inference_length=2048, kernel_size=1,
-                           mode='train'):
-  """CausalAttention with `LocallyConnectedDense(sparsity, d / sparsity)` for Q, K, V and output."""
+                           mode='train', qkv_attention_type=None):
+  """CausalAttention with `LocallyConnectedDense(sparsity, d / sparsity)` for Q, K, V and output.
+
+  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s.
+  """
   n_modules = n_heads if sparsity is None else sparsity
   validation.check_multiple('ModularCausalAttention', 'd_feature', d_feature,
                  'sparsity', n_modules)
   return _causal_attention_with(
       lambda: LocallyConnectedDense(n_modules, d_feature // n_modules,
                                     kernel_size=kernel_size),
-      n_heads, dropout, max_inference_length, mode)
+      n_heads, dropout, max_inference_length, mode, qkv_attention_type)
 
 
 class _RememberPad(base.Layer):
@@ -206,18 +218,22 @@ def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,
       MergeLastTwoAxes())
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld->bld')
 def ConvCausalAttention(d_feature, n_heads=1, sparsity=None, dropout=0.0,
                         max_inference_length=2048, kernel_size=1,
-                        mode='train'):
-  """CausalAttention with `LocallyConvDense(sparsity, d / sparsity)` for Q, K, V and output."""
+                        mode='train', qkv_attention_type=None):
+  """CausalAttention with `LocallyConvDense(sparsity, d / sparsity)` for Q, K, V and output.
+
+  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s.
+  """
   n_modules = n_heads if sparsity is None else sparsity
   validation.check_multiple('ConvCausalAttention', 'd_feature', d_feature, 'sparsity',
                  n_modules)
   return _causal_attention_with(
       lambda: LocallyConvDense(n_modules, d_feature // n_modules, mode=mode,
                                kernel_size=kernel_size),
-      n_heads, dropout, max_inference_length, mode)
+      n_heads, dropout, max_inference_length, mode, qkv_attention_type)
 
 
 @assert_shape('...a->...b')
@@ -302,13 +318,18 @@ def SparseDenseWithOptions(n_units, d_input=None, sparsity_type=None,
                                kernel_size=3 if sparsity_type == 'local3' else 1)
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld->bld')
 def LowRankCausalAttention(d_feature, n_heads=1, dropout=0.0,
                            max_inference_length=2048, lowrank=64,
-                           mode='train'):
-  """CausalAttention with `LowRankDense(d_feature, lowrank)` for Q, K, V and output."""
+                           mode='train', qkv_attention_type=None):
+  """CausalAttention with `LowRankDense(d_feature, lowrank)` for Q, K, V and output.
+
+  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s.
+  """
   return _causal_attention_with(lambda: LowRankDense(d_feature, lowrank),
-                                n_heads, dropout, max_inference_length, mode)
+                                n_heads, dropout, max_inference_length, mode,
+                                qkv_attention_type)
 
 
 def _GateAndProject():
@@ -368,26 +389,34 @@ def MultiplicativeModularSparseDense(sparsity, d_feature):
   )
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld->bld')
 def MultiplicativeCausalAttention(d_feature, n_heads=1, sparsity=None,
                                   dropout=0.0, max_inference_length=2048,
-                                  mode='train'):
-  """CausalAttention with `FactoredDense(sparsity, d, d)` for Q, K, V and output."""
+                                  mode='train', qkv_attention_type=None):
+  """CausalAttention with `FactoredDense(sparsity, d, d)` for Q, K, V and output.
+
+  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s.
+  """
   sparsity = n_heads if sparsity is None else sparsity
   return _causal_attention_with(
       lambda: FactoredDense(sparsity, d_feature, d_feature), n_heads, dropout,
-      max_inference_length, mode)
+      max_inference_length, mode, qkv_attention_type)
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld->bld')
 def MultiplicativeModularCausalAttention(
     d_feature, n_heads=1, sparsity=None, dropout=0.0, max_inference_length=2048,
-    mode='train'):
-  """CausalAttention with `MultiplicativeModularSparseDense` for Q, K, V and output."""
+    mode='train', qkv_attention_type=None):
+  """CausalAttention with `MultiplicativeModularSparseDense` for Q, K, V and output.
+
+  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s.
+  """
   sparsity = n_heads if sparsity is None else sparsity
   return _causal_attention_with(
       lambda: MultiplicativeModularSparseDense(sparsity, d_feature), n_heads,
-      dropout, max_inference_length, mode)
+      dropout, max_inference_length, mode, qkv_attention_type)
 
 
 def _v_concat_layers(v_concat_type, sparsity, d_module, d_feature):
@@ -413,11 +442,13 @@ def _check_choice(name, value, choices):
                      f'of {choices}; got {value!r}.')
 
 
+@configurable('trax.layers', denylist=('mode',))
 @assert_shape('bld->bld')
 def MultiplicativeConvCausalAttention(
     d_feature, n_heads=1, sparsity=None, length_kernel_size=3, dropout=0.0,
     force_no_dropout=False, max_inference_length=2048, share_qk=False,
-    output_layer_type='none', v_concat_type='none', mode='train'):
+    output_layer_type='none', v_concat_type='none', mode='train',
+    qkv_attention_type=None):
   """Causal attention whose Q, K, V come from one shared FactoredDense and per-module convolutions.
 
   `FactoredDense(sparsity, d, d)` feeds `LocallyConvDense` layers (kernel 3
@@ -427,6 +458,7 @@ def MultiplicativeConvCausalAttention(
   and the layer input, interleaved per module) or 'original' (concatenated).
   `output_layer_type` adds a FactoredDense ('mult'), a LocallyConvDense
   ('conv'), or both ('multconv') after the heads are merged.
+  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s.
   """
   _check_choice('output_layer_type', output_layer_type, _OUTPUT_LAYER_TYPES)
   _check_choice('v_concat_type', v_concat_type, _V_CONCAT_TYPES)
@@ -448,9 +480,9 @@ def MultiplicativeConvCausalAttention(
     output_layers.append(conv(3))
   v_layer = [_v_concat_layers(v_concat_type, sparsity, d_module, d_feature),
              conv(1), attention.SplitIntoHeads(n_heads)]
-  causal_attention = attention.DotProductCausalAttention(
-      dropout=dropout, max_inference_length=max_inference_length, mode=mode,
-      n_heads=n_heads)
+  causal_attention = _qkv_attention(
+      qkv_attention_type, dropout=dropout,
+      max_inference_length=max_inference_length, mode=mode, n_heads=n_heads)
   if share_qk:
     return cb.Serial(
         cb.Select([0, 0]),                 # x x

@@ -22,10 +22,13 @@ def DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
                  attention_type, dropout, ff_activation, ff_dropout, ff_use_sru,
                  ff_chunk_size, ff_sparsity, attention_chunk_size,
                  n_attention_layers=1, n_feedforward_layers=1,
-                 center_layernorm=True, use_bfloat16=False, mode='train'):
+                 center_layernorm=True, use_bfloat16=False, mode='train',
+                 sru_scan_cell=tl.ScanSRUCell):
   """Reversible decoder block.
 
   [attention half-residual, swap] + [feed-forward half-residual, swap].
+  `attention_type` is built by `ct.ApplyAttentionLayer`; `sru_scan_cell` is
+  the recurrence of the `ff_use_sru` layers (`tl.SRU`'s `scan_cell`).
   """
 
   def attention_half():
@@ -42,7 +45,7 @@ def DecoderBlock(d_model, d_ff, d_attention_key, d_attention_value, n_heads,
     ff = ct.FeedForwardWithOptions(d_model, d_ff, dropout, [-2], ff_activation,
                                    ff_dropout, ff_chunk_size, ff_use_sru,
                                    ff_sparsity, center_layernorm, mode,
-                                   use_bfloat16)
+                                   use_bfloat16, sru_scan_cell=sru_scan_cell)
     return [tl.ReversibleHalfResidual(ff, name='ReversibleHalfResidualDecoderFF'),
             tl.ReversibleSwap()]
 

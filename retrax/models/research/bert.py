@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from retrax import layers as tl
+from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax import validation
 from retrax.models import registry
@@ -43,12 +44,14 @@ def _head_dense(n_units):
                   bias_initializer=tl.RandomNormalInitializer(1e-6))
 
 
+@configurable('trax.models.research.bert')
 @registry.register
 def BERTClassifierHead(n_classes):
   """`(pooled, sequence) -> [B, n_classes]` logits from the pooled vector."""
   return tl.Serial([tl.Select([0], n_in=2), _head_dense(n_classes)])
 
 
+@configurable('trax.models.research.bert')
 @registry.register
 def BERTRegressionHead():
   """`(pooled, sequence) -> [B]`: one scalar per example."""
@@ -56,11 +59,13 @@ def BERTRegressionHead():
                     tl.Fn('RemoveAxis', lambda x: jnp.squeeze(x, axis=1))])
 
 
+@configurable('trax.models.research.bert')
 def BERTMLMHead(vocab_size=30522):
   """`(pooled, sequence) -> [B, L, vocab_size]` masked-LM logits."""
   return tl.Serial([tl.Select([1], n_in=2), _head_dense(vocab_size)])
 
 
+@configurable('trax.models.research.bert')
 def BERTPretrainingLoss():
   """`(nsp_logits, mlm_logits, nsp_t, nsp_w, mlm_t, mlm_w) -> loss` (sum of two)."""
   nsp_loss = [tl.Select([0, 2, 3], n_in=6), tl.WeightedCategoryCrossEntropy()]
@@ -68,6 +73,7 @@ def BERTPretrainingLoss():
   return tl.Serial(tl.Branch(nsp_loss, mlm_loss), tl.Add())
 
 
+@configurable('trax.models.research.bert')
 def BERTPretrainingHead(n_classes):
   """Classifier and masked-LM heads side by side (a 1-tuple, as in Trax)."""
   return tl.Branch(BERTClassifierHead(n_classes), BERTMLMHead()),

@@ -75,7 +75,8 @@ def _dense_or_expert_ff(d_model, d_ff, dropout, ff_activation, ff_dropout,
 def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
                            ff_activation, ff_dropout, ff_chunk_size, ff_use_sru,
                            ff_sparsity, center_layernorm, mode,
-                           use_bfloat16=False, ff_sparsity_type='1inN'):
+                           use_bfloat16=False, ff_sparsity_type='1inN',
+                           sru_scan_cell=tl.ScanSRUCell):
   """LayerNorm + feed-forward + Dropout, with Trax 1.4.1's options.
 
   Args:
@@ -96,6 +97,7 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
     mode: 'train', 'eval' or 'predict'.
     use_bfloat16: bfloat16 weights.
     ff_sparsity_type: '1inN', 'Block' or 'Switch'.
+    sru_scan_cell: The SRU layers' recurrence (`tl.SRU`'s `scan_cell`).
 
   Returns:
     A one-element list holding the block (vectors -> vectors).
@@ -121,18 +123,19 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
     if ff_chunk_size > 0:
       res = tl.BatchLeadingAxes(tl.Chunk(tl.Serial(res), ff_chunk_size))
   if ff_use_sru:
-    res = tl.Residual(_sru_block(ff_use_sru, d_model, center_layernorm, mode),
-                      shortcut=res)
+    res = tl.Residual(_sru_block(ff_use_sru, d_model, center_layernorm, mode,
+                                 sru_scan_cell), shortcut=res)
   return [res]
 
 
-def _sru_block(ff_use_sru, d_model, center_layernorm, mode):
+def _sru_block(ff_use_sru, d_model, center_layernorm, mode, scan_cell):
   """`LayerNorm, Dense(n), SRU(n) x k, Dense(d_model)`; `ff_use_sru` is k or (k, n)."""
   if isinstance(ff_use_sru, (list, tuple)):
     sru_n_layers, sru_n_units = ff_use_sru
   else:
     sru_n_layers, sru_n_units = ff_use_sru, 32
-  sru = [tl.SRU(sru_n_units, mode=mode) for _ in range(sru_n_layers)]
+  sru = [tl.SRU(sru_n_units, mode=mode, scan_cell=scan_cell)
+         for _ in range(sru_n_layers)]
   return ([tl.LayerNorm(center=center_layernorm), tl.Dense(sru_n_units)] +
           sru + [tl.Dense(d_model)])
 

@@ -8,6 +8,7 @@ Attention is causal relative attention by default; its two biases are shared
 by every layer. Trax's HourglassLM has no predict mode; neither has this one.
 """
 
+from retrax import configurable
 from retrax import layers as tl
 from retrax.layers.research.rel_attention import RelativeAttentionWrapper
 from retrax.layers.research.rel_attention import get_rel_att_inputs
@@ -24,7 +25,9 @@ def _RelativeDecoderBlock(attention_type, d_model, d_ff, n_heads, dropout,
                           context_bias_layer, location_bias_layer,
                           total_pooling):
   """Pre-norm residual causal attention and feed-forward blocks (a list)."""
-  if attention_type == RelativeAttentionWrapper:
+  # A gin reference (`@RelativeAttentionWrapper`) is gin's configured
+  # function; `public_object` gives retrax's back.
+  if configurable.public_object(attention_type) is RelativeAttentionWrapper:
     attention = RelativeAttentionWrapper(
         d_model, n_heads, dropout, mode=mode,
         context_bias_layer=context_bias_layer,

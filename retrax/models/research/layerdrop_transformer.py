@@ -45,8 +45,8 @@ def _check(model, n_layers, mode, **fractions):
                          f'such); got {value!r}')
 
 
-@assert_shape('...s->...sv')
 @registry.register
+@assert_shape('...s->...sv')
 def SkippingTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                           n_heads=8, dropout=0.1, max_len=2048, mode='train',
                           ff_activation=tl.Relu, skip_fraction=0.4):
@@ -90,8 +90,8 @@ def _skipped_by_mode(skip_mode, n_layers, i):
           '2half': i >= n_layers / 2}[skip_mode]
 
 
-@assert_shape('...s->...sv')
 @registry.register
+@assert_shape('...s->...sv')
 def EveryOtherLayerDropTransformerLM(vocab_size, d_model=512, d_ff=2048,
                                      n_layers=6, n_heads=8, dropout=0.1,
                                      max_len=2048, mode='train',
@@ -155,8 +155,8 @@ def _eval_fractions(eval_skip_fraction, skip_fraction, n_layers):
   return _per_layer('eval_skip_fraction', eval_skip_fraction, n_layers)
 
 
-@assert_shape('...s->...sv')
 @registry.register
+@assert_shape('...s->...sv')
 def LayerDropTransformerLM(vocab_size, d_model=512, d_ff=2048, n_layers=6,
                            n_heads=8, dropout=0.1, max_len=2048, mode='train',
                            ff_activation=tl.Relu, skip_fraction=0.4,

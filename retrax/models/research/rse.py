@@ -141,8 +141,8 @@ def BenesBlock(d_model, dropout, mode):
   )
 
 
-@assert_shape('bl->blv')
 @registry.register
+@assert_shape('bl->blv')
 def ResidualShuffleExchange(vocab_size, d_model, input_dropout, dropout,
                             mode='train', n_blocks=2):
   """Tokens `[b, l]` -> log-probabilities `[b, l, vocab_size]`.

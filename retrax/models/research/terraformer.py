@@ -14,19 +14,16 @@ portal layer (`_PortalInput` keeps the last mask it saw), so that predict
 mode equals eval mode on every prefix.
 """
 
-import contextlib
 import functools
-from typing import Optional
+import inspect
 
 from jax import lax
 
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
-from retrax.layers.attention import dense as dense_attention
 from retrax.layers.attention import kv_cache
 from retrax.layers import predict_state
-from retrax.layers import rnn
 from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models.reformer import reformer
@@ -68,39 +65,30 @@ def _check_args(input_vocab_size, output_vocab_size, d_model, d_ff, n_heads,
                      f'({d_model / 2}).')
 
 
-@contextlib.contextmanager
-def _mask_portal(portal_mask):
-  """While the decoder is built in predict mode, its layers read the source mask.
+def _portal_attention_types(attention_types, portal_mask):
+  """The decoder's attention types, given the portal where they take it.
 
-  As in Trax, the SRU cells (`rnn.ScanSRUCell`) and causal attention
-  (`attention.DotProductCausalAttention`, see `PortalMaskedCausalAttention`)
-  made meanwhile get the portal; the module attributes are restored after.
+  In predict mode the per-head causal attention of the dense causal
+  attentions (`CausalAttention` and the sparse variants, which take a
+  `qkv_attention_type`) is `PortalMaskedCausalAttention` reading
+  `portal_mask`, as Trax's Terraformer arranged by patching; efficient
+  attention (`SelfAttention`, LSH) keeps its own predict mode, as in Trax.
   """
+  if not isinstance(attention_types, (tuple, list)):
+    attention_types = [attention_types]
   if portal_mask is None:
-    yield
-    return
-  # Rebinds the module attributes through setattr (a plain assignment to a
-  # function or class name is a type error). `attention.dense` defines
-  # `CausalAttention`, which looks `DotProductCausalAttention` up there; the
-  # package's re-export serves `attention.DotProductCausalAttention` callers.
-  portal_attention = type(
-      'PortalMaskedCausalAttention', (PortalMaskedCausalAttention,),
-      {'portal_mask': portal_mask})
-  patches = {
-      (rnn, 'ScanSRUCell'): functools.partial(
-          rnn.ScanSRUCell, monkey_patched_mask=portal_mask),
-      (attention, 'DotProductCausalAttention'): portal_attention,
-      (dense_attention, 'DotProductCausalAttention'): portal_attention,
-  }
-  originals = {(module, name): getattr(module, name)
-               for module, name in patches}
-  for (module, name), value in patches.items():
-    setattr(module, name, value)
+    return attention_types
+  qkv_attention = functools.partial(PortalMaskedCausalAttention,
+                                    portal_mask=portal_mask)
+  return [functools.partial(t, qkv_attention_type=qkv_attention)
+          if _takes(t, 'qkv_attention_type') else t for t in attention_types]
+
+
+def _takes(fn, name):
   try:
-    yield
-  finally:
-    for (module, name), value in originals.items():
-      setattr(module, name, value)
+    return name in inspect.signature(fn).parameters
+  except (TypeError, ValueError):  # No readable signature.
+    return False
 
 
 class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
@@ -111,11 +99,13 @@ class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
   after them by `ConcatWithPadding`); later positions are appended after all
   of these. This layer keeps which cache slots are real (state `(allowed
   [max_inference_length] bool, keys, values, index)`, Trax's layout) from
-  the source mask its class's `portal_mask` holds, so that predict mode
-  attends to what eval mode does. One example at a time, as in Trax.
+  the source mask `portal_mask` (a `_PortalInput`) holds, so that predict
+  mode attends to what eval mode does. One example at a time, as in Trax.
   """
 
-  portal_mask: Optional['_PortalInput'] = None  # set by `_mask_portal`
+  def __init__(self, *args, portal_mask=None, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._portal_mask = portal_mask
 
   def init_weights_and_state(self, input_signature):
     super().init_weights_and_state(input_signature)
@@ -128,11 +118,11 @@ class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
       return super().forward(inputs)
     q, k, v = inputs
     allowed, keys, values, index = self.state
-    if self.portal_mask is None:
+    if self._portal_mask is None:
       raise ValueError(
           f'{self.name}: predict mode needs a portal_mask (made by '
-          'Terraformer in predict mode, see `_mask_portal`).')
-    source_mask = self.portal_mask.get_value()
+          'Terraformer in predict mode, see `_portal_attention_types`).')
+    source_mask = self._portal_mask.get_value()
     if source_mask.shape[0] != 1:
       raise ValueError(
           f'{self.name}: Terraformer predict mode decodes one example at a '
@@ -180,8 +170,6 @@ def _decoder_blocks(attention_types, n_decoder_layers, sizes,
                     half_before_layer, double_after_layer, block_args):
   """The decoder blocks, with `ReversibleConcatenatePair` where widths double."""
   first, middle, last = sizes
-  if not isinstance(attention_types, (tuple, list)):
-    attention_types = [attention_types]
   if n_decoder_layers % len(attention_types):
     raise ValueError(
         f'ConfigurableTerraformer: n_decoder_layers ({n_decoder_layers}) must '
@@ -274,12 +262,17 @@ def ConfigurableTerraformer(
        for swaps in [use_two_swaps_per_encoder_block] * n_encoder_layers],
       d_model1, n_layers_forget, forget_dense, reversible_encoder,
       use_bfloat16, mode)
-  with _mask_portal(portal_mask):
-    decoder = _ReversibleSerialForget(_decoder_blocks(
-        encoder_decoder_attention_type, n_decoder_layers, sizes,
-        half_before_layer, double_after_layer,
-        dict(n_heads=n_heads, n_attention_layers=n_decoder_attention_layers,
-             **block_args)), d_model2, n_layers_forget, forget_dense)
+  # In predict mode the decoder's SRU cells and causal attention read the
+  # source's padding mask through the portal.
+  sru_scan_cell = (tl.ScanSRUCell if portal_mask is None else
+                   functools.partial(tl.ScanSRUCell,
+                                     monkey_patched_mask=portal_mask))
+  decoder = _ReversibleSerialForget(_decoder_blocks(
+      _portal_attention_types(encoder_decoder_attention_type, portal_mask),
+      n_decoder_layers, sizes, half_before_layer, double_after_layer,
+      dict(n_heads=n_heads, n_attention_layers=n_decoder_attention_layers,
+           sru_scan_cell=sru_scan_cell, **block_args)),
+      d_model2, n_layers_forget, forget_dense)
   loss = _loss_layer(output_arg, output_vocab_size, d_model2,
                      (loss_sparsity_type, loss_sparsity, loss_d_lowrank,
                       loss_sparsity_prob), use_bfloat16, mode)
