@@ -1,5 +1,26 @@
-"""`retrax.Error`, the base of retrax's errors; the error type for unusable user
-input (shared by the CLI and the library); helpers that keep errors to one line."""
+"""`retrax.Error`, the base of retrax's errors; the error types for unusable user
+input and for arrays that do not fit; helpers that keep errors to one line.
+
+The families under `Error` (each keeps the builtin its case has always been):
+
+- `UserInputError` (`ValueError`): a config key, file, path or environment
+  value the user supplied (`ConfigError`, `ModelFileError`, `MeshError`...).
+- `validation.ArgumentError` (`ArgumentTypeError`, `ArgumentValueError`): a
+  constructor or function argument of the wrong type or out of range.
+- `InputError` (`InputTypeError`, `InputValueError`): arrays, examples,
+  batches or a state given to a layer or function at call time whose shape,
+  dtype or structure does not fit it.
+- `checkpoints.errors.CheckpointError`, `supervised.batch_checks.
+  TrainingError` (`BadBatchError`, `NonFiniteLossError`...).
+- `layers.LayerError`: names the layer in which an exception happened and
+  wraps it (`__cause__`); deliberate only if what it wraps is (`deliberate`).
+
+Outside this tree on purpose: `supervised.interrupts.TrainingStopped` derives
+from `BaseException` (as `KeyboardInterrupt` and `SystemExit` do). It is not
+an error but the signal that SIGINT/SIGTERM stopped training after saving the
+last step: `except Exception` and `except retrax.Error` in user code must not
+swallow it, or a scheduler's stop would leave the job running.
+"""
 
 import json
 
@@ -11,6 +32,10 @@ class Error(Exception):
   (`ValueError`, `TypeError`, `ImportError`, ...), so code written for Trax
   that catches those keeps working.
   """
+
+  # True for a class that wraps any exception (its `__cause__`) to say where
+  # it happened: see `deliberate`.
+  wraps_cause = False
 
 
 class UserInputError(Error, ValueError):
@@ -28,6 +53,35 @@ class MissingPackageError(UserInputError, ImportError):
   The message names the feature and the `pip install` that adds the package.
   Also an `ImportError`, so code that catches that keeps working.
   """
+
+
+class InputError(Error):
+  """Arrays (or examples, a batch, a state) given at call time do not fit
+  what receives them; the message names the layer or function, what it
+  expects and what it got."""
+
+
+class InputTypeError(InputError, TypeError):
+  """An input of the wrong dtype or kind (floats where token ids are
+  expected, a dict where a tuple of arrays is)."""
+
+
+class InputValueError(InputError, ValueError):
+  """An input of the right kind but the wrong shape, length, structure or
+  value range (a length beyond `max_len`, a feature size the weights do not
+  have)."""
+
+
+def deliberate(error):
+  """Whether `error` is a retrax error raised on purpose, not a bug.
+
+  A `retrax.Error` is, except one that only wraps another exception to
+  name where it happened (`wraps_cause`, e.g. `LayerError`): that one is as
+  deliberate as its `__cause__`.
+  """
+  while isinstance(error, Error) and error.wraps_cause:
+    error = error.__cause__
+  return isinstance(error, Error)
 
 
 def missing_package(package, feature, extra):

@@ -12,8 +12,10 @@ import jax
 import numpy as onp
 
 from retrax import fastmath
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
+from retrax.validation import ArgumentValueError
 
 
 class Accelerate(base.Layer):
@@ -63,9 +65,9 @@ class Accelerate(base.Layer):
     n_shards = base.N_WEIGHTS_SHARDS
     if n_shards > 1:
       if self._n_devices % n_shards != 0:
-        raise ValueError(f'Accelerate: n_devices ({self._n_devices}) must be '
-                         f'a multiple of the number of weight shards '
-                         f'({n_shards}).')
+        raise ArgumentValueError(f'Accelerate: n_devices ({self._n_devices}) must be '
+                                 f'a multiple of the number of weight shards '
+                                 f'({n_shards}).')
       return shard(weights, n_shards)
     return for_n_devices(weights, self._n_devices)
 
@@ -187,8 +189,8 @@ def reshape_by_device(x, n_devices, pure_np=False):
   def f(y):
     batch = y.shape[0]
     if batch % n_devices:
-      raise ValueError(f'Number of devices ({n_devices}) does not evenly '
-                       f'divide batch size ({batch}).')
+      raise InputValueError(f'Number of devices ({n_devices}) does not evenly '
+                            f'divide batch size ({batch}).')
     shape = (n_devices, batch // n_devices) + tuple(y.shape[1:])
     return onp.reshape(y, shape) if pure_np else jnp.reshape(y, shape)
   return fastmath.nested_map(f, x)
@@ -253,8 +255,8 @@ def shard(tensors, n_shards=None):
   def f(x):
     axis = _shard_axis(x.shape)
     if int(x.shape[axis]) % n_shards != 0:
-      raise ValueError(f'Cannot split x with shape {tuple(x.shape)} into '
-                       f'{n_shards} shards (axis {axis}).')
+      raise InputValueError(f'Cannot split x with shape {tuple(x.shape)} into '
+                            f'{n_shards} shards (axis {axis}).')
     parts = onp.split(onp.asarray(x), n_shards, axis=axis)
     return onp.stack([parts[i % n_shards] for i in range(n_local)], axis=0)
   return fastmath.nested_map(f, tensors)

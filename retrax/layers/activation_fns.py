@@ -4,6 +4,7 @@ import math
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers.assert_shape import assert_shape
@@ -119,8 +120,8 @@ def Glu():
   """Gated linear unit: splits the last axis into (a, b) and returns a·σ(b)."""
   def glu(x):
     if x.shape[-1] % 2:
-      raise ValueError(f'Glu splits the last axis in two halves; its size '
-                       f'{x.shape[-1]} (shape {tuple(x.shape)}) is odd.')
+      raise InputValueError(f'Glu splits the last axis in two halves; its size '
+                            f'{x.shape[-1]} (shape {tuple(x.shape)}) is odd.')
     a, b = jnp.split(x, 2, -1)
     return a * fastmath.expit(b)
   return Fn('Glu', glu)

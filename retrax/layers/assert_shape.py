@@ -10,8 +10,10 @@ import inspect
 import sys
 import string
 
+from retrax.errors import InputValueError
 from retrax.layers import base
 from retrax.layers import combinators
+from retrax.validation import ArgumentValueError
 
 
 def assert_shape(specification):
@@ -83,7 +85,7 @@ class AssertShape(base.Layer):
     spec = spec.replace('...', '.')
     for letter in spec:
       if letter not in string.ascii_letters + string.digits + '.,':
-        raise ValueError(f'Invalid character {letter!r} in shape spec {spec!r}.')
+        raise ArgumentValueError(f'Invalid character {letter!r} in shape spec {spec!r}.')
     self._specs = spec.split(',')
     self._n_in = self._n_out = len(self._specs)
     self._message = message or ''
@@ -99,8 +101,8 @@ class AssertShape(base.Layer):
   def forward(self, xs):
     items = xs if self._n_in > 1 else (xs,)
     if not isinstance(items, (list, tuple)) or len(items) != self._n_in:
-      raise ValueError(f'AssertShape: expected {self._n_in} tensors for spec '
-                       f'{",".join(self._specs)}; {self._message}')
+      raise InputValueError(f'AssertShape: expected {self._n_in} tensors for spec '
+                            f'{",".join(self._specs)}; {self._message}')
     if self._linked_to is not None:
       defined, ellipsis = self._linked_to.bindings
     else:
@@ -113,12 +115,12 @@ class AssertShape(base.Layer):
 
   def _check(self, spec, shape, defined, ellipsis):
     def fail(why):
-      raise ValueError(f'Shape {shape} does not match spec {spec!r} '
-                       f'({why}); {self._message}')
+      raise InputValueError(f'Shape {shape} does not match spec {spec!r} '
+                            f'({why}); {self._message}')
     if spec.count('.') > 1:
-      raise ValueError(f'AssertShape: malformed spec {spec!r} (written with '
-                       "'.' for '...'): at most one '...' per tensor; "
-                       f'{self._message}')
+      raise ArgumentValueError(f'AssertShape: malformed spec {spec!r} (written with '
+                               "'.' for '...'): at most one '...' per tensor; "
+                               f'{self._message}')
     if '.' in spec:
       i = spec.index('.')
       n_tail = len(spec) - i - 1

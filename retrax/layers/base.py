@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from retrax import fastmath
+from retrax.errors import InputValueError
 # Cache markers stand for a shared layer's second (and later) occurrence.
 from retrax.fastmath.tree import EMPTY_STATE as EMPTY_STATE
 from retrax.fastmath.tree import EMPTY_WEIGHTS as EMPTY_WEIGHTS
@@ -41,6 +42,8 @@ from retrax.layers.errors import input_error as input_error
 from retrax.layers.stack import check_arity
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 N_WEIGHTS_SHARDS = 1
 """Trax's weight-sharding factor (Trax's `base.N_WEIGHTS_SHARDS`, a global).
@@ -234,7 +237,7 @@ class Layer:
     """Sets a combinator's `weights`/`state` on its sublayers; returns the markers kept here."""
     if not isinstance(tree, (list, tuple)) or len(tree) != len(self.sublayers):
       got = len(tree) if isinstance(tree, (list, tuple)) else type(tree)
-      raise ValueError(
+      raise InputValueError(
           f'Number of {what} elements ({got}) does not equal the number of '
           f'sublayers ({len(self.sublayers)}) in: {self._name}.')
     for sublayer, x in zip(self.sublayers, tree):
@@ -262,7 +265,7 @@ class Layer:
 
   def __setattr__(self, attr, value):
     if attr[0] != '_' and attr not in self._settable_attrs():
-      raise ValueError(
+      raise ArgumentValueError(
           f'Layers only allow setting {self._settable_attrs()} as public '
           f'attributes, not {attr!r} (a typo?).')
     super().__setattr__(attr, value)
@@ -506,26 +509,26 @@ def Fn(name, f, n_out=1):
   given whenever it is not 1.
   """
   if not callable(f):
-    raise TypeError(f'Fn {name!r}: f must be a function; got {f!r}.')
+    raise ArgumentTypeError(f'Fn {name!r}: f must be a function; got {f!r}.')
   try:
     argspec = inspect.getfullargspec(f)
   except TypeError as e:
-    raise TypeError(f'Fn {name!r}: cannot read the arguments of {f!r} ({e}); '
-                    'wrap it in a lambda or def.') from e
+    raise ArgumentTypeError(f'Fn {name!r}: cannot read the arguments of {f!r} ({e}); '
+                            'wrap it in a lambda or def.') from e
   if argspec.defaults is not None:
-    raise ValueError(f'Fn {name!r}: function has default arguments (not '
-                     f'allowed): {argspec.args}, defaults {argspec.defaults}.')
+    raise ArgumentValueError(f'Fn {name!r}: function has default arguments (not '
+                             f'allowed): {argspec.args}, defaults {argspec.defaults}.')
   if argspec.varkw is not None:
-    raise ValueError(f'Fn {name!r}: function has keyword arguments (not '
-                     f'allowed): **{argspec.varkw}.')
+    raise ArgumentValueError(f'Fn {name!r}: function has keyword arguments (not '
+                             f'allowed): **{argspec.varkw}.')
   if argspec.varargs is not None:
-    raise ValueError(f'Fn {name!r}: function has variable args (not allowed):'
-                     f' *{argspec.varargs}; give each input its own argument.')
+    raise ArgumentValueError(f'Fn {name!r}: function has variable args (not allowed):'
+                             f' *{argspec.varargs}; give each input its own argument.')
   if argspec.kwonlyargs:
-    raise ValueError(f'Fn {name!r}: function has keyword-only arguments (not '
-                     f'allowed): {argspec.kwonlyargs}.')
+    raise ArgumentValueError(f'Fn {name!r}: function has keyword-only arguments (not '
+                             f'allowed): {argspec.kwonlyargs}.')
   if not isinstance(n_out, int) or n_out < 0:
-    raise ValueError(f'Fn {name!r}: n_out must be an int >= 0; got {n_out!r}.')
+    raise ArgumentValueError(f'Fn {name!r}: n_out must be an int >= 0; got {n_out!r}.')
   n_in = len(argspec.args)
   if inspect.ismethod(f):
     n_in -= 1
@@ -551,8 +554,8 @@ def _validate_forward_output(out, n_out, name):
   if not isinstance(out, (tuple, list)):
     got = (f'one array {signature(out)}' if hasattr(out, 'shape')
            else f'one {type(out).__name__}')
-    raise ValueError(f'{name} promises n_out={n_out} outputs (a tuple) but its '
-                     f'function returned {got}; return a tuple or fix n_out.')
+    raise ArgumentValueError(f'{name} promises n_out={n_out} outputs (a tuple) but its '
+                             f'function returned {got}; return a tuple or fix n_out.')
 
 
 def _is_empty(x):

@@ -8,6 +8,7 @@ needs; `Residual(F)` is `Serial(Branch(None, F), Add())`.
 import copy
 
 from retrax import fastmath
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import tree as fastmath_tree
 from retrax.layers import base
@@ -35,6 +36,7 @@ from retrax.layers.stack_ops import Split as Split
 from retrax.layers.stack_ops import FlattenList as FlattenList
 from retrax.layers.stack_ops import deep_flatten
 from retrax.shapes import ShapeDtype
+from retrax.validation import ArgumentValueError
 
 
 class Serial(base.Layer):
@@ -125,7 +127,7 @@ class Parallel(base.Layer):
 
 def _validate_parallel(layers):
   if len(layers) < 2:
-    raise ValueError(f'Parallel needs at least two layers; got {layers}.')
+    raise ArgumentValueError(f'Parallel needs at least two layers; got {layers}.')
   layers = list(layers)
   for i, obj in enumerate(layers):
     if obj is None or (isinstance(obj, list) and not obj):
@@ -133,10 +135,10 @@ def _validate_parallel(layers):
     elif isinstance(obj, (list, tuple)):
       layers[i] = Serial(obj)
     elif not isinstance(obj, base.Layer):
-      raise ValueError(f'Found non-layer object ({obj!r}) in layers: {layers}')
+      raise ArgumentValueError(f'Found non-layer object ({obj!r}) in layers: {layers}')
     if layers[i].n_in == 0:
-      raise ValueError(f'Sublayer with n_in = 0 not allowed in Parallel: '
-                       f'{layers[i]}')
+      raise ArgumentValueError(f'Sublayer with n_in = 0 not allowed in Parallel: '
+                               f'{layers[i]}')
   return layers
 
 
@@ -197,10 +199,10 @@ class Scan(base.Layer):
 
   def __init__(self, layer, axis=0, n_carry=1, remat=False, mode='train'):
     if layer.n_in < n_carry or layer.n_out < n_carry:
-      raise ValueError(f'Scan with n_carry={n_carry} needs a layer with at '
-                       f'least {n_carry} inputs and outputs (the carries); '
-                       f'got {layer.name} with n_in={layer.n_in}, '
-                       f'n_out={layer.n_out}.')
+      raise ArgumentValueError(f'Scan with n_carry={n_carry} needs a layer with at '
+                               f'least {n_carry} inputs and outputs (the carries); '
+                               f'got {layer.name} with n_in={layer.n_in}, '
+                               f'n_out={layer.n_out}.')
     super().__init__(n_in=layer.n_in, n_out=layer.n_out, mode=mode)
     self._sublayers = [layer]
     self._n_carry = n_carry
@@ -294,9 +296,9 @@ class Cond(base.Layer):
     self._identity_false = false is None
     false = Serial() if false is None else false
     if cond.n_out != 1:
-      raise ValueError(f'cond.n_out must be 1; got {cond.n_in}->{cond.n_out}')
+      raise ArgumentValueError(f'cond.n_out must be 1; got {cond.n_in}->{cond.n_out}')
     if true.n_in != false.n_in or true.n_out != false.n_out:
-      raise ValueError(
+      raise ArgumentValueError(
           f'true and false must have equal n_in and n_out: true:{true.n_in}->'
           f'{true.n_out}; false:{false.n_in}->{false.n_out}')
     self._cond, self._true, self._false = cond, true, false
@@ -366,8 +368,8 @@ def Chunk(layer, chunk_size, pass_unchunkable=True):
     size, n_chunks = chunk_size, batch // chunk_size
     if batch % chunk_size:
       if not pass_unchunkable:
-        raise ValueError(f'Chunk size {chunk_size} must divide batch size '
-                         f'{batch}.')
+        raise InputValueError(f'Chunk size {chunk_size} must divide batch size '
+                              f'{batch}.')
       size, n_chunks = batch, 1
     return jnp.reshape(x, (n_chunks, size) + tuple(x.shape[1:]))
 
@@ -409,8 +411,8 @@ class Cache(base.Layer):
     if fastmath_tree.is_state_cache_marker(state):
       return
     if not isinstance(state, (list, tuple)) or len(state) != 2:
-      raise ValueError('Cache state must be a pair (cached_outputs, '
-                       f'layer_state); got {base.signature(state)}.')
+      raise InputValueError('Cache state must be a pair (cached_outputs, '
+                            f'layer_state); got {base.signature(state)}.')
     self._state = (state[0], None)
     self.sublayer.state = state[1]
 
@@ -443,8 +445,8 @@ class BatchLeadingAxes(base.Layer):
 
   def __init__(self, layer, n_last_axes_to_keep=1):
     if layer.n_out != 1:
-      raise ValueError('BatchLeadingAxes only works for layers with n_out = 1;'
-                       f' got {layer.n_out}.')
+      raise ArgumentValueError('BatchLeadingAxes only works for layers with n_out = 1;'
+                               f' got {layer.n_out}.')
     super().__init__(n_in=layer.n_in, n_out=layer.n_out)
     self._sublayers = [layer]
     self._n_keep = n_last_axes_to_keep
@@ -503,5 +505,5 @@ def _ensure_flat(layers):
   layers = [l for l in deep_flatten(layers) if l is not None]
   for obj in layers:
     if not isinstance(obj, base.Layer):
-      raise ValueError(f'Found non-layer object ({obj!r}) in layers: {layers}')
+      raise ArgumentValueError(f'Found non-layer object ({obj!r}) in layers: {layers}')
   return layers

@@ -17,16 +17,19 @@ from jax import lax
 import numpy as np
 
 from retrax import fastmath
+from retrax.errors import InputTypeError
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
 from retrax.shapes import ShapeDtype
+from retrax.validation import ArgumentValueError
 
 
 def check_float_input(layer, sig):
   """Raises a clear TypeError unless `sig` has a floating-point dtype."""
   if not jax.numpy.issubdtype(np.dtype(sig.dtype), jax.numpy.floating):
-    raise TypeError(
+    raise InputTypeError(
         f'{layer.name} expects floating-point inputs; got '
         f'{base.signature(sig)}. Cast images with tl.ToFloat() or '
         'x.astype(np.float32).')
@@ -38,8 +41,8 @@ def _as_tuple(x, name, n):
     return (x,) * n
   x = tuple(x)
   if len(x) != n:
-    raise ValueError(f'{name} must have {n} entries (one per spatial axis); '
-                     f'got {x}.')
+    raise ArgumentValueError(f'{name} must have {n} entries (one per spatial axis); '
+                             f'got {x}.')
   return x
 
 
@@ -47,16 +50,16 @@ def check_padding(padding, n_spatial):
   """`padding` for `lax`: 'VALID', 'SAME', 'SAME_LOWER' or (low, high) pairs."""
   if isinstance(padding, str):
     if padding.upper() not in ('VALID', 'SAME', 'SAME_LOWER'):
-      raise ValueError(f"padding must be 'VALID', 'SAME' or 'SAME_LOWER' (or "
-                       f'(low, high) pairs); got {padding!r}.')
+      raise ArgumentValueError(f"padding must be 'VALID', 'SAME' or 'SAME_LOWER' (or "
+                               f'(low, high) pairs); got {padding!r}.')
     return padding.upper()
   try:
     pairs = tuple(tuple(int(v) for v in p) for p in padding)
   except TypeError:
     pairs = ()
   if len(pairs) != n_spatial or any(len(p) != 2 for p in pairs):
-    raise ValueError(f'Explicit padding must be {n_spatial} (low, high) pairs;'
-                     f' got {padding!r}.')
+    raise ArgumentValueError(f'Explicit padding must be {n_spatial} (low, high) pairs;'
+                             f' got {padding!r}.')
   return pairs
 
 
@@ -72,7 +75,7 @@ def check_windows_fit(layer_name, shape, spatial_axes, window, dilation,
         size + padding[i][0] + padding[i][1])
     if effective > padded:
       extra = '' if dilation[i] == 1 else f' (dilated by {dilation[i]})'
-      raise ValueError(
+      raise InputValueError(
           f'{layer_name}: {what} of size {window[i]}{extra} along spatial axis '
           f'{axis} is larger than the input there ({size}, padded to '
           f'{padded}) with padding {padding!r}; input shape {tuple(shape)}. '
@@ -98,7 +101,7 @@ class ConvLayoutMixin:
     self._lhs_spec, self._rhs_spec, self._out_spec = self._dimension_numbers
     n_spatial = len(lhs) - 2
     if len(self._kernel_size) != n_spatial:
-      raise ValueError(
+      raise ArgumentValueError(
           f'kernel_size {self._kernel_size} must have {n_spatial} entries, '
           f'one per spatial axis of input layout {lhs!r}.')
     self._one = (1,) * n_spatial
@@ -162,7 +165,7 @@ class Conv(ConvLayoutMixin, base.Layer):
       return shape
     if len(shape) < rank or not (self._lhs_spec[0] == self._out_spec[0] ==
                                  'N'):
-      raise ValueError(
+      raise InputValueError(
           f'{self.name} with input layout {self._lhs_spec!r} expects rank-'
           f'{rank} inputs ({", ".join(self._lhs_spec)})'
           + (' or more (leading axes act as batch)'
@@ -184,9 +187,9 @@ class Conv(ConvLayoutMixin, base.Layer):
   def forward(self, x):
     if self._use_bias:
       if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
-        raise ValueError(f'{self.name} weights should be a (w, b) pair; got '
-                         f'{base.signature(self.weights)}; was the layer '
-                         'initialized?')
+        raise InputValueError(f'{self.name} weights should be a (w, b) pair; got '
+                              f'{base.signature(self.weights)}; was the layer '
+                              'initialized?')
       w, b = self.weights
     else:
       w, b = self.weights, None
@@ -194,7 +197,7 @@ class Conv(ConvLayoutMixin, base.Layer):
     c_in = shape[self._lhs_spec.index('C')]
     w_in = w.shape[self._rhs_spec.index('I')]
     if c_in != w_in:
-      raise ValueError(
+      raise InputValueError(
           f'{self.name} expects inputs with {w_in} channels (its kernel has '
           f'shape {tuple(w.shape)}, layout {self._rhs_spec!r}); got input '
           f'shape {tuple(x.shape)} with {c_in} channels (layout '
@@ -228,16 +231,16 @@ class Conv(ConvLayoutMixin, base.Layer):
 def check_dimension_numbers(dimension_numbers):
   """Raises a clear ValueError unless the three layouts are consistent."""
   if len(dimension_numbers) != 3:
-    raise ValueError('dimension_numbers must be 3 layout strings (input, '
-                     f'kernel, output); got {dimension_numbers!r}.')
+    raise ArgumentValueError('dimension_numbers must be 3 layout strings (input, '
+                             f'kernel, output); got {dimension_numbers!r}.')
   lhs, rhs, out = dimension_numbers
   if not len(lhs) == len(rhs) == len(out) or len(lhs) < 3:
-    raise ValueError(f'Layouts {dimension_numbers!r} must have equal lengths '
-                     '(2 + number of spatial axes).')
+    raise ArgumentValueError(f'Layouts {dimension_numbers!r} must have equal lengths '
+                             '(2 + number of spatial axes).')
   for spec, letters in ((lhs, 'NC'), (rhs, 'IO'), (out, 'NC')):
     if any(spec.count(c) != 1 for c in letters) or len(set(spec)) != len(spec):
-      raise ValueError(f'Layout {spec!r} in {dimension_numbers!r} must name '
-                       f'{letters[0]!r} and {letters[1]!r} once each.')
+      raise ArgumentValueError(f'Layout {spec!r} in {dimension_numbers!r} must name '
+                               f'{letters[0]!r} and {letters[1]!r} once each.')
 
 
 class CausalConv(Conv):
@@ -258,8 +261,8 @@ class CausalConv(Conv):
 
   def _left_pad(self, x):
     if len(x.shape) != 3:
-      raise ValueError(f'{self.name} expects (batch, time, depth) inputs; got '
-                       f'shape {tuple(x.shape)}.')
+      raise InputValueError(f'{self.name} expects (batch, time, depth) inputs; got '
+                            f'shape {tuple(x.shape)}.')
     pad = self._kernel_size[0] - 1
     return jnp.pad(x, [(0, 0), (pad, 0), (0, 0)], mode='constant')
 
@@ -268,8 +271,8 @@ class CausalConv(Conv):
 
   def init_weights_and_state(self, input_signature):
     if len(input_signature.shape) != 3:
-      raise ValueError(f'{self.name} expects (batch, time, depth) inputs; got '
-                       f'shape {tuple(input_signature.shape)}.')
+      raise InputValueError(f'{self.name} expects (batch, time, depth) inputs; got '
+                            f'shape {tuple(input_signature.shape)}.')
     b, t, d = input_signature.shape
     padded = ShapeDtype((b, t + self._kernel_size[0] - 1, d),
                              input_signature.dtype)
@@ -304,15 +307,15 @@ class CausalDepthwiseConv(base.Layer):
 
   def _check(self, shape):
     if len(shape) != 3:
-      raise ValueError(f'{self.name} expects (batch, length, depth) inputs; got'
-                       f' shape {tuple(shape)}.')
+      raise InputValueError(f'{self.name} expects (batch, length, depth) inputs; got'
+                            f' shape {tuple(shape)}.')
 
   def forward(self, x):
     self._check(x.shape)
     w = self.weights
     if not hasattr(w, 'shape') or tuple(w.shape) != (self._kernel_size,
                                                      x.shape[-1]):
-      raise ValueError(
+      raise InputValueError(
           f'{self.name} expects weights of shape ({self._kernel_size}, '
           f'{x.shape[-1]}) for input {tuple(x.shape)}; got '
           f'{base.signature(w)}.')

@@ -5,6 +5,8 @@ import numpy as np
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputTypeError
+from retrax.errors import InputValueError
 from retrax.fastmath import precision
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
@@ -46,15 +48,15 @@ class Dense(base.Layer):
   def forward(self, x):
     if self._use_bias:
       if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
-        raise ValueError(
+        raise InputValueError(
             f'{self.name} weights should be a (w, b) tuple; got '
             f'{base.signature(self.weights)}' + _NOT_INITIALIZED_HINT)
       w, b = self.weights
     else:
       w, b = self.weights, None
       if not hasattr(w, 'shape') or len(w.shape) != 2:
-        raise ValueError(f'{self.name} weights should be one matrix w; got '
-                         f'{base.signature(w)}' + _NOT_INITIALIZED_HINT)
+        raise InputValueError(f'{self.name} weights should be one matrix w; got '
+                              f'{base.signature(w)}' + _NOT_INITIALIZED_HINT)
     _check_features(self, x, w.shape[0], 'W', w.shape)
     x, w = fastmath.promoted(x, w, ranks=False)  # float32 weights, float64/bf16 inputs.
     y = precision.dot(x, w)
@@ -105,8 +107,8 @@ class Embedding(base.Layer):
   def forward(self, x):
     _check_int(self, x)
     if not hasattr(self.weights, 'shape'):
-      raise ValueError(f'{self.name} has no embedding table; got weights '
-                       f'{base.signature(self.weights)}' + _NOT_INITIALIZED_HINT)
+      raise InputValueError(f'{self.name} has no embedding table; got weights '
+                            f'{base.signature(self.weights)}' + _NOT_INITIALIZED_HINT)
     embedded = jnp.take(self.weights, x, axis=0, mode='clip')
     if self._use_bfloat16:
       embedded = embedded.astype(jnp.float32)
@@ -207,8 +209,8 @@ def Flatten(n_axes_to_keep=1):
   """Collapses all axes after the first `n_axes_to_keep` into one."""
   def f(x):
     if len(x.shape) <= n_axes_to_keep:
-      raise ValueError(f'Input rank ({len(x.shape)}) must exceed the number of'
-                       f' axes to keep ({n_axes_to_keep}) after flattening.')
+      raise InputValueError(f'Input rank ({len(x.shape)}) must exceed the number of'
+                            f' axes to keep ({n_axes_to_keep}) after flattening.')
     return jnp.reshape(x, tuple(x.shape[:n_axes_to_keep]) + (-1,))
   return Fn(f'Flatten_keep{n_axes_to_keep}', f)
 
@@ -334,13 +336,13 @@ _NOT_INITIALIZED_HINT = ('; was the layer initialized? Call '
 def _check_int(layer, sig):
   if not hasattr(sig, 'dtype') or not jax.numpy.issubdtype(sig.dtype,
                                                         jax.numpy.integer):
-    raise TypeError(f'{layer.name} expects integer token ids; got '
-                    f'{base.signature(sig)}. Cast ids with x.astype(np.int32).')
+    raise InputTypeError(f'{layer.name} expects integer token ids; got '
+                         f'{base.signature(sig)}. Cast ids with x.astype(np.int32).')
 
 
 def _check_features(layer, x, n, weight_name, weight_shape):
   if not x.shape or x.shape[-1] != n:
-    raise ValueError(
+    raise InputValueError(
         f'{layer.name} expects inputs with last dimension {n} (its weight '
         f'{weight_name} has shape {tuple(weight_shape)}); got inputs of shape '
         f'{tuple(x.shape)}.')
@@ -363,8 +365,8 @@ def PaddingMask(pad=0):
   """Maps (batch, length) ids to a (batch, 1, 1, length) mask: True where `x != pad`."""
   def f(x):
     if len(x.shape) != 2:
-      raise ValueError('Input to PaddingMask must be a 2-D array with shape '
-                       f'(batch_size, sequence_length); got shape {x.shape}.')
+      raise InputValueError('Input to PaddingMask must be a 2-D array with shape '
+                            f'(batch_size, sequence_length); got shape {x.shape}.')
     return (x != pad).reshape((x.shape[0], 1, 1, x.shape[1]))
   return Fn(f'PaddingMask({pad})', f)
 
@@ -373,9 +375,9 @@ def EncoderDecoderMask():
   """(decoder_input, encoder padding mask) -> (batch, 1, decoder_len, encoder_len) mask."""
   def f(decoder_input, mask):
     if len(decoder_input.shape) != 3:
-      raise ValueError('Decoder input to EncoderDecoderMask must be a 3-D array'
-                       ' with shape (batch_size, decoder_sequence_length, '
-                       f'd_model); got shape {decoder_input.shape}.')
+      raise InputValueError('Decoder input to EncoderDecoderMask must be a 3-D array'
+                            ' with shape (batch_size, decoder_sequence_length, '
+                            f'd_model); got shape {decoder_input.shape}.')
     mask = mask.reshape((mask.shape[0], 1, 1, mask.shape[-1]))
     # Explicit broadcast and cast (what `mask + zeros(float32)` promoted to).
     shape = (mask.shape[0], 1, decoder_input.shape[1], mask.shape[-1])

@@ -8,10 +8,12 @@ from jax import lax
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import convolution
 from retrax.layers import initializers as init
+from retrax.validation import ArgumentValueError
 
 
 @configurable('trax.layers')
@@ -45,16 +47,16 @@ class ConvTranspose(convolution.ConvLayoutMixin, base.Layer):
                kernel_initializer=None):
     super().__init__()
     if kernel_initialzer is not None and kernel_initializer is not None:
-      raise ValueError('Give kernel_initialzer or kernel_initializer, not '
-                       'both.')
+      raise ArgumentValueError('Give kernel_initialzer or kernel_initializer, not '
+                               'both.')
     kernel_initializer = kernel_initialzer or kernel_initializer
     self._set_conv_layout(filters, kernel_size, padding, dimension_numbers,
                           kernel_initializer, bias_initializer)
     self._strides = tuple(strides or self._one)
     self._rhs_dilation = None if rhs_dilation is None else tuple(rhs_dilation)
     if self._padding == 'SAME_LOWER':
-      raise ValueError("ConvTranspose takes padding 'VALID', 'SAME' or (low, "
-                       "high) pairs; got 'SAME_LOWER'.")
+      raise ArgumentValueError("ConvTranspose takes padding 'VALID', 'SAME' or (low, "
+                               "high) pairs; got 'SAME_LOWER'.")
 
   def _conv_shape(self, shape):
     shape = tuple(shape)
@@ -63,7 +65,7 @@ class ConvTranspose(convolution.ConvLayoutMixin, base.Layer):
       return shape
     if len(shape) < rank or len(shape) <= 4 or not (
         self._lhs_spec == self._out_spec == 'NHWC'):
-      raise ValueError(
+      raise InputValueError(
           f'{self.name} with input layout {self._lhs_spec!r} expects rank-'
           f'{rank} inputs ({", ".join(self._lhs_spec)}); got shape {shape} '
           f'(rank {len(shape)}). Only NHWC takes extra leading (batch) axes.')
@@ -71,16 +73,16 @@ class ConvTranspose(convolution.ConvLayoutMixin, base.Layer):
 
   def forward(self, x):
     if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
-      raise ValueError(f'{self.name} weights should be a (w, b) pair; got '
-                       f'{base.signature(self.weights)}; was the layer '
-                       'initialized?')
+      raise InputValueError(f'{self.name} weights should be a (w, b) pair; got '
+                            f'{base.signature(self.weights)}; was the layer '
+                            'initialized?')
     w, b = self.weights
     convolution.check_float_input(self, x)
     shape = self._conv_shape(x.shape)
     c_in = shape[self._lhs_spec.index('C')]
     w_in = w.shape[self._rhs_spec.index('I')]
     if c_in != w_in:
-      raise ValueError(
+      raise InputValueError(
           f'{self.name} expects inputs with {w_in} channels (its kernel has '
           f'shape {tuple(w.shape)}); got input shape {tuple(x.shape)}.')
     x_shape = tuple(x.shape)

@@ -11,6 +11,7 @@ import os
 import traceback
 
 from retrax.errors import Error
+from retrax.errors import InputValueError
 from retrax.shapes import signature
 
 _LAYERS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +26,12 @@ class LayerError(Error):
   branch 0 is the Dense layer that failed. The message then says where that
   layer was created, what signature it was given and what went wrong
   (expected vs. got).
+
+  It wraps any exception, a bug too (its `__cause__`): `retrax.errors.
+  deliberate` tells the two apart.
   """
+
+  wraps_cause = True
 
   def __init__(self, layer_name, function_name, caller, input_signature,
                traceback_string, details=''):
@@ -115,6 +121,10 @@ def in_sublayer(parent, index):
 
 
 def input_error(layer, function_name, inputs, message):
-  """A LayerError for `layer` given `inputs`, with `message` as its cause."""
-  return LayerError(layer.name, function_name, layer.caller, signature(inputs),
-                    f'ValueError: {message}')
+  """A LayerError for `layer` given `inputs`, caused by an `InputValueError`
+  saying `message`."""
+  cause = InputValueError(message)
+  error = LayerError(layer.name, function_name, layer.caller, signature(inputs),
+                     short_traceback(cause))
+  error.__cause__ = cause
+  return error

@@ -7,8 +7,10 @@ scales computed in float32 as Trax does), so a given key gives Trax's numbers.
 import numpy as np
 
 from retrax.configurable import configurable
+from retrax.errors import UserInputError
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import random
+from retrax.validation import ArgumentValueError
 
 
 def _pure_shape(shape):
@@ -41,8 +43,8 @@ def InitializerFromFile(path):
     del rng
     params = np.load(path, allow_pickle=False)
     if tuple(params.shape) != tuple(shape):
-      raise ValueError(f'{path}: expected shape {tuple(shape)}, got '
-                       f'{params.shape}.')
+      raise UserInputError(f'{path}: expected shape {tuple(shape)}, got '
+                           f'{params.shape}.')
     return params
   return init
 
@@ -74,13 +76,13 @@ def ScaledInitializer(out_dim, in_dim, scale, mode, distribution):
     `init(shape, rng, nonreceptive_dims=None) -> array`.
   """
   if scale <= 0.:
-    raise ValueError(f'scale must be a positive float, got {scale}.')
+    raise ArgumentValueError(f'scale must be a positive float, got {scale}.')
   if mode not in ('fan_in', 'fan_out', 'fan_avg'):
-    raise ValueError(f"Invalid mode {mode!r}: use 'fan_in', 'fan_out' or "
-                     "'fan_avg'.")
+    raise ArgumentValueError(f"Invalid mode {mode!r}: use 'fan_in', 'fan_out' or "
+                             "'fan_avg'.")
   if distribution not in ('normal', 'uniform', 'truncated_normal'):
-    raise ValueError(f"Invalid distribution {distribution!r}: use 'normal', "
-                     "'uniform' or 'truncated_normal'.")
+    raise ArgumentValueError(f"Invalid distribution {distribution!r}: use 'normal', "
+                             "'uniform' or 'truncated_normal'.")
 
   def init(shape, rng, nonreceptive_dims=None):
     shape = _pure_shape(shape)

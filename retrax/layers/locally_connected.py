@@ -5,10 +5,12 @@ from typing import Any
 import numpy as np
 
 from retrax import fastmath
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
 from retrax import validation
+from retrax.validation import ArgumentValueError
 
 _PADDINGS = ('VALID', 'SAME', 'WRAP')
 
@@ -34,8 +36,8 @@ class LocallyConnected1d(base.Layer):
     kernel_size = validation.check_int('LocallyConnected1d', 'kernel_size',
                                        kernel_size, 1)
     if kernel_size % 2 != 1:
-      raise ValueError('LocallyConnected1d: kernel_size must be odd; got '
-                       f'{kernel_size}.')
+      raise ArgumentValueError('LocallyConnected1d: kernel_size must be odd; got '
+                               f'{kernel_size}.')
     validation.check_choice('LocallyConnected1d', 'padding', padding, _PADDINGS)
     super().__init__(name=f'LocallyConnected1d_{filters}_{kernel_size}')
     self._filters = filters
@@ -61,15 +63,15 @@ class LocallyConnected1d(base.Layer):
   def forward(self, x):
     if self._use_bias:
       if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
-        raise ValueError(f'{self.name} weights should be a (w, b) tuple; got '
-                         f'{base.signature(self.weights)}.')
+        raise InputValueError(f'{self.name} weights should be a (w, b) tuple; got '
+                              f'{base.signature(self.weights)}.')
       w, b = self.weights
     else:
       w, b = self.weights, None
     length = x.shape[-2]
     if length != w.shape[0]:
-      raise ValueError(f'{self.name} was initialized for length {w.shape[0]} '
-                       f'(axis -2); got input shape {tuple(x.shape)}.')
+      raise InputValueError(f'{self.name} was initialized for length {w.shape[0]} '
+                            f'(axis -2); got input shape {tuple(x.shape)}.')
     # per_slot[..., l, k, :]: input position l through kernel slot k.
     x, w = fastmath.promoted(x, w, ranks=False)  # Integer inputs, as Trax.
     per_slot = jnp.einsum('...lp,lkpd->...lkd', x, w)
@@ -86,9 +88,9 @@ class LocallyConnected1d(base.Layer):
     length_out = (length - self._kernel_size + 1 if self._padding == 'VALID'
                   else length)
     if length_out < 1:
-      raise ValueError(f"{self.name} with padding 'VALID' needs length >= "
-                       f'{self._kernel_size}; got input shape '
-                       f'{tuple(input_signature.shape)}.')
+      raise InputValueError(f"{self.name} with padding 'VALID' needs length >= "
+                            f'{self._kernel_size}; got input shape '
+                            f'{tuple(input_signature.shape)}.')
     rng_w, rng_b = fastmath.random.split(self.rng, 2)
     w = self._kernel_initializer(
         (length, self._kernel_size, depth, self._filters), rng_w,

@@ -29,17 +29,19 @@ import numpy as np
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers import tutorial_checks
+from retrax.validation import ArgumentValueError
 
 
 def _check_same_shape(name, what1, x1, what2, x2):
   if tuple(x1.shape) != tuple(x2.shape):
-    raise ValueError(f'{name}: {what1} of shape {tuple(x1.shape)} and {what2} '
-                     f'of shape {tuple(x2.shape)} must have the same shape.')
+    raise InputValueError(f'{name}: {what1} of shape {tuple(x1.shape)} and {what2} '
+                          f'of shape {tuple(x2.shape)} must have the same shape.')
 
 
 def _check_categories(name, model_output, targets, predictions_shape=None):
@@ -47,7 +49,7 @@ def _check_categories(name, model_output, targets, predictions_shape=None):
   expected = tuple(model_output.shape[:-1]) if predictions_shape is None else (
       predictions_shape)
   if tuple(targets.shape) != expected:
-    raise ValueError(
+    raise InputValueError(
         f'{name}: targets should have shape {expected} (model outputs of shape '
         f'{tuple(model_output.shape)} without the last, category axis); got '
         f'targets of shape {tuple(targets.shape)}.')
@@ -73,7 +75,7 @@ def _check_target_range(name, targets, n_classes, weights=None):
     except ValueError:
       pass  # Weights not of the targets' shape: check every target.
   if bad.any():
-    raise ValueError(
+    raise InputValueError(
         f'{name}: target {t[bad][0]} is not a category of the model outputs '
         f'({n_classes} categories, 0 to {n_classes - 1}); {int(bad.sum())} '
         f'of {t.size} targets are out of range.')
@@ -142,7 +144,7 @@ def _category_cross_entropy(model_output, targets, label_smoothing, cutoff):
   target_distributions = core.one_hot(targets, n_categories)
   if label_smoothing:
     if label_smoothing < 0. or label_smoothing > 1.:
-      raise ValueError(
+      raise ArgumentValueError(
           f'Arg label_smoothing ({label_smoothing}) must be between 0 and 1.')
     target_distributions *= (1. - label_smoothing)
     target_distributions += label_smoothing / n_categories

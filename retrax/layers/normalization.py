@@ -1,10 +1,12 @@
 """Normalization layers: LayerNorm, BatchNorm, FilterResponseNorm."""
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax import fastmath
 from retrax.fastmath import with_rank
 from retrax.layers import base
+from retrax.validation import ArgumentValueError
 
 
 @configurable('trax.layers')
@@ -18,15 +20,15 @@ class LayerNorm(base.Layer):
 
   def forward(self, x):
     if not isinstance(self.weights, (tuple, list)) or len(self.weights) != 2:
-      raise ValueError(f'{self.name} weights should be (scale, bias); got '
-                       f'{base.signature(self.weights)}; call '
-                       'layer.init(input_signature) first.')
+      raise InputValueError(f'{self.name} weights should be (scale, bias); got '
+                            f'{base.signature(self.weights)}; call '
+                            'layer.init(input_signature) first.')
     scale, bias = self.weights
     if x.shape[-1] != scale.shape[-1]:
-      raise ValueError(f'{self.name} expects inputs with last dimension '
-                       f'{scale.shape[-1]} (its scale has shape '
-                       f'{tuple(scale.shape)}); got inputs of shape '
-                       f'{tuple(x.shape)}.')
+      raise InputValueError(f'{self.name} expects inputs with last dimension '
+                            f'{scale.shape[-1]} (its scale has shape '
+                            f'{tuple(scale.shape)}); got inputs of shape '
+                            f'{tuple(x.shape)}.')
     mean = jnp.mean(x, axis=-1, keepdims=True)
     centered = x - mean if self._center else x
     variance = jnp.mean(centered * centered, axis=-1, keepdims=True)
@@ -60,10 +62,10 @@ class BatchNorm(base.Layer):
 
   def forward(self, x):
     if not isinstance(self.state, (tuple, list)) or len(self.state) != 3:
-      raise ValueError(f'{self.name} state should be (running_mean, '
-                       f'running_var, n_batches); got '
-                       f'{base.signature(self.state)}; call '
-                       'layer.init(input_signature) first.')
+      raise InputValueError(f'{self.name} state should be (running_mean, '
+                            f'running_var, n_batches); got '
+                            f'{base.signature(self.state)}; call '
+                            'layer.init(input_signature) first.')
     running_mean, running_var, n_batches = self.state
     axis = tuple(a % x.ndim for a in self._axis)
     if self._mode == 'train':
@@ -120,9 +122,9 @@ class FilterResponseNorm(base.Layer):
     super().__init__()
     del mode
     if init_epsilon <= 0 or init_learnt_epsilon <= 0:
-      raise ValueError('FilterResponseNorm epsilons must be > 0; got '
-                       f'init_epsilon={init_epsilon}, '
-                       f'init_learnt_epsilon={init_learnt_epsilon}.')
+      raise ArgumentValueError('FilterResponseNorm epsilons must be > 0; got '
+                               f'init_epsilon={init_epsilon}, '
+                               f'init_learnt_epsilon={init_learnt_epsilon}.')
     self._learn_epsilon = learn_epsilon
     self._init_epsilon = init_epsilon
     self._init_learnt_epsilon = init_learnt_epsilon

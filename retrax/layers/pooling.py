@@ -11,8 +11,10 @@ from jax import lax
 import jax.numpy as jnp_jax
 import numpy as np
 
+from retrax.errors import InputValueError
 from retrax.layers import convolution
 from retrax.layers.base import Fn
+from retrax.validation import ArgumentValueError
 
 
 def _window_args(layer_name, x, pool_size, strides, padding):
@@ -20,14 +22,14 @@ def _window_args(layer_name, x, pool_size, strides, padding):
   pool_size = tuple(pool_size)
   n = len(pool_size)
   if len(x.shape) != n + 2:
-    raise ValueError(
+    raise InputValueError(
         f'{layer_name} with pool_size {pool_size} pools {n} axes between the '
         f'batch and channel axes, so it expects rank-{n + 2} inputs; got shape '
         f'{tuple(x.shape)} (rank {len(x.shape)}).')
   strides = tuple(strides) if strides else (1,) * n
   if len(strides) != n:
-    raise ValueError(f'{layer_name}: strides {strides} must have as many '
-                     f'entries as pool_size {pool_size}.')
+    raise ArgumentValueError(f'{layer_name}: strides {strides} must have as many '
+                             f'entries as pool_size {pool_size}.')
   padding = convolution.check_padding(padding, n)
   convolution.check_windows_fit(layer_name, x.shape, range(1, n + 1), pool_size,
                                 (1,) * n, padding, 'pool window')

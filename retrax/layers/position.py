@@ -18,12 +18,14 @@ import numpy as np
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
 from retrax.layers import predict_state
 from retrax import validation
 from retrax.layers.assert_shape import assert_shape
+from retrax.validation import ArgumentValueError
 
 _MODES = ('train', 'eval', 'predict', 'viz')
 
@@ -40,8 +42,8 @@ def _check_predict_range(layer, index, length, max_len):
 
 def _check_3d(layer, x):
   if len(x.shape) != 3:
-    raise ValueError(f'{layer.name} expects (batch, length, d_feature) '
-                     f'activations; got shape {tuple(x.shape)}.')
+    raise InputValueError(f'{layer.name} expects (batch, length, d_feature) '
+                          f'activations; got shape {tuple(x.shape)}.')
 
 
 def _broadcast_dropout(x, px, dropout, broadcast_dims, rng):
@@ -113,8 +115,8 @@ class PositionalEncoding(_PositionCounter):
       self.state = self.state + length
       return inputs + px
     if length > self._max_len:
-      raise ValueError(f'{self.name} encodes {self._max_len} positions; got '
-                       f'input length {length}.')
+      raise InputValueError(f'{self.name} encodes {self._max_len} positions; got '
+                            f'input length {length}.')
     if self._mode != 'train' or self._start_from_zero_prob >= 1.0:
       px = self._rows(0, length)
     else:
@@ -175,7 +177,7 @@ class AxialPositionalEncoding(_PositionCounter):
     _check_args('AxialPositionalEncoding', dropout, mode)
     shape, d_embs = tuple(shape), tuple(d_embs)
     if len(shape) != len(d_embs) or not shape:
-      raise ValueError(
+      raise ArgumentValueError(
           'AxialPositionalEncoding needs one embedding depth per axis: got '
           f'shape={shape} and d_embs={d_embs}.')
     self._kernel_initializer = kernel_initializer
@@ -196,7 +198,7 @@ class AxialPositionalEncoding(_PositionCounter):
       self.state = self.state + length
       return inputs + emb
     if length > self._max_len:
-      raise ValueError(
+      raise InputValueError(
           f'{self.name} with shape {self._shape} encodes {self._max_len} '
           f'positions; got input length {length}.')
     if self._dropout == 0:
@@ -227,7 +229,7 @@ class AxialPositionalEncoding(_PositionCounter):
 
   def _check_depth(self, d_feature):
     if sum(self._d_embs) != d_feature:
-      raise ValueError(
+      raise InputValueError(
           f'AxialPositionalEncoding: sum(d_embs) = sum({self._d_embs}) = '
           f'{sum(self._d_embs)} must equal the activation depth d_feature = '
           f'{d_feature}.')
@@ -277,7 +279,7 @@ class SinCosPositionalEncoding(_PositionCounter):
     _check_3d(self, inputs)
     length, d_feature = inputs.shape[1], inputs.shape[2]
     if d_feature % 2:
-      raise ValueError(f'{self.name} needs an even depth; got {d_feature}.')
+      raise InputValueError(f'{self.name} needs an even depth; got {d_feature}.')
     if self._mode == 'predict':
       pe = self._sincos(self.state, length, d_feature)
       self.state = self.state + length
@@ -317,7 +319,7 @@ class FixedBasePositionalEncoding(_PositionCounter):
                mode='train', initializer=init.RandomUniformInitializer(1e-4)):
     super().__init__(mode=mode)
     if mode not in _MODES:
-      raise ValueError(f'mode must be one of {_MODES}; got {mode!r}.')
+      raise ArgumentValueError(f'mode must be one of {_MODES}; got {mode!r}.')
     self._bases = tuple(bases)
     self._n_digits = n_digits
     self._initializer = initializer
@@ -330,8 +332,8 @@ class FixedBasePositionalEncoding(_PositionCounter):
     batch_size, length = x.shape[0], x.shape[1]
     max_pos = min(self._bases)**self._n_digits
     if length >= max_pos:
-      raise ValueError(f'{self.name}: input length ({length}) must be below '
-                       f'min(bases)**n_digits ({max_pos}).')
+      raise InputValueError(f'{self.name}: input length ({length}) must be below '
+                            f'min(bases)**n_digits ({max_pos}).')
     rng1, rng2, rng3 = fastmath.random.split(self.rng, 3)
     positions = jnp.arange(0, length)[None, :]
     if self._mode == 'train':
@@ -368,8 +370,8 @@ class FixedBasePositionalEncoding(_PositionCounter):
   def init_weights_and_state(self, input_signature):
     d_feature = input_signature.shape[-1]
     if d_feature % self._n_digits != 0:
-      raise ValueError(f'{self.name}: d_feature ({d_feature}) must be a '
-                       f'multiple of n_digits ({self._n_digits}).')
+      raise InputValueError(f'{self.name}: d_feature ({d_feature}) must be a '
+                            f'multiple of n_digits ({self._n_digits}).')
     d_weight = d_feature // self._n_digits
     rng1, rng2 = fastmath.random.split(self.rng, 2)
     base_weights = tuple(

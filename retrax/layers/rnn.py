@@ -9,6 +9,7 @@ keeps the last state, so a sequence can be fed a few positions at a time.
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import activation_fns
 from retrax.layers import base
@@ -16,20 +17,21 @@ from retrax.layers import combinators as cb
 from retrax.layers import convolution
 from retrax.layers import core
 from retrax.layers import initializers
+from retrax.validation import ArgumentValueError
 
 
 def _check_cell_inputs(layer, x, state, d_state, d_in):
   """Clear errors for a cell's `(x, state)` against its weights."""
   if tuple(state.shape[:-1]) != tuple(x.shape[:-1]):
-    raise ValueError(
+    raise InputValueError(
         f'{layer.name}: input {tuple(x.shape)} and state {tuple(state.shape)} '
         'must agree on all but the last axis.')
   if state.shape[-1] != d_state:
-    raise ValueError(f'{layer.name} expects a state of depth {d_state}; got '
-                     f'state shape {tuple(state.shape)}.')
+    raise InputValueError(f'{layer.name} expects a state of depth {d_state}; got '
+                          f'state shape {tuple(state.shape)}.')
   if x.shape[-1] != d_in:
-    raise ValueError(f'{layer.name} was initialized for inputs of depth '
-                     f'{d_in}; got input shape {tuple(x.shape)}.')
+    raise InputValueError(f'{layer.name} was initialized for inputs of depth '
+                          f'{d_in}; got input shape {tuple(x.shape)}.')
 
 
 @configurable('trax.layers')
@@ -68,7 +70,7 @@ class LSTMCell(base.Layer):
   def init_weights_and_state(self, input_signature):
     x_sig, state_sig = input_signature
     if state_sig.shape[-1] != 2 * self._n_units:
-      raise ValueError(
+      raise InputValueError(
           f'Last dimension of state (shape: {tuple(state_sig.shape)}) must be '
           f'equal to 2*n_units ({2 * self._n_units}).')
     d_in = x_sig.shape[-1] + self._n_units
@@ -82,9 +84,9 @@ def MakeZeroState(depth_multiplier=1):
   """Layer mapping `(batch, length, depth)` to float32 zeros `(batch, depth_multiplier * depth)`."""
   def f(x):
     if len(x.shape) != 3:
-      raise ValueError('Layer input should be a rank 3 tensor representing '
-                       '(batch_size, sequence_length, feature_depth); instead '
-                       f'got shape {tuple(x.shape)}.')
+      raise InputValueError('Layer input should be a rank 3 tensor representing '
+                            '(batch_size, sequence_length, feature_depth); instead '
+                            f'got shape {tuple(x.shape)}.')
     return jnp.zeros((x.shape[0], depth_multiplier * x.shape[-1]),
                      dtype=jnp.float32)
   return base.Fn('MakeZeroState', f)
@@ -147,7 +149,7 @@ class GRUCell(base.Layer):
   def init_weights_and_state(self, input_signature):
     x_sig, state_sig = input_signature
     if state_sig.shape[-1] != self._n_units:
-      raise ValueError(
+      raise InputValueError(
           'Second argument in input signature should have a final dimension '
           f'of {self._n_units}; instead got {state_sig.shape[-1]}.')
     d_in = x_sig.shape[-1] + self._n_units
@@ -250,8 +252,8 @@ def ScanSRUCell(mode, monkey_patched_mask=None):
   if monkey_patched_mask is None:
     return cb.Scan(InnerSRUCell(), axis=1, mode=mode)
   if mode != 'predict':
-    raise ValueError('ScanSRUCell takes a monkey_patched_mask in predict mode '
-                     f'only; got mode={mode!r}.')
+    raise ArgumentValueError('ScanSRUCell takes a monkey_patched_mask in predict mode '
+                             f'only; got mode={mode!r}.')
 
   def update_mask(mask, x_times_one_minus_f):
     initial = jnp.ones(x_times_one_minus_f.shape[:2], dtype=jnp.float32)

@@ -25,24 +25,26 @@ unless reconstruction error flips an argmax.
 """
 
 from retrax import fastmath
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers import initializers as init
+from retrax.validation import ArgumentValueError
 
 
 def _split_blocks(layer, d_ff, n_elements_in_block):
   if n_elements_in_block < 1 or d_ff % n_elements_in_block:
-    raise ValueError(f'{layer}: d_ff ({d_ff}) must be a positive multiple of '
-                     f'n_elements_in_block ({n_elements_in_block}).')
+    raise ArgumentValueError(f'{layer}: d_ff ({d_ff}) must be a positive multiple of '
+                             f'n_elements_in_block ({n_elements_in_block}).')
   return d_ff // n_elements_in_block, n_elements_in_block
 
 
 def _check_depth(layer, x, d_model):
   if x.shape[-1] != d_model:
-    raise ValueError(f'{layer.name} was initialized for inputs of depth '
-                     f'{d_model}; got input shape {tuple(x.shape)}.')
+    raise InputValueError(f'{layer.name} was initialized for inputs of depth '
+                          f'{d_model}; got input shape {tuple(x.shape)}.')
 
 
 def _relu(x):

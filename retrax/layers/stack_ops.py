@@ -6,10 +6,12 @@ top of the stack. All are weightless; `retrax.layers.combinators` re-exports
 them under Trax's names.
 """
 
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import with_rank
 from retrax.layers import base
 from retrax.layers.base import Fn
+from retrax.validation import ArgumentValueError
 
 
 def Select(indices, n_in=None, name=None):
@@ -19,11 +21,11 @@ def Select(indices, n_in=None, name=None):
   """
   if not indices:
     if n_in is None:
-      raise ValueError('Select([]) needs an explicit n_in (items to drop).')
+      raise ArgumentValueError('Select([]) needs an explicit n_in (items to drop).')
   elif n_in is None:
     n_in = max(indices) + 1
   if any(i < 0 or i >= n_in for i in indices):
-    raise ValueError(f'Select indices {indices} must lie in [0, n_in={n_in}).')
+    raise ArgumentValueError(f'Select indices {indices} must lie in [0, n_in={n_in}).')
   if name is None:
     name = f'Select{indices}'.replace(' ', '')
   indices = tuple(indices)
@@ -119,8 +121,8 @@ class Split(base.Layer):
 
   def forward(self, inputs):
     if inputs.shape[self._axis] % self._n_items:
-      raise ValueError(f'Split: axis {self._axis} of {inputs.shape} is not '
-                       f'divisible by n_items={self._n_items}.')
+      raise InputValueError(f'Split: axis {self._axis} of {inputs.shape} is not '
+                            f'divisible by n_items={self._n_items}.')
     return tuple(jnp.split(inputs, self._n_items, self._axis))
 
 

@@ -15,8 +15,11 @@ import numpy as np
 
 from retrax import fastmath
 from retrax import shapes
+from retrax.errors import InputTypeError
+from retrax.errors import InputValueError
 from retrax.layers import base
 from retrax.layers import core
+from retrax.validation import ArgumentValueError
 
 
 def _as_list(outputs):
@@ -69,9 +72,9 @@ def test_eval_equals_predict(inp, model_fn, seq_axis=1, seq_tensor=None,
     seq = inp if seq_tensor is None else inp[seq_tensor]
     length = seq.shape[seq_axis]
     if length < init_tokens + 2:
-      raise ValueError(f'test_eval_equals_predict needs a sequence of at least '
-                       f'init_tokens + 2 = {init_tokens + 2} positions; got '
-                       f'{length}.')
+      raise ArgumentValueError(f'test_eval_equals_predict needs a sequence of at least '
+                               f'init_tokens + 2 = {init_tokens + 2} positions; got '
+                               f'{length}.')
     pieces = [(0, init_tokens)] + [(i, i + 1)
                                    for i in range(init_tokens, length)]
     for start, end in pieces:
@@ -161,12 +164,12 @@ class MockTransformerLM(base.Layer):
   def _logits(self, symbols):
     symbols = np.asarray(symbols)
     if not np.issubdtype(symbols.dtype, np.integer):
-      raise TypeError(f'MockTransformerLM: tokens must be integers; got '
-                      f'{symbols.dtype}.')
+      raise InputTypeError(f'MockTransformerLM: tokens must be integers; got '
+                           f'{symbols.dtype}.')
     if symbols.size and (symbols.min() < 0 or
                          symbols.max() >= self._vocab_size):
-      raise ValueError(f'MockTransformerLM: tokens must be in [0, '
-                       f'{self._vocab_size}); got {symbols.tolist()}.')
+      raise InputValueError(f'MockTransformerLM: tokens must be in [0, '
+                            f'{self._vocab_size}); got {symbols.tolist()}.')
     return core.one_hot(symbols, self._vocab_size) * 1000.0
 
   def __call__(self, x, weights=None, state=None, rng=None):
@@ -180,8 +183,8 @@ class MockTransformerLM(base.Layer):
     """Logits for `inputs`; in 'predict' mode the buffers grow by `inputs`."""
     inputs = np.asarray(inputs)
     if inputs.ndim != 2:
-      raise ValueError(f'MockTransformerLM takes (batch, length) tokens; got '
-                       f'shape {inputs.shape}.')
+      raise InputValueError(f'MockTransformerLM takes (batch, length) tokens; got '
+                            f'shape {inputs.shape}.')
     if self._buffers is None:
       self._buffers = [[] for _ in range(inputs.shape[0])]
     outputs = []

@@ -18,6 +18,7 @@ import numpy as np
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import precision
 from retrax.layers import base
@@ -29,6 +30,7 @@ from retrax.layers import predict_state
 from retrax import validation
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.base import Fn
+from retrax.validation import ArgumentValueError
 
 
 _MODES = ('train', 'eval', 'predict', 'viz')
@@ -103,7 +105,7 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',
       return core.Dense(d_feature)
     if layer_sparsity == 'noop':
       return cb.Serial()
-    raise ValueError(
+    raise ArgumentValueError(
         f'{arg_name} must be None or \'noop\'; got {layer_sparsity!r} (the '
         'sparse FactoredDense variant of Trax research code is not supported).')
 
@@ -174,7 +176,7 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
     float64 inputs).
   """
   if dropout is not None and dropout >= 1.0:
-    raise ValueError(f'Dropout rate ({dropout}) must be lower than 1.')
+    raise ArgumentValueError(f'Dropout rate ({dropout}) must be lower than 1.')
   d_feature = queries.shape[-1]
   keys = keys if isinstance(keys, tuple) else (keys,)
   values = values if isinstance(values, tuple) else (values,)
@@ -186,7 +188,7 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
   weights = jnp.exp(dots - fastmath.logsumexp(dots, axis=-1, keepdims=True))
   if dropout is not None and dropout > 0.0 and mode == 'train':
     if rng is None:
-      raise ValueError('Attention dropout in train mode needs an rng key.')
+      raise ArgumentValueError('Attention dropout in train mode needs an rng key.')
     keep = fastmath.random.bernoulli(rng, 1.0 - dropout, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout),
                         jnp.zeros_like(weights))
@@ -231,11 +233,11 @@ class DotProductAttention(base.Layer):
 def _split_into_heads(x, n_heads, merged_batch_and_head):
   """(b, l, d) -> (b * n_heads, l, d // n_heads), or (b, n_heads, l, d // n_heads)."""
   if len(x.shape) != 3:
-    raise ValueError('SplitIntoHeads expects a 3-D array (batch, length, '
-                     f'd_feature); got shape {tuple(x.shape)}.')
+    raise InputValueError('SplitIntoHeads expects a 3-D array (batch, length, '
+                          f'd_feature); got shape {tuple(x.shape)}.')
   batch_size, seq_len, d_feature = x.shape
   if d_feature % n_heads != 0:
-    raise ValueError(
+    raise InputValueError(
         f'Feature embedding dimensionality ({d_feature}) is not a multiple'
         f' of the requested number of attention heads ({n_heads}).')
   x = x.reshape((batch_size, seq_len, n_heads, d_feature // n_heads))
@@ -250,7 +252,7 @@ def _merge_heads(x, n_heads, merged_batch_and_head):
   if merged_batch_and_head:
     dim_0, seq_len, d_head = x.shape
     if dim_0 % n_heads != 0:
-      raise ValueError(
+      raise InputValueError(
           f"Array's leading dimension ({dim_0}) is not a multiple of the"
           f' number of attention heads ({n_heads}).')
     batch_size = dim_0 // n_heads

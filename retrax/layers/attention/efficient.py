@@ -36,6 +36,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import precision
 from retrax import validation
 from retrax.layers.attention.efficient_base import drop_oldest
@@ -52,6 +53,7 @@ from retrax.layers.attention.ops import mask_self_attention
 from retrax.layers.attention.ops import project_step_heads
 from retrax.layers.attention.ops import permute_via_gather as permute_via_gather  # re-export
 from retrax.layers.attention.ops import permute_via_sort as permute_via_sort  # re-export
+from retrax.validation import ArgumentValueError
 
 _MODES = ('train', 'eval', 'predict')
 # Predict-mode memory of an unchunked SelfAttention when none is given (Trax
@@ -91,14 +93,14 @@ def dropout_rngs(rng, attention_dropout, output_dropout):
 def check_predict(name, causal, masked, n_chunks_after=0):
   """Predict mode (fast inference) needs a causal, unmasked, look-back-only layer."""
   if not causal:
-    raise ValueError(f'{name}: mode="predict" (fast inference) needs '
-                     'causal=True.')
+    raise ArgumentValueError(f'{name}: mode="predict" (fast inference) needs '
+                             'causal=True.')
   if masked:
-    raise ValueError(f'{name}: mode="predict" does not support masked=True; '
-                     'decode without a padding mask.')
+    raise ArgumentValueError(f'{name}: mode="predict" does not support masked=True; '
+                             'decode without a padding mask.')
   if n_chunks_after:
-    raise ValueError(f'{name}: mode="predict" needs n_chunks_after=0; got '
-                     f'{n_chunks_after}.')
+    raise ArgumentValueError(f'{name}: mode="predict" needs n_chunks_after=0; got '
+                             f'{n_chunks_after}.')
 
 
 def attention_kernel_init(shape, rng, n_heads):
@@ -115,14 +117,14 @@ def normalize_mask(name, mask, x):
     return mask.astype(bool) if mask.dtype != bool else mask
   if shape == (batch, 1, 1, length):
     return jnp.reshape(mask, (batch, length)).astype(bool)
-  raise ValueError(f'{name}: the mask must have shape (batch, length) = '
-                   f'{(batch, length)} (True for real tokens); got {shape}.')
+  raise InputValueError(f'{name}: the mask must have shape (batch, length) = '
+                        f'{(batch, length)} (True for real tokens); got {shape}.')
 
 
 def check_width(name, x, w, what='d_model'):
   if x.shape[-1] != w.shape[1]:
-    raise ValueError(f'{name}: inputs have {what} {x.shape[-1]} but the '
-                     f'weights expect {w.shape[1]}.')
+    raise InputValueError(f'{name}: inputs have {what} {x.shape[-1]} but the '
+                          f'weights expect {w.shape[1]}.')
 
 
 @configurable('trax.layers', denylist=('mode',))
@@ -165,8 +167,8 @@ class SelfAttention(EfficientAttentionBase):
     check_count(name, 'n_chunks_after', n_chunks_after)
     check_depths_and_rates(name, d_qk, d_v, attention_dropout, output_dropout)
     if chunk_len is None and (n_chunks_before or n_chunks_after):
-      raise ValueError(f'{name}: n_chunks_before/n_chunks_after need '
-                       f'chunk_len; got chunk_len=None.')
+      raise ArgumentValueError(f'{name}: n_chunks_before/n_chunks_after need '
+                               f'chunk_len; got chunk_len=None.')
     incremental = mode == 'predict'
     if incremental:
       check_predict(name, causal, masked)
@@ -243,9 +245,9 @@ class SelfAttention(EfficientAttentionBase):
     expected = (3 if self._share_qk else 4) + (
         (2 if self._share_qk else 3) if self._bias else 0)
     if len(weights) != expected:
-      raise ValueError(f'{self.name}: expected {expected} weight arrays '
-                       f'(share_qk={self._share_qk}, bias={self._bias}); got '
-                       f'{len(weights)}.')
+      raise InputValueError(f'{self.name}: expected {expected} weight arrays '
+                            f'(share_qk={self._share_qk}, bias={self._bias}); got '
+                            f'{len(weights)}.')
     if self._share_qk:
       w_q, w_v, w_o = weights[:3]
       b_q, b_v = weights[3:] if self._bias else (None, None)
@@ -272,8 +274,8 @@ class SelfAttention(EfficientAttentionBase):
     """Attention of one head over one example `x [L, M]`; returns `(y, state)`."""
     del update_state
     if (mask is not None) != self._masked:
-      raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
-                       f'{"given" if mask is not None else "not given"}.')
+      raise InputValueError(f'{self.name}: masked={self._masked} but a mask was '
+                            f'{"given" if mask is not None else "not given"}.')
     attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
                                           self._output_dropout)
     q, k, v, w_o = self._attend_inputs(x, weights)
@@ -454,9 +456,9 @@ class SharedQKDotProductAttention(SelfAttention):
 
   def __init__(self, n_heads=2, d_qk=64, d_v=64, share_qk=True, **kwargs):
     if not share_qk:
-      raise ValueError(f'{type(self).__name__}: keys are always shared; got '
-                       f'share_qk={share_qk!r} (use SelfAttention for '
-                       'separate keys).')
+      raise ArgumentValueError(f'{type(self).__name__}: keys are always shared; got '
+                               f'share_qk={share_qk!r} (use SelfAttention for '
+                               'separate keys).')
     super().__init__(n_heads, d_qk, d_v, share_qk=True, **kwargs)
 
 
@@ -493,9 +495,9 @@ class EncDecAttention(EfficientAttentionBase):
     inputs = super()._check_inputs(inputs, weights)
     q_in, kv_in = inputs[0], inputs[1]
     if jnp.ndim(kv_in) != 3 or kv_in.shape[0] != q_in.shape[0]:
-      raise ValueError(f'{self.name}: encoder activations must be [batch, '
-                       f'length, d] with batch {q_in.shape[0]}; got shape '
-                       f'{jnp.shape(kv_in)}.')
+      raise InputValueError(f'{self.name}: encoder activations must be [batch, '
+                            f'length, d] with batch {q_in.shape[0]}; got shape '
+                            f'{jnp.shape(kv_in)}.')
     check_width(self.name, q_in, weights[0])
     check_width(self.name, kv_in, weights[1], 'encoder width')
     if self._masked:
@@ -524,7 +526,7 @@ class EncDecAttention(EfficientAttentionBase):
     v = precision.matmul(kv_antecedent, w_v)
     if self._masked:
       if mask is None:
-        raise ValueError(f'{self.name}: masked=True needs a mask input.')
+        raise InputValueError(f'{self.name}: masked=True needs a mask input.')
       if self._penalize_padding_only:
         # Real keys get info 0, padding -1 (1 and 0 after attend's +1 shift).
         kv_info = mask.astype(jnp.int32) - 1

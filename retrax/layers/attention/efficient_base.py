@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.errors import InputTypeError
+from retrax.errors import InputValueError
 from retrax.fastmath import xla_cpu
 from retrax.layers import base
 from retrax.layers.attention import groups as groups_lib
@@ -32,6 +34,7 @@ from retrax.layers.attention import ops as attention_ops
 from retrax.layers import predict_state
 from retrax import validation
 from retrax.shapes import ShapeDtype
+from retrax.validation import ArgumentValueError
 
 
 def _tree_stack(trees):
@@ -141,11 +144,11 @@ class EfficientAttentionBase(base.Layer):
     self._incremental = incremental
     if incremental:
       if predict_mem_len is None or predict_drop_len is None:
-        raise ValueError('Fast inference (mode="predict") needs '
-                         'predict_mem_len and predict_drop_len; got '
-                         f'{predict_mem_len!r} and {predict_drop_len!r}.')
+        raise ArgumentValueError('Fast inference (mode="predict") needs '
+                                 'predict_mem_len and predict_drop_len; got '
+                                 f'{predict_mem_len!r} and {predict_drop_len!r}.')
       if not 0 < predict_drop_len <= predict_mem_len:
-        raise ValueError(
+        raise ArgumentValueError(
             f'Need 0 < predict_drop_len <= predict_mem_len; got '
             f'predict_mem_len={predict_mem_len}, '
             f'predict_drop_len={predict_drop_len}.')
@@ -154,7 +157,7 @@ class EfficientAttentionBase(base.Layer):
     if n_parallel_heads:
       if ((n_parallel_heads > n_heads and n_parallel_heads % n_heads) or
           (n_parallel_heads < n_heads and n_heads % n_parallel_heads)):
-        raise ValueError(
+        raise ArgumentValueError(
             f'n_parallel_heads must be a multiple or a divisor of n_heads '
             f'({n_heads}); got {n_parallel_heads}.')
       self._n_parallel_heads = n_parallel_heads
@@ -302,8 +305,8 @@ class EfficientAttentionBase(base.Layer):
     del weights
     x = inputs[0]
     if jnp.ndim(x) != 3:
-      raise ValueError(f'{self.name} expects inputs of shape [batch, length, '
-                       f'd_model]; got shape {jnp.shape(x)}.')
+      raise InputValueError(f'{self.name} expects inputs of shape [batch, length, '
+                            f'd_model]; got shape {jnp.shape(x)}.')
     return inputs
 
   # --- initialization -----------------------------------------------------------
@@ -313,8 +316,8 @@ class EfficientAttentionBase(base.Layer):
             else (input_signature,))
     sigs = tuple(self._init_signature(sigs))
     if len(sigs[0].shape) != 3:
-      raise ValueError(f'{self.name} expects inputs of shape [batch, length, '
-                       f'd_model]; got {sigs[0]}.')
+      raise InputValueError(f'{self.name} expects inputs of shape [batch, length, '
+                            f'd_model]; got {sigs[0]}.')
     unbatched = tuple(ShapeDtype(s.shape[1:], s.dtype) for s in sigs)
     batch_size = int(sigs[0].shape[0])
 
@@ -359,13 +362,13 @@ class EfficientAttentionBase(base.Layer):
   def _as_tuple(self, inputs, weights):
     if self.n_in == 1:
       if isinstance(inputs, (tuple, list)):
-        raise TypeError(f'{self.name} takes one input array; got a '
-                        f'{type(inputs).__name__} of {len(inputs)}.')
+        raise InputTypeError(f'{self.name} takes one input array; got a '
+                             f'{type(inputs).__name__} of {len(inputs)}.')
       inputs = (inputs,)
     else:
       if not isinstance(inputs, (tuple, list)) or len(inputs) != self.n_in:
-        raise TypeError(f'{self.name} takes {self.n_in} inputs; got '
-                        f'{base.signature(inputs)}.')
+        raise InputTypeError(f'{self.name} takes {self.n_in} inputs; got '
+                             f'{base.signature(inputs)}.')
       inputs = tuple(inputs)
     return tuple(self._check_inputs(inputs, weights))
 
@@ -424,7 +427,7 @@ class EfficientAttentionBase(base.Layer):
     if state_batch == batch_size:
       return state, lambda new_state: new_state
     if batch_size > state_batch:
-      raise ValueError(
+      raise InputValueError(
           f'{self.name}: the predict-mode state holds {state_batch} '
           f'example(s) but the input has batch size {batch_size}; initialize '
           f'the layer (or pass input_signature= to init_from_file) with batch '
@@ -543,7 +546,7 @@ class EfficientAttentionBase(base.Layer):
     if subtract_from is not None and (
         not compute_output or jnp.shape(subtract_from) != shape or
         subtract_from.dtype != inputs[0].dtype):
-      raise ValueError(
+      raise InputValueError(
           f'{self.name}: subtract_from needs compute_output and the '
           f'output\'s shape {tuple(shape)} and dtype {inputs[0].dtype}; got '
           f'{jnp.shape(subtract_from)} {subtract_from.dtype}.')
@@ -574,18 +577,18 @@ class EfficientAttentionBase(base.Layer):
   def _check_pass(self, shape, output_grad, compute_output, update_state):
     """Raises unless the pass asked for is possible and its arguments agree."""
     if not (compute_output or output_grad is not None):
-      raise ValueError('forward_and_or_backward: nothing to compute (no '
-                       'output asked and no output_grad given).')
+      raise ArgumentValueError('forward_and_or_backward: nothing to compute (no '
+                               'output asked and no output_grad given).')
     if output_grad is not None and jnp.shape(output_grad) != shape:
-      raise ValueError(f'{self.name}: output_grad shape {jnp.shape(output_grad)}'
-                       f' differs from the output shape {tuple(shape)}.')
+      raise InputValueError(f'{self.name}: output_grad shape {jnp.shape(output_grad)}'
+                            f' differs from the output shape {tuple(shape)}.')
     if self._incremental and output_grad is not None:
       raise NotImplementedError(
           f'{self.name}: gradients in mode="predict" are not supported; use '
           f'mode="train" or "eval" to differentiate.')
     if self._incremental and not update_state:
-      raise ValueError(f'{self.name}: in mode="predict" every call appends '
-                       f'to the memory, so update_state must be True.')
+      raise ArgumentValueError(f'{self.name}: in mode="predict" every call appends '
+                               f'to the memory, so update_state must be True.')
 
   def _units_at_once(self, shape):
     """Units computed at once for inputs of `shape`: `n_parallel_heads`.

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.errors import InputValueError
 from retrax.layers import cotangents
 
 # Largest copy of a group's inputs (one per head) that the batched pass makes
@@ -51,7 +52,7 @@ class Groups(NamedTuple):
     n_units = batch_size * n_heads
     group = min(units_at_once or n_units, n_units)
     if n_units % group:
-      raise ValueError(
+      raise InputValueError(
           f'{layer.name}: n_parallel_heads={layer.n_parallel_heads} must '
           f'divide batch * n_heads = {batch_size} * {n_heads}.')
     heads = min(group, n_heads)

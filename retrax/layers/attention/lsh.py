@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import precision
 from retrax.layers.attention.efficient import attention_kernel_init
 from retrax.layers.attention.efficient import check_count
@@ -64,6 +65,7 @@ from retrax.layers.attention.ops import mask_self_attention
 from retrax.layers.attention.ops import merge_rounds
 from retrax.layers.attention.ops import project_step_heads
 from retrax.layers.attention.ops import permute_via_gather
+from retrax.validation import ArgumentValueError
 
 
 def default_n_buckets(length, chunk_len):
@@ -124,8 +126,8 @@ def check_n_buckets(name, n_buckets):
     return
   if (not isinstance(factors, (list, tuple)) or not factors or
       any(not isinstance(f, int) or f <= 0 or f % 2 for f in factors)):
-    raise ValueError(f'{name}: n_buckets must be None, a positive even int or '
-                     f'a list of them; got {n_buckets!r}.')
+    raise ArgumentValueError(f'{name}: n_buckets must be None, a positive even int or '
+                             f'a list of them; got {n_buckets!r}.')
 
 
 def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
@@ -188,9 +190,9 @@ def buckets_and_state(name, hash_vectors, vecs, state, mask, *, n_hashes,
     return buckets, (stored, hash_rng)
   buckets = state[0][:n_rows]
   if buckets.shape[0] != n_rows:
-    raise ValueError(f'{name}: the state holds {buckets.shape[0]} buckets per '
-                     f'{unit} but n_hashes * length = {n_rows}; the state '
-                     'comes from inputs of another length.')
+    raise InputValueError(f'{name}: the state holds {buckets.shape[0]} buckets per '
+                          f'{unit} but n_hashes * length = {n_rows}; the state '
+                          'comes from inputs of another length.')
   return buckets, state
 
 
@@ -333,14 +335,14 @@ class LSHSelfAttention(EfficientAttentionBase):
     length = x.shape[1]
     if not self._incremental:
       if (self._n_hashes * length) % self._chunk_len:
-        raise ValueError(
+        raise InputValueError(
             f'{self.name}: n_hashes * length = {self._n_hashes} * {length} '
             f'must be a multiple of chunk_len={self._chunk_len}; pad the '
             f'input (and use masked=True with a padding mask) or pick a '
             f'chunk_len that divides it.')
       if self._max_length_for_buckets and length > self._max_length_for_buckets:
-        raise ValueError(f'{self.name}: input length {length} exceeds '
-                         f'max_length_for_buckets={self._max_length_for_buckets}.')
+        raise InputValueError(f'{self.name}: input length {length} exceeds '
+                              f'max_length_for_buckets={self._max_length_for_buckets}.')
     if self._masked:
       inputs = (x, normalize_mask(self.name, inputs[1], x))
     return inputs
@@ -373,8 +375,8 @@ class LSHSelfAttention(EfficientAttentionBase):
   def _unpack_weights(self, weights):
     expected = 5 if self._bias else 3
     if len(weights) != expected:
-      raise ValueError(f'{self.name}: expected {expected} weight arrays '
-                       f'(bias={self._bias}); got {len(weights)}.')
+      raise InputValueError(f'{self.name}: expected {expected} weight arrays '
+                            f'(bias={self._bias}); got {len(weights)}.')
     if self._bias:
       return weights
     return tuple(weights) + (None, None)
@@ -402,8 +404,8 @@ class LSHSelfAttention(EfficientAttentionBase):
                         update_state):
     """LSH attention of one head over one example `x [L, M]`."""
     if (mask is not None) != self._masked:
-      raise ValueError(f'{self.name}: masked={self._masked} but a mask was '
-                       f'{"given" if mask is not None else "not given"}.')
+      raise InputValueError(f'{self.name}: masked={self._masked} but a mask was '
+                            f'{"given" if mask is not None else "not given"}.')
     attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
                                           self._output_dropout)
     q, v = self._project(x, weights)

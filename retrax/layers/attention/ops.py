@@ -20,7 +20,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from retrax.errors import InputValueError
 from retrax.fastmath import precision
+from retrax.validation import ArgumentValueError
 
 # Additive logit penalties, as in Trax: masked or future keys get -1e9, a
 # query's own key (shared-QK attention) -1e5 so it is used only when nothing
@@ -63,13 +65,13 @@ def _rotation_size_and_buckets(n_buckets_in):
   factors = [n_buckets_in] if isinstance(n_buckets_in, int) else list(
       n_buckets_in)
   if not factors:
-    raise ValueError('n_buckets must be a positive even int or a non-empty '
-                     'list of them; got an empty list.')
+    raise ArgumentValueError('n_buckets must be a positive even int or a non-empty '
+                             'list of them; got an empty list.')
   n_buckets = 1
   for factor in factors:
     if not isinstance(factor, int) or factor <= 0 or factor % 2:
-      raise ValueError(f'Each number of hash buckets must be a positive even '
-                       f'int; got {n_buckets_in!r}.')
+      raise ArgumentValueError(f'Each number of hash buckets must be a positive even '
+                               f'int; got {n_buckets_in!r}.')
     n_buckets *= factor
   return sum(factors), n_buckets, factors
 
@@ -196,9 +198,9 @@ def mask_self_attention(dots, q_info, kv_info, causal=True, exclude_self=True,
 
 def _chunk(x, chunk_len, what):
   if x.shape[0] % chunk_len:
-    raise ValueError(f'attend: {what} length {x.shape[0]} is not divisible by '
-                     f'chunk length {chunk_len}; pad the sequence to a multiple '
-                     f'of {chunk_len}.')
+    raise InputValueError(f'attend: {what} length {x.shape[0]} is not divisible by '
+                          f'chunk length {chunk_len}; pad the sequence to a multiple '
+                          f'of {chunk_len}.')
   return jnp.reshape(x, (-1, chunk_len) + x.shape[1:])
 
 
@@ -233,12 +235,12 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
     each query's logits (used to merge LSH hashing rounds).
   """
   if v is None:
-    raise ValueError('attend: values `v` are required.')
+    raise ArgumentValueError('attend: values `v` are required.')
   share_qk = k is None
   q, k, v, q_info, kv_info = _chunked(q, k, v, q_info, kv_info, q_chunk_len,
                                       kv_chunk_len)
   if q_chunk_len is None and (n_chunks_before or n_chunks_after):
-    raise ValueError('attend: n_chunks_before/after need chunk lengths.')
+    raise ArgumentValueError('attend: n_chunks_before/after need chunk lengths.')
   window = (n_chunks_before, n_chunks_after)
   width = k.shape[-2] * (1 + n_chunks_before + n_chunks_after)
   keep, keep_prob = _dropout_keep(dropout, rng, q.shape[-2:-1] + (width,))
@@ -271,7 +273,7 @@ def _dropout_keep(dropout, rng, shape):
   if dropout <= 0.0:
     return None, 1.0
   if rng is None:
-    raise ValueError('attend: dropout > 0 needs an rng.')
+    raise ArgumentValueError('attend: dropout > 0 needs an rng.')
   keep_prob = 1.0 - dropout
   return jax.random.bernoulli(rng, keep_prob, shape), keep_prob
 
@@ -368,8 +370,8 @@ def attend_queries_scaled(q, k, v, mask_fn=None, q_info=None, kv_info=None):
   step): the cache is read by the matmul only, not rewritten scaled.
   """
   if v is None or k is None:
-    raise ValueError('attend_queries_scaled: keys `k` and values `v` are '
-                     'required.')
+    raise ArgumentValueError('attend_queries_scaled: keys `k` and values `v` are '
+                             'required.')
   q, k, v, q_info, kv_info = _chunked(q, k, v, q_info, kv_info, None, None)
   q = q / math.sqrt(k.shape[-1])
   out, dots_logsumexp = _softmax_attend(q, k, v, q_info, kv_info, mask_fn,
@@ -399,8 +401,8 @@ def _chunked(q, k, v, q_info, kv_info, q_chunk_len, kv_chunk_len):
     q_info = _chunk(q_info, q_chunk_len, 'query info')
   if share_qk:
     if kv_chunk_len is not None and kv_chunk_len != q_chunk_len:
-      raise ValueError(f'attend: with shared keys kv_chunk_len must equal '
-                       f'q_chunk_len; got {kv_chunk_len} and {q_chunk_len}.')
+      raise ArgumentValueError(f'attend: with shared keys kv_chunk_len must equal '
+                               f'q_chunk_len; got {kv_chunk_len} and {q_chunk_len}.')
     k = q
     kv_chunk_len = q_chunk_len
     if kv_info is None:
@@ -413,8 +415,8 @@ def _chunked(q, k, v, q_info, kv_info, q_chunk_len, kv_chunk_len):
   if kv_chunk_len is not None:
     v = _chunk(v, kv_chunk_len, 'value')
   if (q_chunk_len is None) != (kv_chunk_len is None):
-    raise ValueError('attend: chunk queries and keys both or neither; got '
-                     f'q_chunk_len={q_chunk_len}, kv_chunk_len={kv_chunk_len}.')
+    raise ArgumentValueError('attend: chunk queries and keys both or neither; got '
+                             f'q_chunk_len={q_chunk_len}, kv_chunk_len={kv_chunk_len}.')
   return q, k, v, q_info, kv_info
 
 
@@ -536,7 +538,7 @@ def apply_broadcasted_dropout(vecs, dropout_rate, rng):
   if dropout_rate <= 0.0:
     return vecs
   if rng is None:
-    raise ValueError('apply_broadcasted_dropout: dropout > 0 needs an rng.')
+    raise ArgumentValueError('apply_broadcasted_dropout: dropout > 0 needs an rng.')
   keep_prob = 1.0 - dropout_rate
   keep = jax.random.bernoulli(rng, keep_prob, (vecs.shape[-1],))
   keep = jnp.reshape(keep, (1,) * (vecs.ndim - 1) + keep.shape)

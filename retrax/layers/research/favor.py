@@ -18,12 +18,14 @@ import jax
 import numpy as np
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.fastmath import random
 from retrax.layers import attention
 from retrax.layers import base
 from retrax.layers import core
 from retrax.layers import predict_state
+from retrax.validation import ArgumentValueError
 
 
 def _relu(x):
@@ -61,8 +63,8 @@ class FavorAttention(base.Layer):
                mode='train'):
     super().__init__(n_in=4, n_out=2, mode=mode)
     if n_heads < 1 or d_feature % n_heads:
-      raise ValueError(f'FavorAttention: d_feature ({d_feature}) must be a '
-                       f'positive multiple of n_heads ({n_heads}).')
+      raise ArgumentValueError(f'FavorAttention: d_feature ({d_feature}) must be a '
+                               f'positive multiple of n_heads ({n_heads}).')
     self._n_heads = n_heads
     self._numerical_stabilizer = numerical_stabilizer
     self._use_approximate_softmax = use_approximate_softmax
@@ -95,8 +97,8 @@ class FavorAttention(base.Layer):
       k_prime = _relu(k) + self._numerical_stabilizer
     batch_heads, length = k.shape[0], k.shape[1]
     if batch_heads % self._n_heads:
-      raise ValueError(f'{self.name}: leading axis {batch_heads} of Q/K/V is '
-                       f'not batch * n_heads ({self._n_heads}).')
+      raise InputValueError(f'{self.name}: leading axis {batch_heads} of Q/K/V is '
+                            f'not batch * n_heads ({self._n_heads}).')
     key_mask = jnp.reshape(mask, (batch_heads // self._n_heads, 1, length))
     key_mask = jnp.broadcast_to(
         key_mask, (batch_heads // self._n_heads, self._n_heads, length))

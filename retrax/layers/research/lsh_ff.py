@@ -11,10 +11,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from retrax.errors import InputValueError
 from retrax.layers import base
 from retrax.layers import initializers as init
 from retrax import validation
 from retrax.layers.attention.ops import hash_vecs
+from retrax.validation import ArgumentValueError
 
 
 class LSHFF(base.Layer):
@@ -34,8 +36,8 @@ class LSHFF(base.Layer):
     factors = n_buckets if isinstance(n_buckets, (list, tuple)) else [n_buckets]
     if not factors or any(not isinstance(f, int) or f <= 0 or f % 2
                           for f in factors):
-      raise ValueError(f'LSHFF: n_buckets must be a positive even int or a '
-                       f'list of them; got {n_buckets!r}.')
+      raise ArgumentValueError(f'LSHFF: n_buckets must be a positive even int or a '
+                               f'list of them; got {n_buckets!r}.')
     self._n_buckets = n_buckets
     self._kernel_initializer = kernel_initializer
     self._bias_initializer = bias_initializer
@@ -43,8 +45,8 @@ class LSHFF(base.Layer):
   def forward(self, x):
     w1, w2, b2 = self.weights
     if x.shape[-1] != w1.shape[1]:
-      raise ValueError(f'{self.name}: inputs have depth {x.shape[-1]} but the '
-                       f'weights expect {w1.shape[1]}.')
+      raise InputValueError(f'{self.name}: inputs have depth {x.shape[-1]} but the '
+                            f'weights expect {w1.shape[1]}.')
     shape = x.shape
     x = jnp.reshape(x, (-1, shape[-1]))
     x_buckets, _ = hash_vecs(x, self._n_buckets, self._n_hashes, self.rng)

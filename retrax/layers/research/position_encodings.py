@@ -32,6 +32,8 @@ import numpy as np
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputTypeError
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import initializers as init
@@ -39,6 +41,7 @@ from retrax.layers import predict_state
 from retrax.layers.position import AxialPositionalEncoding as AxialPositionalEncoding
 from retrax.layers.position import FixedBasePositionalEncoding as FixedBasePositionalEncoding
 from retrax.layers.position import SinCosPositionalEncoding as SinCosPositionalEncoding
+from retrax.validation import ArgumentValueError
 
 _MODES = ('train', 'eval', 'predict', 'viz')
 _NOISE_SEED = 234234535  # Trax's fixed seed for the random walk.
@@ -48,21 +51,21 @@ _MAX_POSITIONS = 2**20  # The walk's int32 limb sums stay exact below this.
 
 def _check_mode(name, mode):
   if mode not in _MODES:
-    raise ValueError(f'{name}: mode must be one of {_MODES}; got {mode!r}.')
+    raise ArgumentValueError(f'{name}: mode must be one of {_MODES}; got {mode!r}.')
 
 
 def _check_3d(layer, x):
   if len(x.shape) != 3:
-    raise ValueError(f'{layer.name} expects (batch, length, d_feature) '
-                     f'activations; got shape {tuple(x.shape)}.')
+    raise InputValueError(f'{layer.name} expects (batch, length, d_feature) '
+                          f'activations; got shape {tuple(x.shape)}.')
 
 
 def threefry_2x32_prf(key, x):
   """Threefry-2x32 of each counter pair: `uint32[2]` key, `uint32[..., 2]` x."""
   if key.shape != (2,) or key.dtype != jnp.uint32:
-    raise TypeError(f'key must be uint32[2]; got {key.dtype}{list(key.shape)}.')
+    raise InputTypeError(f'key must be uint32[2]; got {key.dtype}{list(key.shape)}.')
   if x.shape[-1:] != (2,) or x.dtype != jnp.uint32:
-    raise TypeError(f'x must be uint32[..., 2]; got {x.dtype}{list(x.shape)}.')
+    raise InputTypeError(f'x must be uint32[..., 2]; got {x.dtype}{list(x.shape)}.')
   flat = jnp.moveaxis(x, -1, 0).reshape(-1)
   y = jex_random.threefry_2x32(key, flat)
   return jnp.moveaxis(jnp.reshape(y, (2,) + x.shape[:-1]), 0, -1)
@@ -71,7 +74,7 @@ def threefry_2x32_prf(key, x):
 def threefry_2x32_prange(key, lo=0, hi=2):
   """Keys `lo .. hi-1` of the little-endian counter stream of `key`."""
   if key.shape != (2,) or key.dtype != jnp.uint32:
-    raise ValueError(f'key must be uint32[2]; got {key.dtype}{list(key.shape)}.')
+    raise InputValueError(f'key must be uint32[2]; got {key.dtype}{list(key.shape)}.')
   if hi >= 2**32:
     raise NotImplementedError('only 32-bit counters are supported')
   counters = jnp.arange(lo, hi, dtype=jnp.uint32)
@@ -114,8 +117,8 @@ def _from_limbs(high, mid, low):
 def random_walk(length, width):
   """`noise[0 .. length-1, :width]`: exact integer running sums, then scaled."""
   if length > _MAX_POSITIONS:
-    raise ValueError(f'InfinitePositionalEncoding encodes at most '
-                     f'{_MAX_POSITIONS} positions; got length {length}.')
+    raise InputValueError(f'InfinitePositionalEncoding encodes at most '
+                          f'{_MAX_POSITIONS} positions; got length {length}.')
   limbs = _limbs(_step_bits(jnp.arange(length), width))
   return _from_limbs(*(jnp.cumsum(l, axis=0) for l in limbs))
 
@@ -183,14 +186,14 @@ class InfinitePositionalEncoding(base.Layer):
                time_bin_length=None, mode='train'):
     super().__init__(mode=mode)
     if transform not in ('any', 'diag', 'none'):
-      raise ValueError(f"InfinitePositionalEncoding: transform must be 'any', "
-                       f"'diag' or 'none'; got {transform!r}.")
+      raise ArgumentValueError(f"InfinitePositionalEncoding: transform must be 'any', "
+                               f"'diag' or 'none'; got {transform!r}.")
     if not drift > 0:
-      raise ValueError(f'InfinitePositionalEncoding: drift must be > 0; got '
-                       f'{drift}.')
+      raise ArgumentValueError(f'InfinitePositionalEncoding: drift must be > 0; got '
+                               f'{drift}.')
     if time_bin_length is not None and time_bin_length < 1:
-      raise ValueError('InfinitePositionalEncoding: time_bin_length must be a '
-                       f'positive int or None; got {time_bin_length}.')
+      raise ArgumentValueError('InfinitePositionalEncoding: time_bin_length must be a '
+                               f'positive int or None; got {time_bin_length}.')
     _check_mode('InfinitePositionalEncoding', mode)
     self._drift = drift
     self._affine = affine
@@ -230,8 +233,8 @@ class InfinitePositionalEncoding(base.Layer):
     _check_3d(self, inputs)
     batch, length, depth = inputs.shape
     if self._time_bin_length is not None and depth < 3:
-      raise ValueError(f'{self.name} with time_bin_length needs depth >= 3; '
-                       f'got {depth}.')
+      raise InputValueError(f'{self.name} with time_bin_length needs depth >= 3; '
+                            f'got {depth}.')
     half = (depth + 1) // 2
     if self._mode == 'predict':
       index, predict_rng = self.state
@@ -272,8 +275,8 @@ class TimeBinPositionalEncoding(base.Layer):
   def __init__(self, time_bin_length, mode='train'):
     super().__init__(mode=mode)
     if not isinstance(time_bin_length, (int, np.integer)) or time_bin_length < 1:
-      raise ValueError('TimeBinPositionalEncoding: time_bin_length must be a '
-                       f'positive int; got {time_bin_length!r}.')
+      raise ArgumentValueError('TimeBinPositionalEncoding: time_bin_length must be a '
+                               f'positive int; got {time_bin_length!r}.')
     _check_mode('TimeBinPositionalEncoding', mode)
     self._time_bin_length = int(time_bin_length)
 

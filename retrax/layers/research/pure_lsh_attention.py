@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.layers import predict_state
 from retrax.layers.attention.efficient import check_count
 from retrax.layers.attention.efficient import check_depths_and_rates
@@ -48,14 +49,15 @@ from retrax.layers.attention.lsh import lsh_buckets
 from retrax.layers.attention.lsh import n_bucket_ids
 from retrax.layers.attention.lsh import recent_matching_keys
 from retrax.layers.attention.lsh import roll_buckets
+from retrax.validation import ArgumentValueError
 
 
 def _check_parallel_heads(name, n_parallel_heads, n_heads):
   if n_parallel_heads and (
       (n_parallel_heads > n_heads and n_parallel_heads % n_heads) or
       (n_parallel_heads < n_heads and n_heads % n_parallel_heads)):
-    raise ValueError(f'{name}: n_parallel_heads must be a multiple or a '
-                     f'divisor of n_heads ({n_heads}); got {n_parallel_heads}.')
+    raise ArgumentValueError(f'{name}: n_parallel_heads must be a multiple or a '
+                             f'divisor of n_heads ({n_heads}); got {n_parallel_heads}.')
 
 
 @configurable('trax.layers', denylist=('mode',))
@@ -132,14 +134,14 @@ class PureLSHSelfAttention(EfficientAttentionBase):
     inputs = super()._check_inputs(inputs, weights)
     qk, v = inputs[0], inputs[1]
     if qk.shape != v.shape:
-      raise ValueError(f'{self.name}: qk and v must have the same shape '
-                       f'[batch * n_heads, length, d_head]; got {qk.shape} and '
-                       f'{v.shape}.')
+      raise InputValueError(f'{self.name}: qk and v must have the same shape '
+                            f'[batch * n_heads, length, d_head]; got {qk.shape} and '
+                            f'{v.shape}.')
     if qk.shape[0] % self._lsh_heads:
-      raise ValueError(f'{self.name}: the first axis of qk ({qk.shape[0]}) '
-                       f'must be batch * n_heads (n_heads={self._lsh_heads}).')
+      raise InputValueError(f'{self.name}: the first axis of qk ({qk.shape[0]}) '
+                            f'must be batch * n_heads (n_heads={self._lsh_heads}).')
     if not self._incremental and (self._n_hashes * qk.shape[1]) % self._chunk_len:
-      raise ValueError(
+      raise InputValueError(
           f'{self.name}: n_hashes * length = {self._n_hashes} * {qk.shape[1]} '
           f'must be a multiple of chunk_len={self._chunk_len}.')
     if self._masked:

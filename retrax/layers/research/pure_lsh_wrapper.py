@@ -28,6 +28,7 @@ from retrax.layers.research import rotary_positional_embedding as rotary_pe
 from retrax.layers.research import sparsity as sp
 from retrax.layers.research.pure_lsh_attention import PureLSHSelfAttention
 from retrax.layers.stack import split_rngs
+from retrax.validation import ArgumentValueError
 
 _WEIGHTS_FORMATS = ('heads', 'model', 'sparse')
 
@@ -79,10 +80,10 @@ def ProjectAndSplitHeads(d_model, n_heads, use_bias, num_weights=2,
   """
   name = 'ProjectAndSplitHeads'
   if weights_format not in _WEIGHTS_FORMATS:
-    raise ValueError(f'{name}: weights_format must be one of '
-                     f'{_WEIGHTS_FORMATS}; got {weights_format!r}.')
+    raise ArgumentValueError(f'{name}: weights_format must be one of '
+                             f'{_WEIGHTS_FORMATS}; got {weights_format!r}.')
   if num_weights not in (2, 3):
-    raise ValueError(f'{name}: num_weights must be 2 or 3; got {num_weights!r}.')
+    raise ArgumentValueError(f'{name}: num_weights must be 2 or 3; got {num_weights!r}.')
   if weights_format == 'heads':
     raise NotImplementedError(
         f"{name}: weights_format='heads' (LSHSelfAttention's per-head "
@@ -90,8 +91,8 @@ def ProjectAndSplitHeads(d_model, n_heads, use_bias, num_weights=2,
         "'sparse'.")
   if weights_format == 'sparse':
     if d_model % sparsity:
-      raise ValueError(f'{name}: sparsity ({sparsity}) must divide d_model '
-                       f'({d_model}).')
+      raise ArgumentValueError(f'{name}: sparsity ({sparsity}) must divide d_model '
+                               f'({d_model}).')
     return _sparse_qkv(d_model, n_heads, num_weights, sparsity,
                        length_kernel_size, mode)
   rotate = rotary_pe.Rotate() if rotary_position_emb else []
@@ -153,14 +154,14 @@ class MixedLSHSelfAttention(base.Layer):
       std = attention.DotProductAttention(dropout=attention_dropout, mode=mode)
     self._stda = cb.Serial(preprocess, std)
     if self._stda.n_in != self._lsha.n_in:
-      raise ValueError(
+      raise ArgumentValueError(
           f'MixedLSHSelfAttention: causal={causal} with masked={masked} is not '
           f'supported (the standard attention takes {self._stda.n_in} inputs, '
           f'LSH attention {self._lsha.n_in}).')
     if std_length is not None and (not isinstance(std_length, int) or
                                    std_length < 0):
-      raise ValueError(f'MixedLSHSelfAttention: std_length must be None or an '
-                       f'int >= 0; got {std_length!r}.')
+      raise ArgumentValueError(f'MixedLSHSelfAttention: std_length must be None or an '
+                               f'int >= 0; got {std_length!r}.')
     self._std_length = std_length
     super().__init__(n_in=self._lsha.n_in, n_out=1)
 
@@ -195,8 +196,8 @@ class MixedLSHSelfAttention(base.Layer):
     """
     del weights, compute_output
     if update_state:
-      raise ValueError('MixedLSHSelfAttention.forward_and_or_backward replays '
-                       'the stored state; call it with update_state=False.')
+      raise ArgumentValueError('MixedLSHSelfAttention.forward_and_or_backward replays '
+                               'the stored state; call it with update_state=False.')
     rng_lsh, rng_std = jax.random.split(rng, 2)
     if self._use_lsh(inputs):
       out, _, inputs_grad, _ = self._lsha.forward_and_or_backward(
@@ -256,9 +257,9 @@ class PureLSHSelfAttentionWrapper(cb.Serial):
     """
     del compute_output
     if update_state:
-      raise ValueError('PureLSHSelfAttentionWrapper.forward_and_or_backward '
-                       'replays the stored state; call it with '
-                       'update_state=False.')
+      raise ArgumentValueError('PureLSHSelfAttentionWrapper.forward_and_or_backward '
+                               'replays the stored state; call it with '
+                               'update_state=False.')
     qkv, attn = self.sublayers[0], self.sublayers[1]
     tail = self.sublayers[2:]
     rngs = split_rngs(rng, len(self.sublayers))

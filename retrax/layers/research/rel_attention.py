@@ -17,6 +17,7 @@ import math
 
 from retrax import fastmath
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
@@ -25,11 +26,12 @@ from retrax.layers import initializers as init
 from retrax.layers.assert_shape import assert_shape
 from retrax.layers.attention import MergeHeads
 from retrax.layers.attention import SplitIntoHeads
+from retrax.validation import ArgumentValueError
 
 
 def _check_mode(layer, mode):
   if mode == 'predict':
-    raise ValueError(
+    raise ArgumentValueError(
         f'{layer}: mode=\'predict\' is not supported: relative attention (as '
         'in Trax 1.4.1) keeps no key/value cache; use mode \'train\' or '
         '\'eval\' on the whole prefix.')
@@ -42,7 +44,7 @@ def _check_bias_layers(layer, context_bias_layer, location_bias_layer,
       ('location_bias_layer', location_bias_layer),
       ('total_pooling', total_pooling)) if value is None]
   if missing:
-    raise ValueError(
+    raise ArgumentValueError(
         f'{layer} needs {", ".join(missing)}: the shared bias layers come from '
         'get_rel_att_inputs(d_model, n_heads) and total_pooling is the '
         'product of the pooling factors before this layer (1 if none).')
@@ -73,7 +75,7 @@ def get_rel_att_inputs(d_model, n_heads):
   One pair is shared by all the relative attention layers of a model.
   """
   if d_model % n_heads or d_model % 2:
-    raise ValueError(
+    raise ArgumentValueError(
         f'get_rel_att_inputs: d_model ({d_model}) must be even and a '
         f'multiple of n_heads ({n_heads}).')
   shape = (1, n_heads, 1, d_model // n_heads)
@@ -96,7 +98,7 @@ def RelativeAttentionLayer(d_feature, context_bias_layer, location_bias_layer,
   _check_bias_layers('RelativeAttentionLayer', context_bias_layer,
                      location_bias_layer, total_kv_pooling)
   if d_feature % n_heads:
-    raise ValueError(
+    raise ArgumentValueError(
         f'RelativeAttentionLayer: d_feature ({d_feature}) must be a multiple '
         f'of n_heads ({n_heads}).')
   return cb.Serial(
@@ -137,7 +139,7 @@ class RelativeAttention(base.Layer):
     super().__init__(n_in=7, n_out=2, mode=mode)
     _check_mode('RelativeAttention', mode)
     if not 0.0 <= dropout < 1.0:
-      raise ValueError(
+      raise ArgumentValueError(
           f'RelativeAttention: dropout must be in [0, 1); got {dropout}.')
     self._separate_cls = separate_cls
     self._n_heads = n_heads
@@ -147,7 +149,7 @@ class RelativeAttention(base.Layer):
     location_bias, context_bias, pos_emb, q, k, v, mask = inputs
     d_feature, n_heads = q.shape[-1], self._n_heads
     if d_feature % n_heads:
-      raise ValueError(
+      raise InputValueError(
           f'RelativeAttention: the feature depth ({d_feature}) is not a '
           f'multiple of n_heads ({n_heads}).')
     split = SplitIntoHeads(n_heads, merged_batch_and_head=False)
@@ -183,7 +185,7 @@ def DotProductAttention(queries, keys, values, pos_emb, context_bias,
     dots = jnp.where(mask, dots, jnp.full_like(dots, -1e9))
   dots = jnp.exp(dots - fastmath.logsumexp(dots, axis=-1, keepdims=True))
   if dropout >= 1.0:
-    raise ValueError(f'DotProductAttention: dropout must be < 1; got {dropout}.')
+    raise ArgumentValueError(f'DotProductAttention: dropout must be < 1; got {dropout}.')
   if dropout and mode == 'train':
     keep = fastmath.random.bernoulli(rng, 1.0 - dropout, dots.shape)
     dots = jnp.where(keep, dots / (1.0 - dropout), jnp.zeros_like(dots))
@@ -200,8 +202,8 @@ def PositionalEmbeddings(d_feature, separate_cls, total_kv_pooling):
   `f = 10000^(-2i/d_feature)`.
   """
   if separate_cls:
-    raise ValueError('PositionalEmbeddings: separate_cls=True is not '
-                     'supported (Trax 1.4.1 requires it False).')
+    raise ArgumentValueError('PositionalEmbeddings: separate_cls=True is not '
+                             'supported (Trax 1.4.1 requires it False).')
 
   def positions_vectors(queries, keys):
     keys_len, queries_len = keys.shape[-2], queries.shape[-2]
@@ -229,7 +231,7 @@ def calc_funnel_ratio(keys_len, queries_len):
   """`(factor, is_upsampling)`: how many times longer the queries (or keys) are."""
   longer, shorter = max(keys_len, queries_len), min(keys_len, queries_len)
   if longer % shorter:
-    raise ValueError(
+    raise InputValueError(
         f'Relative attention: the longer of queries ({queries_len}) and keys '
         f'({keys_len}) must be a multiple of the shorter.')
   return longer // shorter, queries_len > keys_len

@@ -10,24 +10,26 @@ import numbers
 from typing import Union
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.layers.normalization import LayerNorm
 from retrax.layers.pooling import AvgPool
 from retrax.layers.research.rel_attention import RelativeAttentionLMLayer
+from retrax.validation import ArgumentValueError
 
 
 def _check_factor(name, shorten_factor):
   if not isinstance(shorten_factor, numbers.Integral) or shorten_factor < 1:
-    raise ValueError(f'{name}: shorten_factor must be a positive int; got '
-                     f'{shorten_factor!r}.')
+    raise ArgumentValueError(f'{name}: shorten_factor must be a positive int; got '
+                             f'{shorten_factor!r}.')
 
 
 def _check_divisible(name, length, shorten_factor):
   if length % shorten_factor:
-    raise ValueError(f'{name}: the sequence length ({length}) must be a '
-                     f'multiple of shorten_factor ({shorten_factor}).')
+    raise InputValueError(f'{name}: the sequence length ({length}) must be a '
+                          f'multiple of shorten_factor ({shorten_factor}).')
 
 
 @configurable('trax.layers')

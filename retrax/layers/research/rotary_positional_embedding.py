@@ -6,6 +6,7 @@ on their relative position only. Inputs are `(batch, length, d)`, d even.
 """
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import core
 
@@ -13,8 +14,8 @@ from retrax.layers import core
 def rotate(x):
   """Rotates `x [batch, length, d]` by its positions `0 .. length-1`."""
   if len(x.shape) != 3 or x.shape[-1] % 2:
-    raise ValueError(f'Rotate expects (batch, length, d) inputs with an even '
-                     f'd; got shape {tuple(x.shape)}.')
+    raise InputValueError(f'Rotate expects (batch, length, d) inputs with an even '
+                          f'd; got shape {tuple(x.shape)}.')
   _, length, d = x.shape
   inv_freq = jnp.exp(jnp.arange(0, d, 2, dtype=jnp.float32) *
                      -(jnp.log(10000.0) / d))

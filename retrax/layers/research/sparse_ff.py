@@ -19,10 +19,12 @@ A single position (predict mode, batch 1) reads only the selected columns of
 """
 
 from retrax import fastmath
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import core
 from retrax.layers import initializers as init
+from retrax.validation import ArgumentValueError
 
 _MODES = ('train', 'eval', 'predict', 'viz')
 
@@ -38,11 +40,11 @@ class _ExpertFF(base.Layer):
                bias_initializer):
     super().__init__(name=f'{type(self).__name__}_{d_ff}', mode=mode)
     if n_experts < 1 or d_ff % n_experts:
-      raise ValueError(f'{type(self).__name__}: d_ff ({d_ff}) must be a '
-                       f'positive multiple of n_experts ({n_experts}).')
+      raise ArgumentValueError(f'{type(self).__name__}: d_ff ({d_ff}) must be a '
+                               f'positive multiple of n_experts ({n_experts}).')
     if mode not in _MODES:
-      raise ValueError(f'{type(self).__name__}: mode must be one of {_MODES}; '
-                       f'got {mode!r}.')
+      raise ArgumentValueError(f'{type(self).__name__}: mode must be one of {_MODES}; '
+                               f'got {mode!r}.')
     self._d_ff = d_ff
     self._n_experts = n_experts
     self._temperature = temperature if mode == 'train' else 0.0
@@ -68,8 +70,8 @@ class _ExpertFF(base.Layer):
   def forward(self, x):
     m1, w1, w2, b2 = self.weights
     if x.shape[-1] != w1.shape[0]:
-      raise ValueError(f'{self.name} was initialized for inputs of depth '
-                       f'{w1.shape[0]}; got input shape {tuple(x.shape)}.')
+      raise InputValueError(f'{self.name} was initialized for inputs of depth '
+                            f'{w1.shape[0]}; got input shape {tuple(x.shape)}.')
     x_shape = x.shape
     x = jnp.reshape(x, (-1, x_shape[-1]))
     probs, one_hot, experts = self._route(x, m1)

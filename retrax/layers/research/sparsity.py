@@ -26,6 +26,7 @@ import random as pyrandom
 import numpy as np
 
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
 from retrax.layers import base
@@ -45,6 +46,7 @@ from retrax.layers.research.favor import FavorAttention as FavorAttention
 from retrax.layers.research.sparse_ff import BlockSparseFF as BlockSparseFF
 from retrax.layers.research.sparse_ff import SwitchSparseFF as SwitchSparseFF
 from retrax.layers.sparsity import SparseFF as SparseFF
+from retrax.validation import ArgumentValueError
 
 
 class _PermuteLastAxis(reversible.ReversibleLayer):
@@ -72,7 +74,7 @@ class ReversibleReshapePermute(_PermuteLastAxis):
   def _permutation(self, d):
     log_d = int(round(math.log2(d))) if d > 0 else -1
     if d < 1 or 2**log_d != d:
-      raise ValueError(f'{self.name} needs a power-of-two last axis; got {d}.')
+      raise InputValueError(f'{self.name} needs a power-of-two last axis; got {d}.')
     k = next((i for i in range(log_d // 2, 0, -1) if log_d % i), 1)
     m = 2**k
     return np.arange(d).reshape(-1, m).T.reshape(-1)
@@ -206,8 +208,8 @@ def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,
   if n_modules == 1:
     return core.Dense(n_units)
   if kernel_size % 2 != 1:
-    raise ValueError(f'LocallyConvDense: kernel_size must be odd; got '
-                     f'{kernel_size}.')
+    raise ArgumentValueError(f'LocallyConvDense: kernel_size must be odd; got '
+                             f'{kernel_size}.')
   half = (kernel_size - 1) // 2
   pad_widths = [[0, 0], [0, 0], [half, half], [0, 0]]
   return cb.Serial(
@@ -289,28 +291,28 @@ def SparseDenseWithOptions(n_units, d_input=None, sparsity_type=None,
         core.Dense(n_units, use_bias=use_bias, use_bfloat16=use_bfloat16),
         prob_sparse)
   if sparsity_type not in _SPARSITY_TYPES:
-    raise ValueError(f'SparseDenseWithOptions: unknown sparsity_type '
-                     f'{sparsity_type!r}; use one of {_SPARSITY_TYPES}.')
+    raise ArgumentValueError(f'SparseDenseWithOptions: unknown sparsity_type '
+                             f'{sparsity_type!r}; use one of {_SPARSITY_TYPES}.')
   if sparsity_type in (None, 'None') or sparsity == 0:
     return core.Dense(n_units, use_bias=use_bias, use_bfloat16=use_bfloat16)
   if d_input is None and sparsity_type in ('mult', 'einsum'):
-    raise ValueError(f"SparseDenseWithOptions: sparsity_type="
-                     f"{sparsity_type!r} needs d_input.")
+    raise ArgumentValueError(f"SparseDenseWithOptions: sparsity_type="
+                             f"{sparsity_type!r} needs d_input.")
   if sparsity_type == 'mult':
     return FactoredDense(sparsity, d_input, n_units, use_bias=use_bias,
                          use_bfloat16=use_bfloat16)
   if use_bfloat16:
-    raise ValueError(f'SparseDenseWithOptions: use_bfloat16 needs '
-                     f"sparsity_type None or 'mult'; got {sparsity_type!r}.")
+    raise ArgumentValueError(f'SparseDenseWithOptions: use_bfloat16 needs '
+                             f"sparsity_type None or 'mult'; got {sparsity_type!r}.")
   if sparsity_type == 'einsum':
     return EinsumDense(d_input, n_units, use_bias=use_bias)
   if not use_bias:
-    raise ValueError(f'SparseDenseWithOptions: use_bias=False is not '
-                     f'available with sparsity_type={sparsity_type!r}.')
+    raise ArgumentValueError(f'SparseDenseWithOptions: use_bias=False is not '
+                             f'available with sparsity_type={sparsity_type!r}.')
   if sparsity_type == 'lowrank':
     if not d_lowrank:
-      raise ValueError("SparseDenseWithOptions: sparsity_type='lowrank' "
-                       'needs d_lowrank.')
+      raise ArgumentValueError("SparseDenseWithOptions: sparsity_type='lowrank' "
+                               'needs d_lowrank.')
     return LowRankDense(n_units, d_lowrank)
   validation.check_multiple('SparseDenseWithOptions', 'n_units', n_units, 'sparsity',
                  sparsity)
@@ -438,8 +440,8 @@ _V_CONCAT_TYPES = ('original', 'fixed', 'none')
 
 def _check_choice(name, value, choices):
   if value not in choices:
-    raise ValueError(f'MultiplicativeConvCausalAttention: {name} must be one '
-                     f'of {choices}; got {value!r}.')
+    raise ArgumentValueError(f'MultiplicativeConvCausalAttention: {name} must be one '
+                             f'of {choices}; got {value!r}.')
 
 
 @configurable('trax.layers', denylist=('mode',))

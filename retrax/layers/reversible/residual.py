@@ -2,6 +2,7 @@
 
 import jax
 
+from retrax.errors import InputValueError
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers.cotangents import add_cotangents
@@ -17,6 +18,8 @@ from retrax.layers.stack import n_inputs_n_outputs
 from retrax.layers.stack import outputs_onto_stack
 from retrax.layers.stack import run_layers
 from retrax.layers.stack import split_rngs
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 
 # From this many accumulator elements on (512K positions of d_model 256:
@@ -55,14 +58,14 @@ class ReversibleHalfResidual(ReversibleLayer):
       self._sublayers = (self._compute_residual,)
     else:
       if not isinstance(attention_layer, base.Layer):
-        raise TypeError(f'attention_layer must be a Layer or None; got '
-                        f'{attention_layer!r}.')
+        raise ArgumentTypeError(f'attention_layer must be a Layer or None; got '
+                                f'{attention_layer!r}.')
       self._sublayers = (self._compute_residual, attention_layer)
     self._weights = tuple(None for _ in self._sublayers)
     self._state = tuple(None for _ in self._sublayers)
     n_in, n_out = n_inputs_n_outputs(self._sublayers)
     if n_out < 1:
-      raise ValueError(
+      raise ArgumentValueError(
           f'ReversibleHalfResidual needs layers that leave a residual on the '
           f'stack; {self._sublayers} take {n_in} item(s) and leave {n_out}.')
     self._n_in = self._n_out = n_in + 1
@@ -229,7 +232,7 @@ class ReversibleHalfResidual(ReversibleLayer):
 
 def _check_residual(layer, acc, residual):
   if tuple(acc.shape) != tuple(residual.shape):
-    raise ValueError(
+    raise InputValueError(
         f'{layer.name}: the residual has shape {tuple(residual.shape)} but the '
         f'accumulator (first input) has shape {tuple(acc.shape)}; they must be '
         f'equal for acc + f(ctx) to be reversible.')

@@ -21,6 +21,7 @@ from retrax.layers.stack import inputs_from_stack
 from retrax.layers.stack import outputs_onto_stack
 from retrax.layers.stack import run_layers
 from retrax.layers.stack import split_rngs
+from retrax.validation import ArgumentValueError
 
 # `base.Layer`'s `weights` property (the sublayers' weights), whose getter and
 # setter the override below calls. Taken from the class dict: mypy types a
@@ -57,7 +58,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     self._spread_ids = ()  # ids of those views' arrays.
     for i, layer in enumerate(self.sublayers):
       if not isinstance(layer, ReversibleLayer):
-        raise ValueError(
+        raise ArgumentValueError(
             f'Sublayer {i} of ReversibleSerial is not reversible (not a '
             f'ReversibleLayer): {layer.name}. Wrap residual computations in '
             f'ReversibleHalfResidual and use ReversibleSwap/ReversibleSelect '
@@ -211,8 +212,8 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   def reverse_and_grad(self, output, grad, weights=(), state=(), new_state=(),
                        rng=None):
     if grad is None:
-      raise ValueError('ReversibleSerial.reverse_and_grad needs a gradient; '
-                       'got None (use reverse() to only reconstruct).')
+      raise ArgumentValueError('ReversibleSerial.reverse_and_grad needs a gradient; '
+                               'got None (use reverse() to only reconstruct).')
     return self._walk_back(output, grad, weights, state, new_state, rng)
 
 

@@ -4,10 +4,12 @@ Each reorders or reshapes stack items without weights, and its `reverse`
 undoes that exactly (see `retrax.layers.reversible`).
 """
 
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers.reversible.layer import check_items
 from retrax.layers.reversible.layer import ReversibleLayer
 from retrax.layers.stack import make_tuple
+from retrax.validation import ArgumentValueError
 
 
 class ReversibleSelect(ReversibleLayer):
@@ -20,19 +22,19 @@ class ReversibleSelect(ReversibleLayer):
   def __init__(self, indices, n_in=None, name=None):
     indices = list(indices)
     if not indices:
-      raise ValueError('ReversibleSelect needs at least one index; got [].')
+      raise ArgumentValueError('ReversibleSelect needs at least one index; got [].')
     if n_in is None:
       n_in = max(indices) + 1
     if max(indices) >= n_in or min(indices) < 0:
-      raise ValueError(f'ReversibleSelect indices {indices} must lie in '
-                       f'[0, n_in={n_in}).')
+      raise ArgumentValueError(f'ReversibleSelect indices {indices} must lie in '
+                               f'[0, n_in={n_in}).')
     if name is None:
       name = f'ReversibleSelect{indices}'.replace(' ', '')
     super().__init__(n_in=n_in, n_out=len(indices), name=name)
     self._indices = indices
     missing = [i for i in range(n_in) if i not in indices]
     if missing:
-      raise ValueError(
+      raise ArgumentValueError(
           f'To be reversible, all inputs to Select must be in indices; '
           f'indices {indices} miss input(s) {missing} of n_in={n_in}.')
     self._reverse_indices = [indices.index(i) for i in range(n_in)]
@@ -47,8 +49,8 @@ class ReversibleSelect(ReversibleLayer):
     del weights, state, new_state, rng
     output = make_tuple(output)
     if len(output) != self.n_out:
-      raise ValueError(f'{self.name}.reverse expects {self.n_out} outputs; '
-                       f'got {len(output)}.')
+      raise InputValueError(f'{self.name}.reverse expects {self.n_out} outputs; '
+                            f'got {len(output)}.')
     selected = tuple(output[i] for i in self._reverse_indices)
     return selected[0] if len(selected) == 1 else selected
 
@@ -72,8 +74,8 @@ class ReversibleConcatenatePair(ReversibleLayer):
     check_items(self, inputs, 'inputs', 'pure_fn')
     x, y = inputs
     if x.shape[-1] != y.shape[-1]:
-      raise ValueError(f'{self.name} needs equal last dimensions to be '
-                       f'reversible; got shapes {x.shape} and {y.shape}.')
+      raise InputValueError(f'{self.name} needs equal last dimensions to be '
+                            f'reversible; got shapes {x.shape} and {y.shape}.')
     pair = jnp.concatenate((x, y), axis=-1)
     return pair, pair
 
@@ -103,8 +105,8 @@ class ReversibleReshape(ReversibleLayer):
     for x in make_tuple(xs):
       lead = list(x.shape)[:len(from_shape)]
       if any(f != -1 and f != d for f, d in zip(from_shape, lead)):
-        raise ValueError(f'ReversibleReshape expects leading axes {from_shape};'
-                         f' got an input of shape {tuple(x.shape)}.')
+        raise InputValueError(f'ReversibleReshape expects leading axes {from_shape};'
+                              f' got an input of shape {tuple(x.shape)}.')
       res.append(jnp.reshape(x, to_shape + list(x.shape)[len(from_shape):]))
     return res[0] if len(res) == 1 else tuple(res)
 
