@@ -23,13 +23,17 @@ Calling `reverse`/`reverse_and_grad` with the defaults `weights=()`,
 `state=()`, `rng=None` uses the layer's own weights, state and rng;
 `new_state=()` means "same as `state`".
 
-Modules: `layer` (the `ReversibleLayer` base class), `residual`
+`plain_autodiff()` turns the reconstruction off for what is traced inside
+it (plain `jax.grad` of the forward pass: the reference it must equal).
+
+Modules: `layer` (the `ReversibleLayer` base class and `plain_autodiff`), `residual`
 (`ReversibleHalfResidual`), `serial` (`ReversibleSerial` and its custom
 gradient; `repeats` finds the repeated block it runs as one `lax.scan`) and
 `stack_ops` (`ReversibleSelect`, `ReversibleSwap` and the other weightless
 reversible layers).
 """
 
+from retrax.layers.reversible.layer import plain_autodiff as plain_autodiff
 from retrax.layers.reversible.layer import ReversibleLayer as ReversibleLayer
 from retrax.layers.reversible.residual import (
     ReversibleHalfResidual as ReversibleHalfResidual)

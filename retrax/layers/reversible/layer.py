@@ -4,12 +4,39 @@ See `retrax.layers.reversible` for the reversible layers and how their
 backward pass replays randomness.
 """
 
+import contextlib
+from typing import Iterator
+
 import jax
 
 from retrax.layers import base
 from retrax.layers.cotangents import match_structure
 from retrax.layers.cotangents import zero_cotangent
 from retrax.layers.stack import check_arity
+
+
+# How many `plain_autodiff()` contexts are open (read at trace time).
+_plain_autodiff_depth = 0
+
+
+@contextlib.contextmanager
+def plain_autodiff() -> Iterator[None]:
+  """Within it, reversible layers are differentiated by plain autodiff.
+
+  Traced inside this context, a reversible layer runs its forward pass as
+  written and `jax.grad` differentiates it, keeping every layer's
+  activations (O(depth) memory) instead of rebuilding them from the outputs.
+  The reference for the reconstructing backward pass: the same function,
+  weights and randomness, without the reconstruction. It applies to what is
+  traced inside: a function jitted before keeps the gradient it was traced
+  with.
+  """
+  global _plain_autodiff_depth
+  _plain_autodiff_depth += 1
+  try:
+    yield
+  finally:
+    _plain_autodiff_depth -= 1
 
 
 def _is_empty_tuple(x):
@@ -76,7 +103,7 @@ class ReversibleLayer(base.Layer):
 
   @property
   def has_backward(self):
-    return True
+    return not _plain_autodiff_depth
 
   def backward(self, inputs, output, grad, weights, state, new_state, rng):
     """Custom backward pass through `reverse_and_grad`; `inputs` is unused."""
