@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from retrax.validation import ArgumentTypeError
+
 
 class ShapeDtype:
   """A shape and a dtype: the abstract description of one array.
@@ -16,7 +18,7 @@ class ShapeDtype:
     if isinstance(shape, list):
       shape = tuple(shape)
     if not isinstance(shape, tuple):
-      raise TypeError(f'shape must be a tuple or list; got: {shape!r}')
+      raise ArgumentTypeError(f'shape must be a tuple or list; got: {shape!r}')
     self.shape = tuple(int(d) if d is not None else None for d in shape)
     self.dtype = np.dtype(dtype)
     # The repr spells the dtype as given, as Trax's does: a scalar type such

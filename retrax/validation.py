@@ -13,6 +13,7 @@ import jax
 from jax.experimental import checkify
 
 from retrax.errors import Error
+from retrax.errors import InputValueError
 
 
 class ArgumentError(Error):
@@ -112,9 +113,9 @@ def check_predict_position(what, index, n, max_len, hint=''):
   """
   if not isinstance(index, jax.core.Tracer):
     if int(index) + n > max_len:
-      raise ValueError(f'{what} in predict mode is at position {int(index)} '
-                       f'and got {n} more, beyond the {max_len} positions it '
-                       f'holds{hint}.')
+      raise InputValueError(f'{what} in predict mode is at position {int(index)} '
+                            f'and got {n} more, beyond the {max_len} positions it '
+                            f'holds{hint}.')
     return
   checkify.debug_check(
       index + n <= max_len,

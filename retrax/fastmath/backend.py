@@ -19,6 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as onp
 
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
+
 
 class Backend(enum.Enum):
   JAX = 'jax'
@@ -38,8 +41,8 @@ def _parse(name):
   for b in Backend:
     if b.value == name:
       return b
-  raise ValueError(f'No backend with name {name!r}; use one of '
-                   f'{[b.value for b in Backend]}.')
+  raise ArgumentValueError(f'No backend with name {name!r}; use one of '
+                           f'{[b.value for b in Backend]}.')
 
 
 def _warn_tfnp(b):
@@ -106,8 +109,8 @@ def set_default_source(source):
   """
   global _default_source
   if source is not None and not callable(source):
-    raise TypeError(f'set_default_source: source must be callable or None; '
-                    f'got {source!r}.')
+    raise ArgumentTypeError(f'set_default_source: source must be callable or None; '
+                            f'got {source!r}.')
   _default_source = source
 
 

@@ -16,6 +16,7 @@ from retrax.fastmath.backend import Backend
 from retrax.fastmath.backend import is_numpy as _is_numpy
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature as _signature
+from retrax.validation import ArgumentValueError
 
 __all__ = [
     'jit',
@@ -139,8 +140,8 @@ def scan(f, init, xs, length=None, reverse=False, unroll=1):
   if reverse:
     ys = ys[::-1]
   if not ys:
-    raise ValueError('fastmath.scan over zero steps is not supported under '
-                     'the NumPy backend.')
+    raise ArgumentValueError('fastmath.scan over zero steps is not supported under '
+                             'the NumPy backend.')
   stacked = jax.tree_util.tree_map(lambda *zs: onp.stack(zs), *ys)
   return carry, stacked
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from retrax.fastmath.backend import is_numpy
 from retrax.fastmath.backend import numpy as backend_numpy
+from retrax.validation import ArgumentValueError
 
 ENV_VAR = 'RETRAX_MATMUL_DTYPE'
 _DTYPES = {'float32': None, 'bfloat16': jnp.bfloat16}
@@ -41,8 +42,8 @@ def _checked(name):
   elif not isinstance(name, str):
     name = str(jnp.dtype(name))
   if name not in _DTYPES:
-    raise ValueError(f'matmul dtype must be one of {sorted(_DTYPES)}; got '
-                     f'{name!r}.')
+    raise ArgumentValueError(f'matmul dtype must be one of {sorted(_DTYPES)}; got '
+                             f'{name!r}.')
   return name
 
 
@@ -164,8 +165,8 @@ def _operands(spec):
   for s, other in ((sa, sb), (sb, sa)):
     loose = set(s.replace('...', '')) - set(other + out)
     if loose:
-      raise ValueError(f'precision.einsum({spec!r}): indices {sorted(loose)} '
-                       'are summed within one operand; not a matmul.')
+      raise ArgumentValueError(f'precision.einsum({spec!r}): indices {sorted(loose)} '
+                               'are summed within one operand; not a matmul.')
   return sa, sb, out
 
 

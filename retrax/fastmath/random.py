@@ -10,6 +10,7 @@ import jax
 import numpy as onp
 
 from retrax.fastmath.backend import is_numpy as _is_numpy
+from retrax.validation import ArgumentTypeError
 
 
 def _backend_array(fn, default_dtype=None):
@@ -37,7 +38,7 @@ _DTYPE_POSITION = {'normal': 2, 'uniform': 2, 'truncated_normal': 4,
 def get_prng(seed):
   """Returns a PRNG key (uint32[2]) for an integer seed."""
   if onp.shape(seed):
-    raise TypeError(f'PRNG seed must be a scalar; got shape {onp.shape(seed)}.')
+    raise ArgumentTypeError(f'PRNG seed must be a scalar; got shape {onp.shape(seed)}.')
   return jax.random.PRNGKey(seed)
 
 

@@ -16,6 +16,8 @@ import collections
 
 import numpy as onp
 
+from retrax.validation import ArgumentValueError
+
 EMPTY_WEIGHTS = ()
 EMPTY_STATE = ()
 # A shared layer's second (and later) occurrence in a weights/state tree.
@@ -103,7 +105,7 @@ def nested_map(f, obj, level=0, ignore_nones=True):
     return {k: nested_map(f, v, level, ignore_nones) for k, v in obj.items()}
   if isinstance(obj, (list, tuple)):
     return _rebuild(obj, [nested_map(f, y, level, ignore_nones) for y in obj])
-  raise ValueError(f'nested_map: {obj!r} has no subtree at level {level}.')
+  raise ArgumentValueError(f'nested_map: {obj!r} has no subtree at level {level}.')
 
 
 def nested_map_multiarg(f, *objs, ignore_nones=True):
@@ -115,8 +117,8 @@ def nested_map_multiarg(f, *objs, ignore_nones=True):
   if isinstance(first, (list, tuple)):
     for o in objs[1:]:
       if not isinstance(o, (list, tuple)) or len(o) != len(first):
-        raise ValueError('nested_map_multiarg: trees differ in structure: '
-                         f'{first!r} vs {o!r}.')
+        raise ArgumentValueError('nested_map_multiarg: trees differ in structure: '
+                                 f'{first!r} vs {o!r}.')
     return _rebuild(first, [
         nested_map_multiarg(f, *(o[i] for o in objs), ignore_nones=ignore_nones)
         for i in range(len(first))])
@@ -131,7 +133,7 @@ def nested_zip(objs):
   As in Trax, tuple nodes of the trees come back as lists.
   """
   if not isinstance(objs, (list, tuple)) or not objs:
-    raise ValueError(f'nested_zip needs a non-empty list of trees; got {objs!r}.')
+    raise ArgumentValueError(f'nested_zip needs a non-empty list of trees; got {objs!r}.')
   if _is_at_level(objs, 1):
     return tuple(objs)
   first = objs[0]
@@ -143,7 +145,7 @@ def nested_zip(objs):
     return nested_zip([list(o) for o in objs])
   if isinstance(first, dict):
     return {k: nested_zip([o[k] for o in objs]) for k in first}
-  raise ValueError(f'nested_zip: cannot zip {objs!r}.')
+  raise ArgumentValueError(f'nested_zip: cannot zip {objs!r}.')
 
 
 def nested_stack(objs, axis=0, np_module=onp):
@@ -204,7 +206,7 @@ def tree_unflatten(flat, tree, copy_from_tree=None):
       new_dict[k], flat = tree_unflatten(flat, t, copy_from_tree)
     return new_dict, flat
   if not flat:
-    raise ValueError('tree_unflatten: ran out of leaves to fill the tree.')
+    raise ArgumentValueError('tree_unflatten: ran out of leaves to fill the tree.')
   return flat[0], flat[1:]
 
 
@@ -256,8 +258,8 @@ def unflatten_like(flat, tree, leaf_fn=None):
   flat = list(flat)
   n_leaves = len(leaf_paths(tree))
   if len(flat) != n_leaves:
-    raise ValueError(f'Cannot unflatten {len(flat)} leaves into a tree with '
-                     f'{n_leaves} leaves.')
+    raise ArgumentValueError(f'Cannot unflatten {len(flat)} leaves into a tree with '
+                             f'{n_leaves} leaves.')
   position = [0]
 
   def build(t, path):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax.lr import schedules
+from retrax.validation import ArgumentTypeError
 
 __all__ = ['EvalAdjustingSchedule', 'MultifactorSchedule']
 
@@ -97,7 +98,7 @@ def EvalAdjustingSchedule(history,
     TypeError: if ``history`` has no ``get`` method.
   """
   if not callable(getattr(history, 'get', None)):
-    raise TypeError(
+    raise ArgumentTypeError(
         'EvalAdjustingSchedule needs a history with get(mode, metric); got '
         f'{type(history).__name__}.')
   values = [value for _, value in history.get(history_mode, metric)]

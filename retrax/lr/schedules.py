@@ -20,6 +20,8 @@ import numpy as np
 
 from retrax import validation
 from retrax.configurable import configurable
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 __all__ = [
     'FACTOR_NAMES',
@@ -126,9 +128,9 @@ class _BodyAndTail:
   def __init__(self, body_value, body_start=None, tail_start=None,
                tail_fn=None):
     if body_start is None and tail_start is None:
-      raise ValueError('Both body_start and tail_start are None.')
+      raise ArgumentValueError('Both body_start and tail_start are None.')
     if tail_start is not None and tail_fn is None:
-      raise ValueError(
+      raise ArgumentValueError(
           f'tail_start has value ({tail_start}) but tail_fn is None.')
     self._body_value = body_value
     self._body_start = tail_start if body_start is None else body_start
@@ -171,13 +173,13 @@ def parse_factors(factors, known=FACTOR_NAMES):
     ValueError: for an unknown name.
   """
   if not isinstance(factors, str):
-    raise TypeError(
+    raise ArgumentTypeError(
         f"factors must be a string such as 'constant * linear_warmup'; got "
         f'{type(factors).__name__}.')
   names = [name.strip() for name in factors.split('*')]
   for name in names:
     if name not in known:
-      raise ValueError(
+      raise ArgumentValueError(
           f'Unknown factor {name!r} in factors={factors!r}; known factors: '
           f'{", ".join(known)}.')
   return names
@@ -190,7 +192,7 @@ def check_factor_params(names, warmup_steps, steps_per_decay, steps_per_cycle):
               ('cosine_decay', 'steps_per_cycle', steps_per_cycle))
   for factor, param, value in divisors:
     if factor in names and not value > 0:
-      raise ValueError(
+      raise ArgumentValueError(
           f'Factor {factor!r} needs {param} > 0; got {value!r}.')
 
 
@@ -236,7 +238,7 @@ def factor_product(names, step, xp, params, clip_cosine=False):
       cosine = 0.5 * (1.0 + xp.cos(xp.pi * (progress % 1.0)))
       value *= xp.maximum(0.0, cosine) if clip_cosine else cosine
     else:
-      raise ValueError(f'Unknown factor {name!r}.')
+      raise ArgumentValueError(f'Unknown factor {name!r}.')
   return value
 
 

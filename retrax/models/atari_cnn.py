@@ -3,6 +3,7 @@
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def _FrameStack(n_frames):
@@ -12,7 +13,7 @@ def _FrameStack(n_frames):
   shifted right by k frames along T (zeros entering).
   """
   if n_frames < 1:
-    raise ValueError(f'n_frames must be at least 1; got {n_frames}.')
+    raise ArgumentValueError(f'n_frames must be at least 1; got {n_frames}.')
   if n_frames == 1:
     return []
   return [

@@ -6,6 +6,7 @@ weights each time), then projected to `vocab_size` logits per cell.
 """
 
 from retrax import layers as tl
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.models import registry
 
@@ -24,8 +25,8 @@ def DiagonalGate():
   def f(x):
     depth = x.shape[-1] // 3
     if 3 * depth != x.shape[-1]:
-      raise ValueError(f'DiagonalGate: the last axis must be divisible by 3; '
-                       f'got shape {x.shape}.')
+      raise InputValueError(f'DiagonalGate: the last axis must be divisible by 3; '
+                            f'got shape {x.shape}.')
     padded = jnp.pad(x, [(0, 0), (0, 0), (1, 1), (0, 0)])
     return jnp.concatenate([padded[:, :, :-2, :depth],
                             padded[:, :, 1:-1, depth:2 * depth],

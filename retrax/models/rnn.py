@@ -3,6 +3,7 @@
 from retrax import layers as tl
 from retrax.fastmath import numpy as jnp
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 @registry.register
@@ -30,8 +31,8 @@ def RNNLM(vocab_size, d_model=512, n_layers=2, rnn_cell=tl.LSTMCell,
     The model as a `Serial` layer.
   """
   if n_layers != 2:
-    raise ValueError(f'Number of layers must be set to 2; instead got '
-                     f'{n_layers}.')
+    raise ArgumentValueError(f'Number of layers must be set to 2; instead got '
+                             f'{n_layers}.')
 
   def MultiRNNCell():
     """`n_layers` cells run in series on one time step; states concatenated."""

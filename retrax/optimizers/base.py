@@ -37,6 +37,7 @@ from retrax.configurable import configurable
 from retrax.fastmath.tree import tree_flatten
 from retrax.fastmath.tree import unflatten_like as tree_unflatten
 from retrax import validation
+from retrax.validation import ArgumentValueError
 
 __all__ = [
     'Optimizer',
@@ -317,18 +318,18 @@ class Optimizer:
 
 def _check_tree_update_inputs(grads_flat, weights_flat, slots):
   if len(grads_flat) != len(weights_flat):
-    raise ValueError(
+    raise ArgumentValueError(
         f'grad_tree has {len(grads_flat)} arrays but weight_tree has '
         f'{len(weights_flat)}; gradients must have the structure of the '
         'weights.')
   if slots is None or len(slots) != len(weights_flat):
     got = 'None' if slots is None else f'{len(slots)} entries'
-    raise ValueError(
+    raise ArgumentValueError(
         f'slots must hold one entry per weight array ({len(weights_flat)}); '
         f'got {got}. Create them with tree_init(weight_tree).')
   for index, (g, w) in enumerate(zip(grads_flat, weights_flat)):
     if jnp.shape(g) != jnp.shape(w):
-      raise ValueError(
+      raise ArgumentValueError(
           f'Gradient {index} has shape {jnp.shape(g)} but weight array '
           f'{index} has shape {jnp.shape(w)}.')
 

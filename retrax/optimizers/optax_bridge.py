@@ -17,6 +17,8 @@ import numpy as np
 import optax
 
 from retrax.optimizers import base
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 __all__ = ['OptaxOptimizer', 'as_optimizer', 'from_optax']
 
@@ -57,7 +59,7 @@ class OptaxOptimizer(base.Optimizer):
         ``optax.inject_hyperparams``.
     """
     if not isinstance(transformation, optax.GradientTransformation):
-      raise TypeError(
+      raise ArgumentTypeError(
           'OptaxOptimizer expects an optax.GradientTransformation (e.g. '
           f'optax.adam(1e-3)); got {type(transformation).__name__}.')
     super().__init__(clip_grad_norm=clip_grad_norm)
@@ -100,7 +102,7 @@ class OptaxOptimizer(base.Optimizer):
     grads_flat = base.tree_flatten(grad_tree)
     weights_flat = base.tree_flatten(weight_tree)
     if len(grads_flat) != len(weights_flat):
-      raise ValueError(
+      raise ArgumentValueError(
           f'grad_tree has {len(grads_flat)} arrays but weight_tree has '
           f'{len(weights_flat)}; gradients must have the structure of the '
           'weights.')
@@ -140,14 +142,14 @@ def _with_hyperparams(state, opt_params):
     return state
   settable = _settable_hyperparams(state)
   if settable is None:
-    raise ValueError(
+    raise ArgumentValueError(
         f'opt_params {sorted(opt_params)} cannot be applied: this optax '
         'transformation has no injectable hyperparameters. Build it with '
         'optax.inject_hyperparams(...) or retrax.optimizers.from_optax('
         'optax.adam, learning_rate=...), or pass empty opt_params.')
   unknown = sorted(set(opt_params) - set(settable))
   if unknown:
-    raise ValueError(
+    raise ArgumentValueError(
         f'opt_params {unknown} are not settable hyperparameters of this optax '
         f'transformation; settable: {sorted(settable)} (hyperparameters given '
         'as optax schedules are driven by the schedule).')
@@ -186,18 +188,18 @@ def from_optax(transformation, *, clip_grad_norm=None, **hyperparams):
   """
   if isinstance(transformation, optax.GradientTransformation):
     if hyperparams:
-      raise TypeError(
+      raise ArgumentTypeError(
           f'Hyperparameters {sorted(hyperparams)} can only be given with a '
           'factory such as optax.adam, not with a built transformation.')
     return OptaxOptimizer(transformation, clip_grad_norm=clip_grad_norm)
   if not callable(transformation):
-    raise TypeError(
+    raise ArgumentTypeError(
         'from_optax expects an optax.GradientTransformation or a factory '
         f'returning one (e.g. optax.adam); got {type(transformation).__name__}.')
   try:
     arguments = inspect.signature(transformation).bind(**hyperparams)
   except TypeError as error:
-    raise TypeError(
+    raise ArgumentTypeError(
         f'Cannot call {getattr(transformation, "__name__", transformation)} '
         f'with {sorted(hyperparams)}: {error}.') from None
   arguments.apply_defaults()
@@ -248,6 +250,6 @@ def as_optimizer(optimizer: OptimizerLike) -> base.Optimizer:
     hint = (' For an optax factory such as optax.adam, call it (optax.adam'
             '(1e-3)) or use retrax.optimizers.from_optax(optax.adam, '
             'learning_rate=1e-3).')
-  raise TypeError(
+  raise ArgumentTypeError(
       'Expected a retrax Optimizer (instance or class) or an '
       f'optax.GradientTransformation; got {optimizer!r}.{hint}')

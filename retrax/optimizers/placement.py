@@ -15,6 +15,9 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
+from retrax.errors import InputValueError
+from retrax.validation import ArgumentValueError
+
 AXIS = 'batch'
 
 
@@ -25,8 +28,8 @@ class DeviceMesh:
     local = jax.local_devices()
     n = len(local) if n_devices is None else int(n_devices)
     if not 1 <= n <= len(local):
-      raise ValueError(f'n_devices={n_devices}: this host has {len(local)} '
-                       'local device(s); give a number from 1 to that.')
+      raise ArgumentValueError(f'n_devices={n_devices}: this host has {len(local)} '
+                               'local device(s); give a number from 1 to that.')
     self.n_devices = n
     if n > 1:
       mesh = Mesh(np.array(local[:n]), (AXIS,))
@@ -45,7 +48,7 @@ class DeviceMesh:
       return tuple(batch) if isinstance(batch, list) else batch
     for x in jax.tree_util.tree_leaves(batch):
       if not np.shape(x) or np.shape(x)[0] % self.n_devices:
-        raise ValueError(
+        raise InputValueError(
             f'A batch of shape {np.shape(x)} cannot be split over '
             f'{self.n_devices} devices: its first dimension must be a '
             'multiple of n_devices.')
@@ -93,7 +96,7 @@ def adasum(per_share_grads):
   leaves = jax.tree_util.tree_leaves(per_share_grads)
   n = leaves[0].shape[0] if leaves else 1
   if n & (n - 1):
-    raise ValueError(f'adasum needs a power-of-two number of devices; got {n}.')
+    raise ArgumentValueError(f'adasum needs a power-of-two number of devices; got {n}.')
   shift = 1
   while shift < n:
     partner = np.array([i + shift if i % (2 * shift) < shift else i - shift

@@ -36,6 +36,8 @@ from retrax.layers import combinators as cb
 from retrax.layers import reversible
 from retrax.optimizers import base as opt_base
 from retrax.optimizers import placement
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 __all__ = ['ReversibleSerialTrainer', 'extract_reversible_blocks',
            'init_reversible_blocks']
@@ -50,7 +52,7 @@ def _is_empty(tree):
 def _new_optimizer(optimizer_fn, layer):
   """A fresh optimizer from `optimizer_fn`, with slots for `layer`'s weights."""
   if not callable(optimizer_fn) or isinstance(optimizer_fn, opt_base.Optimizer):
-    raise TypeError(
+    raise ArgumentTypeError(
         'ReversibleSerialTrainer needs optimizer_fn, a class or function making '
         'an optimizer (e.g. optimizers.Adam), since each layer gets its own; '
         f'got {optimizer_fn!r}.')
@@ -152,14 +154,14 @@ class ReversibleSerialTrainer:
                    'effect in retrax.')
     self._mesh = placement.DeviceMesh(n_devices)
     if adasum and self._mesh.n_devices > 1:
-      raise ValueError('ReversibleSerialTrainer does not implement adasum over '
-                       'several devices; use adasum=False or optimizers.Trainer.')
+      raise ArgumentValueError('ReversibleSerialTrainer does not implement adasum over '
+                               'several devices; use adasum=False or optimizers.Trainer.')
     self._blocks = []
     for i, (std_layers, rev_layers) in enumerate(blocks):
       for j, layer in enumerate(rev_layers):
         if not isinstance(layer, reversible.ReversibleLayer):
-          raise TypeError(f'Block {i}, reversible layer {j} ({layer.name}) is '
-                          'not a ReversibleLayer.')
+          raise ArgumentTypeError(f'Block {i}, reversible layer {j} ({layer.name}) is '
+                                  'not a ReversibleLayer.')
       self._blocks.append((cb.Serial(std_layers), list(rev_layers)))
     self._loss_layer = loss_layer
     self._optimizer_fn = optimizer_fn
@@ -204,8 +206,8 @@ class ReversibleSerialTrainer:
   @slots.setter
   def slots(self, slots):
     if len(slots) != len(self._units) + 1:
-      raise ValueError(f'slots must hold {len(self._units)} block entries and '
-                       f'the loss slots; got {len(slots)} entries.')
+      raise ArgumentValueError(f'slots must hold {len(self._units)} block entries and '
+                               f'the loss slots; got {len(slots)} entries.')
     for (std, revs), (std_slots, rev_slots) in zip(self._units, slots[:-1]):
       std.optimizer.slots = std_slots
       for unit, s in zip(revs, rev_slots):
@@ -367,7 +369,7 @@ def extract_reversible_blocks(layers, loss_chunk_size=0):
       blocks.append((std_layers, rev_layers))
       std_layers, rev_layers = [layer], []
   if rev_layers:
-    raise ValueError('The final layer must be a standard loss, not reversible.')
+    raise ArgumentValueError('The final layer must be a standard loss, not reversible.')
   if loss_chunk_size > 0:
     return blocks, _chunked_loss(std_layers, loss_chunk_size)
   return blocks, cb.Serial(std_layers)
@@ -378,18 +380,18 @@ def _chunked_loss(std_layers, chunk_size):
   starts = [i + 1 for i, layer in enumerate(std_layers)
             if layer.name in ('StripFromConcatenateWithPadding', 'Select')]
   if not starts:
-    raise ValueError(
+    raise ArgumentValueError(
         'Loss chunking needs the loss to follow a Select or '
         'StripFromConcatenateWithPadding layer; the loss layers are '
         f'{[layer.name for layer in std_layers]}.')
   start = starts[-1]
   if len(std_layers) - start < 4:
-    raise ValueError('Too short loss layer for chunking: it needs Dense, '
-                     'LogSoftmax, _CrossEntropy and _WeightedMean.')
+    raise ArgumentValueError('Too short loss layer for chunking: it needs Dense, '
+                             'LogSoftmax, _CrossEntropy and _WeightedMean.')
   last = [layer.name for layer in std_layers[-3:]]
   if last != ['LogSoftmax', '_CrossEntropy', '_WeightedMean']:
-    raise ValueError('Loss chunking needs the last layers to be LogSoftmax, '
-                     f'_CrossEntropy, _WeightedMean; got {last}.')
+    raise ArgumentValueError('Loss chunking needs the last layers to be LogSoftmax, '
+                             f'_CrossEntropy, _WeightedMean; got {last}.')
 
   def merge(preds, targets):
     return (jnp.reshape(preds, (-1, preds.shape[-1])),

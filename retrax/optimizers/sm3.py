@@ -8,6 +8,7 @@ import optax
 from retrax.configurable import configurable
 from retrax.optimizers import base
 from retrax.optimizers import momentum as momentum_lib
+from retrax.validation import ArgumentValueError
 
 __all__ = ['MomentumType', 'SM3', 'momentum_slot', 'scale_by_trax_sm3']
 
@@ -62,7 +63,7 @@ def _check_momentum_type(momentum_type):
   try:
     return MomentumType(momentum_type)
   except ValueError:
-    raise ValueError(
+    raise ArgumentValueError(
         f'momentum_type must be one of {[t.name for t in MomentumType]} '
         f'(values {[int(t) for t in MomentumType]}); got {momentum_type!r}.'
     ) from None

@@ -26,6 +26,7 @@ from retrax.optimizers import placement
 from retrax.optimizers.reversible_trainer import ReversibleSerialTrainer
 from retrax.optimizers.reversible_trainer import extract_reversible_blocks
 from retrax.optimizers.reversible_trainer import init_reversible_blocks
+from retrax.validation import ArgumentValueError
 
 __all__ = ['ReversibleSerialTrainer', 'Trainer', 'extract_reversible_blocks',
            'init_reversible_blocks']
@@ -53,7 +54,7 @@ class Trainer:
 
   def __init__(self, model_with_loss, optimizer, n_devices=None, adasum=False):
     if _is_empty(model_with_loss.weights) and _is_empty(model_with_loss.state):
-      raise ValueError(
+      raise ArgumentValueError(
           f'Trainer needs an initialized model_with_loss; {model_with_loss.name}'
           ' has no weights. Call model_with_loss.init(batch_signature) first.')
     self._model_with_loss = model_with_loss
@@ -127,7 +128,7 @@ class Trainer:
     if isinstance(out, (tuple, list)) or out.shape:
       got = (f'{len(out)} outputs' if isinstance(out, (tuple, list))
              else f'shape {out.shape}')
-      raise ValueError(
+      raise ArgumentValueError(
           f'Trainer needs model_with_loss ({self._model_with_loss.name}) to '
           f'return one scalar loss; on this batch it returns {got}.')
     self._checked_signature = signature

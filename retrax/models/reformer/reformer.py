@@ -13,6 +13,7 @@ from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 # Trax 1.2 exported the half-residual layer from this module (the RevNet lab imports it).
 ReversibleHalfResidualV2 = tl.ReversibleHalfResidual
@@ -57,8 +58,8 @@ def _attention_types(attention_type, n_layers):
   types = (list(attention_type) if isinstance(attention_type, (list, tuple))
            else [attention_type])
   if n_layers % len(types):
-    raise ValueError(f'n_layers ({n_layers}) must be a multiple of the number '
-                     f'of attention types ({len(types)}).')
+    raise ArgumentValueError(f'n_layers ({n_layers}) must be a multiple of the number '
+                             f'of attention types ({len(types)}).')
   return [types[i % len(types)] for i in range(n_layers)]
 
 
@@ -135,9 +136,9 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
   validation.check_counts('ReformerLM', n_layers=n_layers)
   validation.check_rates('ReformerLM', dropout=dropout)
   if loss_sparsity or loss_d_lowrank or loss_sparsity_prob is not None:
-    raise ValueError('Sparse output layers (loss_sparsity, loss_d_lowrank, '
-                     'loss_sparsity_prob) are not supported by retrax; leave '
-                     'them at their defaults.')
+    raise ArgumentValueError('Sparse output layers (loss_sparsity, loss_d_lowrank, '
+                             'loss_sparsity_prob) are not supported by retrax; leave '
+                             'them at their defaults.')
   del loss_sparsity_type  # Only the sparse output layer reads it.
   attention_type = tl.SelfAttention if attention_type is None else attention_type
   ff_activation = tl.FastGelu if ff_activation is None else ff_activation
@@ -179,11 +180,11 @@ def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,
                       ff_sparsity=0, attention_chunk_size=0, mode='train'):
   """ReformerLM that groups `shorten_factor` positions into one inside the reversible stack."""
   if mode == 'predict':
-    raise ValueError("ReformerShortenLM has no predict mode (as in Trax); use "
-                     "mode='eval' or ReformerLM.")
+    raise ArgumentValueError("ReformerShortenLM has no predict mode (as in Trax); use "
+                             "mode='eval' or ReformerLM.")
   if not hasattr(tl, 'SRU') or not hasattr(tl, 'CausalConv'):
-    raise ValueError('ReformerShortenLM needs tl.SRU and tl.CausalConv, which '
-                     'this retrax build lacks.')
+    raise ArgumentValueError('ReformerShortenLM needs tl.SRU and tl.CausalConv, which '
+                             'this retrax build lacks.')
   attention_type = tl.SelfAttention if attention_type is None else attention_type
   ff_activation = tl.FastGelu if ff_activation is None else ff_activation
   positional_embedder = [

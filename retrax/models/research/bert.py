@@ -14,10 +14,12 @@ import jax
 import numpy as np
 
 from retrax import layers as tl
+from retrax.checkpoints.errors import TreeStructureError
 from retrax.configurable import configurable
 from retrax.fastmath import numpy as jnp
 from retrax import validation
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 # Trax's known model names and where Google publishes them.
 MODEL_LINKS = {
@@ -145,7 +147,7 @@ def _checkpoint_path(init_checkpoint):
   known = (f'; {init_checkpoint!r} is published at '
            f'{MODEL_LINKS[init_checkpoint]}' if init_checkpoint in
            MODEL_LINKS else f'; known names: {sorted(MODEL_LINKS)}')
-  raise ValueError(
+  raise ArgumentValueError(
       f'PretrainedBERT: init_checkpoint={init_checkpoint!r} is a model name, '
       f'and retrax does not download checkpoints{known}. Download and unzip '
       'it yourself and pass the checkpoint path (e.g. '
@@ -228,12 +230,12 @@ class PretrainedBERT(tl.Serial):
     new = bert_checkpoint_leaves(reader, self._n_layers, self._d_head)
     leaves, treedef = jax.tree_util.tree_flatten(self.weights)
     if len(new) != len(leaves):
-      raise ValueError(f'PretrainedBERT: the checkpoint gives {len(new)} '
-                       f'weights; the model has {len(leaves)}')
+      raise TreeStructureError(f'PretrainedBERT: the checkpoint gives {len(new)} '
+                               f'weights; the model has {len(leaves)}')
     for i, (a, b) in enumerate(zip(leaves, new)):
       if np.shape(a) != np.shape(b):
-        raise ValueError(f'PretrainedBERT: weight {i} has shape '
-                         f'{np.shape(a)}; the checkpoint gives {b.shape}')
+        raise TreeStructureError(f'PretrainedBERT: weight {i} has shape '
+                                 f'{np.shape(a)}; the checkpoint gives {b.shape}')
     self.weights = jax.tree_util.tree_unflatten(
         treedef, [jnp.asarray(b, dtype=jnp.asarray(a).dtype)
                   for a, b in zip(leaves, new)])

@@ -15,6 +15,7 @@ from retrax.layers.research import sparsity as research_sparsity
 from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def _FeedForward(d_model, d_ff, dropout, activation, act_dropout, use_bfloat16,
@@ -46,14 +47,14 @@ def _parse_sparsity(ff_sparsity, d_ff):
     elif len(ff_sparsity) == 4:
       n_elements_in_block, d_lowrank, temperature, quant_prob = ff_sparsity
     else:
-      raise ValueError(f'ff_sparsity {ff_sparsity!r} must hold 2 or 4 values: '
-                       '(n_elements_in_block, d_lowrank[, temperature, '
-                       'quant_prob]).')
+      raise ArgumentValueError(f'ff_sparsity {ff_sparsity!r} must hold 2 or 4 values: '
+                               '(n_elements_in_block, d_lowrank[, temperature, '
+                               'quant_prob]).')
   elif isinstance(ff_sparsity, int):
     n_elements_in_block, d_lowrank = ff_sparsity, d_ff // ff_sparsity
   else:
-    raise ValueError(f'ff_sparsity must be an int, a sequence or a string; got '
-                     f'{ff_sparsity!r}.')
+    raise ArgumentValueError(f'ff_sparsity must be an int, a sequence or a string; got '
+                             f'{ff_sparsity!r}.')
   return n_elements_in_block, d_lowrank, temperature, quant_prob
 
 
@@ -64,9 +65,9 @@ def _dense_or_expert_ff(d_model, d_ff, dropout, ff_activation, ff_dropout,
     return _FeedForward(d_model, d_ff, dropout, ff_activation, ff_dropout,
                         use_bfloat16, mode)
   if not isinstance(ff_sparsity, int):
-    raise ValueError(f'ff_sparsity_type={ff_sparsity_type!r} needs an int '
-                     f'ff_sparsity (the number of experts); got '
-                     f'{ff_sparsity!r}.')
+    raise ArgumentValueError(f'ff_sparsity_type={ff_sparsity_type!r} needs an int '
+                             f'ff_sparsity (the number of experts); got '
+                             f'{ff_sparsity!r}.')
   if ff_sparsity_type == 'Block':
     return tl.BlockSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
   return tl.SwitchSparseFF(d_ff, n_experts=ff_sparsity, mode=mode)
@@ -103,8 +104,8 @@ def FeedForwardWithOptions(d_model, d_ff, dropout, dropout_shared_axes,
     A one-element list holding the block (vectors -> vectors).
   """
   if ff_sparsity_type not in ('1inN', 'Block', 'Switch'):
-    raise ValueError(f"ff_sparsity_type must be '1inN', 'Block' or 'Switch'; "
-                     f'got {ff_sparsity_type!r}.')
+    raise ArgumentValueError(f"ff_sparsity_type must be '1inN', 'Block' or 'Switch'; "
+                             f'got {ff_sparsity_type!r}.')
   if ff_sparsity and ff_sparsity_type == '1inN':
     n_elements_in_block, d_lowrank, temperature, quant_prob = _parse_sparsity(
         ff_sparsity, d_ff)
@@ -201,22 +202,22 @@ def PositionalEncoder(mode, dropout=None, max_len=None, pos_type=None,
                                          mode=mode)
   if pos_type == 'time-bin':
     if pos_time_bin_length is None:
-      raise ValueError("pos_type='time-bin' needs pos_time_bin_length (the "
-                       'bin length of TimeBinPositionalEncoding).')
+      raise ArgumentValueError("pos_type='time-bin' needs pos_time_bin_length (the "
+                               'bin length of TimeBinPositionalEncoding).')
     return tl.TimeBinPositionalEncoding(pos_time_bin_length, mode=mode)
   if pos_type == 'no':
     return tl.Serial()
   if pos_type in ('axial', 'axial-pos'):
     if not pos_axial_shape or pos_d_axial_embs is None:
-      raise ValueError("pos_type='axial' needs pos_axial_shape and "
-                       'pos_d_axial_embs.')
+      raise ArgumentValueError("pos_type='axial' needs pos_axial_shape and "
+                               'pos_d_axial_embs.')
     return tl.AxialPositionalEncoding(
         shape=pos_axial_shape, d_embs=pos_d_axial_embs,
         dropout_broadcast_dims=tuple(range(1, len(pos_axial_shape) + 1)),
         dropout=dropout, mode=mode)
-  raise ValueError(f"Unknown pos_type {pos_type!r}; use None, 'sin-cos', "
-                   "'fixed-base', 'infinite', 'infinite-affine', 'time-bin', "
-                   "'axial' or 'no'.")
+  raise ArgumentValueError(f"Unknown pos_type {pos_type!r}; use None, 'sin-cos', "
+                           "'fixed-base', 'infinite', 'infinite-affine', 'time-bin', "
+                           "'axial' or 'no'.")
 
 
 def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,
@@ -254,7 +255,7 @@ def EmbeddingAndPositionalEncodings(input_vocab_size, d_model, mode,
   in_embedder = embedder(input_vocab_size, encoder_mode, 'input_vocab_size')
   in_encoder = in_embedder + [positions(encoder_mode)]
   if not (input_vocab_size or output_vocab_size):
-    raise ValueError('Give input_vocab_size or output_vocab_size.')
+    raise ArgumentValueError('Give input_vocab_size or output_vocab_size.')
   out_embedder = (in_embedder if output_vocab_size is None
                   else embedder(output_vocab_size, mode, 'output_vocab_size'))
   out_encoder = out_embedder + [positions(mode)]

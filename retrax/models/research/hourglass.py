@@ -18,6 +18,7 @@ from retrax.layers.research.resampling import FeedForwardBlock
 from retrax.layers.research.resampling import LinearUpsampling
 from retrax.models.research.configurable_transformer import ApplyAttentionLayer
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def _RelativeDecoderBlock(attention_type, d_model, d_ff, n_heads, dropout,
@@ -58,21 +59,21 @@ def parse_hierarchy(hierarchy_str):
   """
   levels = hierarchy_str.split(' ')
   if levels != levels[::-1]:
-    raise ValueError(f'HourglassLM: hierarchy {hierarchy_str!r} is not a '
-                     'palindrome.')
+    raise ArgumentValueError(f'HourglassLM: hierarchy {hierarchy_str!r} is not a '
+                             'palindrome.')
   try:
     pairs = [level.split('@') for level in levels[:1 + len(levels) // 2]]
     n_layers = [int(n) for n, _ in pairs]
     total_factors = [int(f) for _, f in pairs]
   except ValueError as e:
-    raise ValueError(f'HourglassLM: hierarchy {hierarchy_str!r}: each level '
-                     'must read N_LAYERS@TOTAL_SHORTENING, e.g. 2@3.') from e
+    raise ArgumentValueError(f'HourglassLM: hierarchy {hierarchy_str!r}: each level '
+                             'must read N_LAYERS@TOTAL_SHORTENING, e.g. 2@3.') from e
   shorten_factors = []
   for current, previous in zip(total_factors, [1] + total_factors[:-1]):
     if current % previous:
-      raise ValueError(f'HourglassLM: hierarchy {hierarchy_str!r}: level '
-                       f'shortening {current} is not divisible by the '
-                       f'previous level\'s {previous}.')
+      raise ArgumentValueError(f'HourglassLM: hierarchy {hierarchy_str!r}: level '
+                               f'shortening {current} is not divisible by the '
+                               f'previous level\'s {previous}.')
     shorten_factors.append(current // previous)
   return n_layers, shorten_factors
 
@@ -129,15 +130,15 @@ def HourglassLM(vocab_size, d_model=512, d_ff=2048, vanilla_layers=(1, 1),
   multiple of the total shortening. `mode` is 'train' or 'eval'.
   """
   if mode == 'predict':
-    raise ValueError('HourglassLM: mode=\'predict\' is not supported (nor in '
-                     'Trax 1.4.1); use \'train\' or \'eval\'.')
+    raise ArgumentValueError('HourglassLM: mode=\'predict\' is not supported (nor in '
+                             'Trax 1.4.1); use \'train\' or \'eval\'.')
   n_layers_per_level, shorten_factors = parse_hierarchy(hierarchy)
   if any(f < 2 for f in shorten_factors):
-    raise ValueError(f'HourglassLM: hierarchy {hierarchy!r}: every level must '
-                     f'shorten (factor >= 2); got factors {shorten_factors}.')
+    raise ArgumentValueError(f'HourglassLM: hierarchy {hierarchy!r}: every level must '
+                             f'shorten (factor >= 2); got factors {shorten_factors}.')
   if d_model % n_heads:
-    raise ValueError(f'HourglassLM: d_model ({d_model}) must be a multiple of '
-                     f'n_heads ({n_heads}).')
+    raise ArgumentValueError(f'HourglassLM: d_model ({d_model}) must be a multiple of '
+                             f'n_heads ({n_heads}).')
   context_bias_layer, location_bias_layer = get_rel_att_inputs(d_model, n_heads)
   common = dict(d_model=d_model, d_ff=d_ff, n_heads=n_heads, dropout=dropout,
                 dropout_shared_axes=dropout_shared_axes, mode=mode,

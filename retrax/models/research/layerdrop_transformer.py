@@ -13,6 +13,7 @@ from retrax import layers as tl
 from retrax.layers import assert_shape
 from retrax.models import transformer
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def LargerThan(val):
@@ -33,16 +34,16 @@ def _block(d_model, d_ff, n_heads, dropout, mode, ff_activation):
 
 def _check(model, n_layers, mode, **fractions):
   if mode not in ('train', 'eval', 'predict'):
-    raise ValueError(f"{model}: mode must be 'train', 'eval' or 'predict'; "
-                     f'got {mode!r}')
+    raise ArgumentValueError(f"{model}: mode must be 'train', 'eval' or 'predict'; "
+                             f'got {mode!r}')
   if not isinstance(n_layers, numbers.Integral) or n_layers < 0:
-    raise ValueError(f'{model}: n_layers must be an int >= 0; got {n_layers!r}')
+    raise ArgumentValueError(f'{model}: n_layers must be an int >= 0; got {n_layers!r}')
   for name, value in fractions.items():
     values = value if isinstance(value, (list, tuple)) else [value]
     for v in values:
       if not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
-        raise ValueError(f'{model}: {name} must be in [0, 1] (or a list of '
-                         f'such); got {value!r}')
+        raise ArgumentValueError(f'{model}: {name} must be in [0, 1] (or a list of '
+                                 f'such); got {value!r}')
 
 
 @registry.register
@@ -106,8 +107,8 @@ def EveryOtherLayerDropTransformerLM(vocab_size, d_model=512, d_ff=2048,
   _check('EveryOtherLayerDropTransformerLM', n_layers, mode,
          skip_fraction=skip_fraction, eval_skip_fraction=eval_skip_fraction)
   if skip_mode not in _SKIP_MODES:
-    raise ValueError(f'EveryOtherLayerDropTransformerLM: skip_mode must be one '
-                     f'of {_SKIP_MODES}; got {skip_mode!r}')
+    raise ArgumentValueError(f'EveryOtherLayerDropTransformerLM: skip_mode must be one '
+                             f'of {_SKIP_MODES}; got {skip_mode!r}')
   if mode != 'train':
     skip_fraction = eval_skip_fraction
 
@@ -136,8 +137,8 @@ def EveryOtherLayerDropTransformerLM(vocab_size, d_model=512, d_ff=2048,
 def _per_layer(name, value, n_layers):
   values = list(value) if isinstance(value, (list, tuple)) else [value] * n_layers
   if len(values) != n_layers:
-    raise ValueError(f'LayerDropTransformerLM: n_layers ({n_layers}) must be '
-                     f'equal to len({name}) ({len(values)})')
+    raise ArgumentValueError(f'LayerDropTransformerLM: n_layers ({n_layers}) must be '
+                             f'equal to len({name}) ({len(values)})')
   return values
 
 
@@ -149,9 +150,9 @@ def _eval_fractions(eval_skip_fraction, skip_fraction, n_layers):
   if eval_skip_fraction == 'same':
     return list(skip_fraction)
   if isinstance(eval_skip_fraction, str):
-    raise ValueError("LayerDropTransformerLM: eval_skip_fraction must be a "
-                     "fraction, a list of them, 'every_other' or 'same'; got "
-                     f'{eval_skip_fraction!r}')
+    raise ArgumentValueError("LayerDropTransformerLM: eval_skip_fraction must be a "
+                             "fraction, a list of them, 'every_other' or 'same'; got "
+                             f'{eval_skip_fraction!r}')
   return _per_layer('eval_skip_fraction', eval_skip_fraction, n_layers)
 
 

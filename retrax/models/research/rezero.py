@@ -10,6 +10,7 @@ import numpy as np
 from retrax import layers as tl
 from retrax import validation
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def _flatten(items):
@@ -24,7 +25,7 @@ def _flatten(items):
       flat.append(item)
   for obj in flat:
     if not isinstance(obj, tl.Layer):
-      raise ValueError(
+      raise ArgumentValueError(
           f'ResidualZero: expected layers, got {obj!r} (type '
           f'{type(obj).__name__}) among {flat!r}')
   return flat
@@ -44,7 +45,7 @@ def ResidualZero(*layers, shortcut=None):
   """
   layers = _flatten(layers)
   if not layers:
-    raise ValueError('ResidualZero: needs at least one layer for its branch')
+    raise ArgumentValueError('ResidualZero: needs at least one layer for its branch')
   layer = layers[0] if len(layers) == 1 else tl.Serial(layers)
   return tl.Serial(
       tl.Branch(shortcut, tl.Serial(layer, tl.Weights(_zeros), tl.Multiply())),

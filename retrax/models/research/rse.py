@@ -10,15 +10,17 @@ import numpy as np
 
 from retrax import fastmath
 from retrax import layers as tl
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers.assert_shape import assert_shape
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def _check_residual_weight(residual_weight):
   if not 0.0 < residual_weight < 1.0:
-    raise ValueError(f'ResidualSwitchUnit: residual_weight must be in (0, 1); '
-                     f'got {residual_weight}.')
+    raise ArgumentValueError(f'ResidualSwitchUnit: residual_weight must be in (0, 1); '
+                             f'got {residual_weight}.')
 
 
 @assert_shape('...->...')
@@ -41,8 +43,8 @@ class _ClippedScaling(tl.Layer):
 
 def _pairs(x):
   if x.shape[1] % 2:
-    raise ValueError(f'ResidualSwitchUnit: the length ({x.shape[1]}) must be '
-                     'even (positions are switched in pairs).')
+    raise InputValueError(f'ResidualSwitchUnit: the length ({x.shape[1]}) must be '
+                          'even (positions are switched in pairs).')
   return jnp.reshape(x, (x.shape[0], x.shape[1] // 2, -1))
 
 
@@ -74,7 +76,7 @@ def ResidualSwitchUnit(d_model, dropout=0.1, mode='train', residual_weight=0.9):
 def _n_bits(seq_length):
   """Bits of the largest position index: `floor(log2(seq_length - 1)) + 1`."""
   if seq_length < 2:
-    raise ValueError(f'Shuffle layers need a length >= 2; got {seq_length}.')
+    raise InputValueError(f'Shuffle layers need a length >= 2; got {seq_length}.')
   return int(np.int32(np.log(seq_length - 1) / np.log(2.0))) + 1
 
 
@@ -151,8 +153,8 @@ def ResidualShuffleExchange(vocab_size, d_model, input_dropout, dropout,
   `Dense(vocab_size)` and log-softmax.
   """
   if n_blocks < 0 or int(n_blocks) != n_blocks:
-    raise ValueError(f'ResidualShuffleExchange: n_blocks must be an int >= 0; '
-                     f'got {n_blocks!r}.')
+    raise ArgumentValueError(f'ResidualShuffleExchange: n_blocks must be an int >= 0; '
+                             f'got {n_blocks!r}.')
   benes_blocks = [BenesBlock(d_model, dropout, mode) for _ in range(n_blocks)]
   return tl.Serial(
       tl.Embedding(vocab_size, d_model),

@@ -20,6 +20,7 @@ import inspect
 from jax import lax
 
 from retrax import layers as tl
+from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
 from retrax.layers.attention import kv_cache
@@ -30,6 +31,7 @@ from retrax.models.reformer import reformer
 from retrax.models.research import configurable_transformer as ct
 from retrax.models.research import transformer2 as t2
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def _stage_sizes(d_model, d_ff, d_key, d_value, half_before_layer,
@@ -45,8 +47,8 @@ def _stage_sizes(d_model, d_ff, d_key, d_value, half_before_layer,
 
 def _half(what, n):
   if n % 2:
-    raise ValueError(f'ConfigurableTerraformer: {what} halves d_model, d_ff '
-                     f'and the attention depths, which must be even; got {n}.')
+    raise ArgumentValueError(f'ConfigurableTerraformer: {what} halves d_model, d_ff '
+                             f'and the attention depths, which must be even; got {n}.')
   return n // 2
 
 
@@ -59,10 +61,10 @@ def _check_args(input_vocab_size, output_vocab_size, d_model, d_ff, n_heads,
   validation.check_rates(name, dropout=dropout)
   validation.check_choice(name, 'mode', mode, ('train', 'eval', 'predict'))
   if input_vocab_size is None and output_vocab_size is None:
-    raise ValueError(f'{name}: give input_vocab_size or output_vocab_size.')
+    raise ArgumentValueError(f'{name}: give input_vocab_size or output_vocab_size.')
   if (d_model // 2) % n_heads or d_model % 2:
-    raise ValueError(f'{name}: n_heads ({n_heads}) must divide d_model/2 '
-                     f'({d_model / 2}).')
+    raise ArgumentValueError(f'{name}: n_heads ({n_heads}) must divide d_model/2 '
+                             f'({d_model / 2}).')
 
 
 def _portal_attention_types(attention_types, portal_mask):
@@ -119,12 +121,12 @@ class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
     q, k, v = inputs
     allowed, keys, values, index = self.state
     if self._portal_mask is None:
-      raise ValueError(
+      raise InputValueError(
           f'{self.name}: predict mode needs a portal_mask (made by '
           'Terraformer in predict mode, see `_portal_attention_types`).')
     source_mask = self._portal_mask.get_value()
     if source_mask.shape[0] != 1:
-      raise ValueError(
+      raise InputValueError(
           f'{self.name}: Terraformer predict mode decodes one example at a '
           f'time (as in Trax); got a source mask of shape {source_mask.shape}.')
     source_mask = jnp.reshape(source_mask, (-1,)) != 0
@@ -171,7 +173,7 @@ def _decoder_blocks(attention_types, n_decoder_layers, sizes,
   """The decoder blocks, with `ReversibleConcatenatePair` where widths double."""
   first, middle, last = sizes
   if n_decoder_layers % len(attention_types):
-    raise ValueError(
+    raise ArgumentValueError(
         f'ConfigurableTerraformer: n_decoder_layers ({n_decoder_layers}) must '
         f'be a multiple of the number of decoder attention types '
         f'({len(attention_types)}).')

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from retrax import layers as tl
+from retrax.errors import InputValueError
 from retrax.layers import base
 from retrax.layers import predict_state
 from retrax.layers import reversible
@@ -26,6 +27,7 @@ from retrax import validation
 from retrax.models import vocab_layers
 from retrax.models.research import configurable_transformer as ct
 from retrax.models import registry
+from retrax.validation import ArgumentValueError
 
 
 def concat_with_padding(vec_e, vec_d, mask_e):
@@ -37,11 +39,11 @@ def concat_with_padding(vec_e, vec_d, mask_e):
   batch, len_e, depth = vec_e.shape
   len_d = vec_d.shape[1]
   if vec_d.shape != (batch, len_d, depth):
-    raise ValueError(f'ConcatWithPadding: decoder vectors have shape '
-                     f'{vec_d.shape}; expected {(batch, len_d, depth)}.')
+    raise InputValueError(f'ConcatWithPadding: decoder vectors have shape '
+                          f'{vec_d.shape}; expected {(batch, len_d, depth)}.')
   if tuple(mask_e.shape) != (batch, len_e):
-    raise ValueError(f'ConcatWithPadding: the encoder mask has shape '
-                     f'{tuple(mask_e.shape)}; expected {(batch, len_e)}.')
+    raise InputValueError(f'ConcatWithPadding: the encoder mask has shape '
+                          f'{tuple(mask_e.shape)}; expected {(batch, len_e)}.')
 
   def row(e, d, m):
     full = jnp.concatenate([e, jnp.zeros_like(d)], axis=0)
@@ -55,12 +57,12 @@ def strip_from_concatenate_with_padding(vec_ed, tok_e, tok_d):
   batch, length, depth = vec_ed.shape
   len_e, len_d = tok_e.shape[1], tok_d.shape[1]
   if length != len_e + len_d:
-    raise ValueError(
+    raise InputValueError(
         f'StripFromConcatenateWithPadding: the vectors have length {length} '
         f'but encoder + decoder tokens have {len_e} + {len_d}.')
   if tuple(tok_e.shape) != (batch, len_e) or tuple(tok_d.shape) != (batch,
                                                                     len_d):
-    raise ValueError(
+    raise InputValueError(
         f'StripFromConcatenateWithPadding: token shapes {tuple(tok_e.shape)} '
         f'and {tuple(tok_d.shape)} do not match batch {batch}.')
 
@@ -103,7 +105,7 @@ class _ConcatBase(reversible.ReversibleLayer):
 
   def _check_reversible(self):
     if self._mode == 'predict':
-      raise ValueError(f'{self.name} cannot be reversed in mode="predict".')
+      raise ArgumentValueError(f'{self.name} cannot be reversed in mode="predict".')
 
 
 class StripFromConcatenateWithPadding(base.Layer):
