@@ -34,6 +34,7 @@ from retrax import shapes
 from retrax.checkpoints import layer_io
 from retrax.checkpoints import tree
 from retrax.checkpoints.atomic import atomic_write
+from retrax.checkpoints.errors import CheckpointFormatError
 from retrax.data import tasks
 from retrax.errors import read_json
 from retrax.fastmath import precision
@@ -366,7 +367,7 @@ def load_run(directory: Union[str, os.PathLike], mode: str = 'predict',
   path = _latest_checkpoint(directory)
   flat_weights, _, stored = layer_io.read_flat_checkpoint(path)
   if stored is None:
-    raise ValueError(f'{path} records no input signature.')
+    raise CheckpointFormatError(f'{path} records no input signature.')
   signature = _signature(stored, model.n_in, mode, batch_size)
   model.init(signature)
   weights, _ = tree.unflatten_weights_and_state(

@@ -18,6 +18,7 @@ from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import missing_package
 from retrax.supervised import metrics_log
 from retrax import run_layout
+from retrax.validation import ArgumentValueError
 
 _LOSS_WORDS = ('loss', 'crossentropy', 'perplexity')
 _MODE_STYLES = {'train': '-', 'eval': '--'}
@@ -75,7 +76,7 @@ def _choose_metrics(runs, metrics):
     metrics = sorted(recorded, key=lambda m: (not m.startswith('metrics/'), m))
   unknown = [m for m in metrics if m not in recorded]
   if unknown or not metrics:
-    raise ValueError(
+    raise ArgumentValueError(
         f'No data for metrics {unknown or "(none recorded)"}; the runs have '
         f'{recorded}.')
   return metrics

@@ -37,6 +37,7 @@ from retrax.checkpoints.errors import malformed_is_format_error
 from retrax.checkpoints import trax_format
 from retrax.checkpoints.tree import tree_leaves
 from retrax.shapes import ShapeDtype
+from retrax.validation import ArgumentValueError
 
 FORMATS = ('native', 'trax')
 
@@ -140,9 +141,9 @@ def convert(src, dst, to=None, force=False):
     raise _not_a_checkpoint(src)
   to = to or ('trax' if source == 'native' else 'native')
   if to not in FORMATS:
-    raise ValueError(f'to must be one of {FORMATS}; got {to!r}.')
+    raise ArgumentValueError(f'to must be one of {FORMATS}; got {to!r}.')
   if to == source:
-    raise ValueError(f'{src} is already a {source} checkpoint.')
+    raise ArgumentValueError(f'{src} is already a {source} checkpoint.')
   target = check_destination(dst, to, force)
   with malformed_is_format_error(src):
     if to == 'native':

@@ -16,6 +16,7 @@ import zlib
 
 from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointLimitError
+from retrax.errors import UserInputError
 
 DEFAULT_MAX_BYTES = 16 << 30
 ENV_VAR = 'RETRAX_CHECKPOINT_MAX_BYTES'
@@ -37,8 +38,8 @@ def max_bytes(override=None):
       value = None
     where = f'${ENV_VAR}'
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f'{where} must be a positive integer number of bytes; '
-                     f'got {value if override is not None else raw!r}.')
+    raise UserInputError(f'{where} must be a positive integer number of bytes; '
+                         f'got {value if override is not None else raw!r}.')
   return value
 
 

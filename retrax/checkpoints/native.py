@@ -83,6 +83,8 @@ from retrax.checkpoints.records import is_shape_dtype
 from retrax.checkpoints.records import TraxShapeDtype
 from retrax.checkpoints.safe_unpickle import check_dtype
 from retrax.errors import read_json
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 FORMAT_NAME = 'retrax-native'
 FORMAT_VERSION = 1
@@ -187,8 +189,8 @@ class _Encoder:
     try:
       check_dtype(dtype)
     except CheckpointError:
-      raise TypeError(f'{self._name}{_path_str(path)}: dtype {dtype} cannot '
-                      'be saved.') from None
+      raise ArgumentTypeError(f'{self._name}{_path_str(path)}: dtype {dtype} cannot '
+                              'be saved.') from None
     key = self._key(path)
     self.split_keys.add(key)
     node = {'t': 'array', 'key': key, 'dtype': _dtype_name(dtype),
@@ -200,8 +202,8 @@ class _Encoder:
       bounds = _bounds(index, x.shape, f'{self._name}{_path_str(path)}')
       arr = np.asarray(piece).astype(dtype, copy=False)
       if arr.shape != tuple(b - a for a, b in bounds):
-        raise ValueError(f'{self._name}{_path_str(path)}: a piece of shape '
-                         f'{arr.shape} for the slices {bounds}.')
+        raise ArgumentValueError(f'{self._name}{_path_str(path)}: a piece of shape '
+                                 f'{arr.shape} for the slices {bounds}.')
       entry = key + '[' + ','.join(f'{a}:{b}' for a, b in bounds) + ']'
       self.pieces[entry] = (np.frombuffer(arr.tobytes(order='C'), np.uint8)
                             if raw else np.ascontiguousarray(arr))
@@ -213,7 +215,7 @@ class _Encoder:
     try:
       check_dtype(arr.dtype)
     except CheckpointError:
-      raise TypeError(
+      raise ArgumentTypeError(
           f'{self._name}{_path_str(path)}: dtype {arr.dtype} cannot be saved '
           f'(object and structured dtypes are not supported).') from None
     if arr.dtype.byteorder == '>':
@@ -263,7 +265,7 @@ class _Encoder:
     if isinstance(x, dict):
       for k in x:
         if not isinstance(k, str):
-          raise TypeError(
+          raise ArgumentTypeError(
               f'{self._name}{_path_str(path)}: dict keys must be str; got '
               f'{k!r}.')
       return {'t': 'dict', 'keys': list(x),
@@ -273,7 +275,7 @@ class _Encoder:
         return {'t': 'prng_key', 'impl': str(jax.random.key_impl(x)),
                 'data': self._array_node(jax.random.key_data(x), path)}
       return self._array_node(x, path)
-    raise TypeError(
+    raise ArgumentTypeError(
         f'{self._name}{_path_str(path)}: cannot save a '
         f'{type(x).__module__}.{type(x).__qualname__}; supported leaves are '
         f'arrays, numbers, strings, bytes, None, PRNG keys and ShapeDtype.')
@@ -284,12 +286,12 @@ def _bounds(index, shape, where):
   left out are whole)."""
   index = tuple(index) + (slice(None),) * (len(shape) - len(tuple(index)))
   if len(index) != len(shape):
-    raise ValueError(f'{where}: index {index} for shape {shape}.')
+    raise ArgumentValueError(f'{where}: index {index} for shape {shape}.')
   bounds = []
   for s, dim in zip(index, shape):
     start, stop, step = s.indices(dim)
     if step != 1:
-      raise ValueError(f'{where}: a piece with a strided index {index}.')
+      raise ArgumentValueError(f'{where}: a piece with a strided index {index}.')
     bounds.append([start, max(start, stop)])
   return bounds
 
@@ -308,10 +310,10 @@ def _jsonable(x, path):
     out = {}
     for k, v in x.items():
       if not isinstance(k, str):
-        raise TypeError(f'{path}: metadata keys must be str; got {k!r}.')
+        raise ArgumentTypeError(f'{path}: metadata keys must be str; got {k!r}.')
       out[k] = _jsonable(v, f'{path}[{k!r}]')
     return out
-  raise TypeError(
+  raise ArgumentTypeError(
       f'{path}: metadata must be JSON-able (dicts, lists, numbers, strings); '
       f'got {type(x).__name__}. Put arrays in a tree instead.')
 
@@ -422,8 +424,8 @@ def save_native(path, trees, metadata=None):
   path = os.fspath(path)
   encoder, nodes, user_metadata = _encode(trees, metadata)
   if encoder.split_keys:
-    raise TypeError('Shards leaves (arrays split over processes) are saved '
-                    'with save_native_sharded.')
+    raise ArgumentTypeError('Shards leaves (arrays split over processes) are saved '
+                            'with save_native_sharded.')
 
   created = not os.path.isdir(path)
   os.makedirs(path, exist_ok=True)
@@ -441,12 +443,12 @@ def save_native(path, trees, metadata=None):
 def _encode(trees, metadata):
   """`(encoder, nodes, user metadata)` of `save_native`'s arguments."""
   if not isinstance(trees, dict):
-    raise TypeError(f'trees must be a dict of named trees; got '
-                    f'{type(trees).__name__}.')
+    raise ArgumentTypeError(f'trees must be a dict of named trees; got '
+                            f'{type(trees).__name__}.')
   bad = [k for k in trees if not (isinstance(k, str) and k and '/' not in k)]
   if bad:
-    raise TypeError(f'tree names must be non-empty str without "/"; got '
-                    f'{bad!r}.')
+    raise ArgumentTypeError(f'tree names must be non-empty str without "/"; got '
+                            f'{bad!r}.')
   encoder = _Encoder()
   nodes = {name: encoder.encode(tree, name) for name, tree in trees.items()}
   return encoder, nodes, _jsonable(dict(metadata or {}), 'metadata')
@@ -508,7 +510,7 @@ def save_native_sharded(path, trees, metadata=None, *, process_index,
   """
   path = os.fspath(path)
   if not isinstance(token, str) or not _TOKEN_RE.match(token):
-    raise ValueError(f'token must be 16 hex digits; got {token!r}.')
+    raise ArgumentValueError(f'token must be 16 hex digits; got {token!r}.')
   error = None
   try:
     encoder, nodes, user_metadata = _encode(trees, metadata)

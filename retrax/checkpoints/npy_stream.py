@@ -25,6 +25,7 @@ from retrax.checkpoints.errors import CheckpointCorruptedError
 from retrax.checkpoints.errors import CheckpointError
 from retrax.checkpoints.errors import CheckpointNotFoundError
 from retrax.checkpoints.safe_unpickle import check_dtype
+from retrax.validation import ArgumentTypeError
 
 
 def _bfloat16():
@@ -80,7 +81,7 @@ def write_npy_gz(path, arrays, compresslevel=2):
   arrays = to_bits(arrays)
   for i, a in enumerate(arrays):
     if a.dtype.kind in 'OV':
-      raise TypeError(
+      raise ArgumentTypeError(
           f'array #{i} has dtype {a.dtype}, which an .npy record cannot hold '
           f'without pickle; only bfloat16 is bit-cast automatically.')
   with atomic_write(path) as f:

@@ -25,6 +25,7 @@ import numpy as np
 
 from retrax.checkpoints.records import is_shape_dtype
 from retrax.checkpoints.safe_unpickle import check_dtype
+from retrax.validation import ArgumentTypeError
 
 _PROTO = b'\x80'
 _STOP = b'.'
@@ -216,7 +217,7 @@ class _Emitter:
     elif type(x) is collections.defaultdict:
       factory = _BUILTIN_FACTORIES.get(x.default_factory)
       if factory is None:
-        raise TypeError(
+        raise ArgumentTypeError(
             f'cannot write defaultdict with factory {x.default_factory!r} at '
             f'{_where(path)}; only builtin container/number factories.')
       self._global('collections', 'defaultdict')
@@ -229,7 +230,7 @@ class _Emitter:
     elif hasattr(x, '__array__') and hasattr(x, 'dtype'):  # e.g. jax arrays.
       self._array(np.asarray(x), path)
     else:
-      raise TypeError(
+      raise ArgumentTypeError(
           f'cannot write a {type(x).__module__}.{type(x).__qualname__} at '
           f'{_where(path)} into a Trax checkpoint; only arrays, numbers, '
           f'strings, builtin containers and ShapeDtype are supported.')

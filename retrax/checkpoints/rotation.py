@@ -32,6 +32,7 @@ from retrax.checkpoints.native import read_metadata
 from retrax.checkpoints.native import SHARDS_FILE_PATTERN
 from retrax.checkpoints.native import verify_native
 from retrax.run_layout import ROLLING_PREFIX
+from retrax.validation import ArgumentValueError
 
 DEFAULT_PREFIX = ROLLING_PREFIX
 # What a save killed before its commit point leaves in a checkpoint directory
@@ -224,7 +225,7 @@ def rotate_checkpoints(directory, keep, prefix=DEFAULT_PREFIX, report=None):
     CheckpointFormatError: a checkpoint's name and recorded step differ.
   """
   if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-    raise ValueError(f'keep must be an int >= 1; got {keep!r}.')
+    raise ArgumentValueError(f'keep must be an int >= 1; got {keep!r}.')
   entries = scan_checkpoints(directory, (prefix,), cached=True)
   usable = [e for e in entries if e.error is None]
   doomed = usable[:-keep] + [e for e in entries if e.incomplete]

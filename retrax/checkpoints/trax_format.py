@@ -59,6 +59,7 @@ from retrax.checkpoints.records import is_shape_dtype
 from retrax.checkpoints.safe_unpickle import safe_load
 from retrax.checkpoints.safe_unpickle import safe_loads
 from retrax.checkpoints.tree import tree_leaves
+from retrax.validation import ArgumentTypeError
 
 LOOP_VERSION_TIMESTAMP = 'Mar-10-2021'
 _GZIP_MAGIC = b'\x1f\x8b'
@@ -369,7 +370,7 @@ def _arrays(xs, what):
     elif hasattr(x, '__array__') and hasattr(x, 'dtype'):
       out.append(np.asarray(x))  # jax arrays
     else:
-      raise TypeError(f'{what}[{i}] must be an array; got {type(x).__name__}.')
+      raise ArgumentTypeError(f'{what}[{i}] must be an array; got {type(x).__name__}.')
   return out
 
 
@@ -380,7 +381,7 @@ def _signature(sig):
     return sig
   if isinstance(sig, (list, tuple)) and all(is_shape_dtype(s) for s in sig):
     return tuple(sig)
-  raise TypeError(
+  raise ArgumentTypeError(
       f'input_signature must be a ShapeDtype or a tuple of them; got {sig!r}.')
 
 
@@ -452,7 +453,7 @@ def write_trax_loop_checkpoint(basename, step, flat_weights, flat_state,
   """
   base = _base_of(os.fspath(basename))
   if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-    raise TypeError(f'step must be an int; got {step!r}.')
+    raise ArgumentTypeError(f'step must be an int; got {step!r}.')
   step, token = int(step), secrets.token_hex(4)
   sidecars = [(f'opt_slots{i}', _arrays(slots, f'slots_per_task[{i}]'))
               for i, slots in enumerate(slots_per_task)]

@@ -11,6 +11,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 from retrax.configurable import configurable
+from retrax.errors import InputTypeError
+from retrax.errors import InputValueError
+from retrax.validation import ArgumentValueError
 
 
 def _stack_padded(tensors, target):
@@ -42,7 +45,7 @@ def _pad_to_multiples(tensors, boundary, ndim):
   if not isinstance(boundary, (list, tuple)):
     boundary = [boundary] * ndim
   if len(boundary) != ndim:
-    raise ValueError(
+    raise InputValueError(
         f'pad_to_max_dims: boundary {tuple(boundary)} has {len(boundary)} '
         f'entries but the tensors have {ndim} dimensions.')
   max_per_dim = [max(t.shape[i] for t in tensors) for i in range(ndim)]
@@ -78,10 +81,10 @@ def pad_to_max_dims(tensors: Sequence[np.ndarray],
   """
   tensors = [np.asarray(t) for t in tensors]
   if not tensors:
-    raise ValueError('pad_to_max_dims needs at least one tensor, got none.')
+    raise ArgumentValueError('pad_to_max_dims needs at least one tensor, got none.')
   ndim = tensors[0].ndim
   if any(t.ndim != ndim for t in tensors):
-    raise ValueError(
+    raise InputValueError(
         f'pad_to_max_dims: tensors must have equal rank to be batched, got '
         f'shapes {[t.shape for t in tensors]}.')
   if boundary is not None and (strict_pad_on_len or
@@ -115,8 +118,8 @@ def _stack_examples(buf, index):
     if isinstance(buf[0], (tuple, list)):
       lengths = {len(x) for x in buf}
       if len(lengths) > 1:
-        raise ValueError(f'examples have different numbers of elements '
-                         f'{sorted(lengths)}')
+        raise InputValueError(f'examples have different numbers of elements '
+                              f'{sorted(lengths)}')
       columns = list(zip(*buf))
       out: list = []
       for j, column in enumerate(columns):
@@ -131,7 +134,7 @@ def _stack_examples(buf, index):
   except ValueError as e:
     shapes = [tuple(np.shape(t) for t in x) if isinstance(x, (tuple, list))
               else np.shape(x) for x in buf]
-    raise ValueError(
+    raise InputValueError(
         f'Cannot batch examples of batch {index}: {e}. Element shapes per '
         f'example: {shapes}.') from e
 
@@ -154,7 +157,7 @@ def batch(generator: Iterable[Any], batch_size: int) -> Iterator[Any]:
       cannot be stacked (message lists their shapes).
   """
   if batch_size <= 0:
-    raise ValueError(f'Batch size must be positive, but is {batch_size}.')
+    raise ArgumentValueError(f'Batch size must be positive, but is {batch_size}.')
   buf = []
   index = 0
   for example in generator:
@@ -169,7 +172,7 @@ def batch(generator: Iterable[Any], batch_size: int) -> Iterator[Any]:
 def Batch(batch_size: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function batching examples; see `batch`."""
   if batch_size <= 0:
-    raise ValueError(f'Batch size must be positive, but is {batch_size}.')
+    raise ArgumentValueError(f'Batch size must be positive, but is {batch_size}.')
   return lambda g: batch(g, batch_size)
 
 
@@ -186,12 +189,12 @@ def UnBatch() -> Callable[[Iterable[Any]], Iterator[Any]]:
   def _unbatch(generator):
     for batched in generator:
       if not isinstance(batched, tuple):
-        raise TypeError(
+        raise InputTypeError(
             f'UnBatch expects tuple batches such as (inputs, targets), got '
             f'{type(batched).__name__}.')
       sizes = sorted({np.shape(x)[0] for x in batched})
       if len(sizes) != 1:
-        raise ValueError(
+        raise InputValueError(
             f'UnBatch: arrays in one batch must share the batch size, got '
             f'shapes {[np.shape(x) for x in batched]}.')
       for i in range(sizes[0]):
@@ -243,7 +246,7 @@ def bucket_by_length(generator: Iterable[Any],
     length = length_fn(example)
     idx = next(i for i, b in enumerate(bounds) if length <= b)
     if idx == len(batch_sizes):
-      raise ValueError(
+      raise InputValueError(
           f'BucketByLength: an example of length {length} is longer than the '
           f'last boundary {bounds[-2]}, and there is no bucket for longer '
           f'examples (give len(boundaries) + 1 = {len(bounds)} batch sizes).')
@@ -258,17 +261,17 @@ def bucket_by_length(generator: Iterable[Any],
 
 def _check_buckets(boundaries, batch_sizes):
   if len(batch_sizes) not in (len(boundaries), len(boundaries) + 1):
-    raise ValueError(
+    raise ArgumentValueError(
         f'BucketByLength needs len(batch_sizes) == len(boundaries) + 1 (the '
         f'last bucket takes longer examples) or len(boundaries); got '
         f'{len(boundaries)} boundaries {list(boundaries)} and '
         f'{len(batch_sizes)} batch sizes {list(batch_sizes)}.')
   if any(b <= 0 for b in batch_sizes):
-    raise ValueError(f'Bucket batch sizes must be positive, got '
-                     f'{list(batch_sizes)}.')
+    raise ArgumentValueError(f'Bucket batch sizes must be positive, got '
+                             f'{list(batch_sizes)}.')
   if list(boundaries) != sorted(boundaries):
-    raise ValueError(f'Bucket boundaries must be increasing, got '
-                     f'{list(boundaries)}.')
+    raise ArgumentValueError(f'Bucket boundaries must be increasing, got '
+                             f'{list(boundaries)}.')
 
 
 @configurable('trax.data')

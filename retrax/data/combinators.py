@@ -15,6 +15,9 @@ composes layers::
 import math
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
+
 StreamFn = Callable[..., Iterator[Any]]
 
 
@@ -49,7 +52,7 @@ def Serial(*fns: Any) -> StreamFn:
   flat = _flatten_fns(fns)
   for i, f in enumerate(flat):
     if not callable(f):
-      raise TypeError(
+      raise ArgumentTypeError(
           f'Serial expects stream functions (callables taking an iterator); '
           f'element {i} is {f!r} of type {type(f).__name__}.')
 
@@ -143,19 +146,19 @@ def Parallel(
 def _kept_streams(fns, counters):
   """`(fns, counters)` without the zero-counter streams (counters default 1)."""
   if not fns:
-    raise ValueError('Parallel needs at least one stream function in `fns`.')
+    raise ArgumentValueError('Parallel needs at least one stream function in `fns`.')
   if not counters:
     return fns, [1] * len(fns)
   counters = list(counters)
   if len(counters) != len(fns):
-    raise ValueError(
+    raise ArgumentValueError(
         f'Parallel got {len(fns)} stream functions but {len(counters)} '
         f'counters; give one counter per stream.')
   if any(c < 0 for c in counters):
-    raise ValueError(f'Parallel counters must be >= 0, got {counters}.')
+    raise ArgumentValueError(f'Parallel counters must be >= 0, got {counters}.')
   keep = [j for j, c in enumerate(counters) if c != 0]
   if not keep:
-    raise ValueError(f'Parallel counters are all zero: {counters}.')
+    raise ArgumentValueError(f'Parallel counters are all zero: {counters}.')
   return [fns[j] for j in keep], [counters[j] for j in keep]
 
 

@@ -20,6 +20,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
 import jax
 from retrax.configurable import configurable
+from retrax.errors import UserInputError
+from retrax.validation import ArgumentValueError
 
 _log = logging.getLogger('retrax.data')
 
@@ -52,8 +54,8 @@ def count_and_skip(generator: Iterable[Any], name: str) -> Iterator[Any]:
 def CountAndSkip(name: str) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function that counts and skips examples; see above."""
   if not isinstance(name, str) or not name:
-    raise ValueError(f'CountAndSkip needs a non-empty string name, got '
-                     f'{name!r}.')
+    raise ArgumentValueError(f'CountAndSkip needs a non-empty string name, got '
+                             f'{name!r}.')
   return lambda g: count_and_skip(g, name)
 
 
@@ -106,8 +108,8 @@ def load_data_counters(output_dir: str, host_id: Optional[int] = None) -> bool:
     loaded = json.load(f)
   if not isinstance(loaded, dict) or not all(
       isinstance(k, str) and isinstance(v, int) for k, v in loaded.items()):
-    raise ValueError(f'{path} must hold a JSON object of name -> int counts, '
-                     f'got {loaded!r}.')
+    raise UserInputError(f'{path} must hold a JSON object of name -> int counts, '
+                         f'got {loaded!r}.')
   data_counters.clear()
   data_counters.update(loaded)
   return True
@@ -128,7 +130,7 @@ def UniformlySeek(name: Optional[str] = None,
     dataset_size: examples in the data set (default 2**18, as in Trax).
   """
   if not name:
-    raise ValueError('UniformlySeek needs a name.')
+    raise ArgumentValueError('UniformlySeek needs a name.')
   if not dataset_size:
     dataset_size = 2 ** 18
     _log.error('No dataset size given to UniformlySeek, assuming: %d',

@@ -7,6 +7,9 @@ there by `retrax.data.inputs`); the synthetic and text tasks
 
 from typing import Any, Callable, Iterator, Optional, Tuple
 
+from retrax.errors import InputValueError
+from retrax.validation import ArgumentTypeError
+
 StreamFactory = Callable[[int], Iterator[Any]]
 
 
@@ -41,7 +44,7 @@ class Inputs:
                eval_stream: Optional[StreamFactory] = None,
                train_eval_stream: Optional[StreamFactory] = None):
     if not callable(train_stream):
-      raise TypeError(
+      raise ArgumentTypeError(
           'Inputs should be initialized with a function taking n_devices. If '
           'your inputs do not use it, try `lambda _: your_iterator`; got '
           f'{type(train_stream).__name__}.')
@@ -52,7 +55,7 @@ class Inputs:
     example = next(iter(train_stream(1)))
     if not isinstance(example, (tuple, list)) or not example or not all(
         hasattr(x, 'shape') and hasattr(x, 'dtype') for x in example):
-      raise ValueError(
+      raise InputValueError(
           f'Inputs: train_stream must yield tuples of arrays such as (inputs, '
           f'targets), got {type(example).__name__}.')
     self._input_shape = tuple(example[0].shape)[1:]

@@ -53,6 +53,7 @@ from retrax.data.tasks import simple_sequence_copy_inputs as simple_sequence_cop
 from retrax.data.tasks import sine_inputs as sine_inputs
 from retrax.data.transforms import Shuffle as Shuffle
 from retrax.data.transforms import TruncateToLength as TruncateToLength
+from retrax.validation import ArgumentValueError
 
 _log = logging.getLogger('retrax.data')
 
@@ -181,7 +182,7 @@ def batcher(data_streams: Any = None,
   if callable(data_streams):
     data_streams = data_streams()
   if not isinstance(data_streams, (tuple, list)) or len(data_streams) != 2:
-    raise ValueError(
+    raise ArgumentValueError(
         'batcher needs data_streams = (train_fn, eval_fn) or a function '
         'returning them (gin: `batcher.data_streams = @data.data_streams`), '
         f'got {data_streams!r}.')

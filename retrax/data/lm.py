@@ -7,6 +7,8 @@ import numpy as np
 
 from retrax.configurable import configurable
 from retrax.data.combinators import Serial
+from retrax.errors import InputValueError
+from retrax.validation import ArgumentValueError
 
 StreamFn = Callable[[Iterable[Any]], Iterator[Any]]
 
@@ -35,7 +37,7 @@ def ConcatenateToLMInput(pad_to_length: Optional[int] = None) -> StreamFn:
         if pad_to_length is not None:
           padding = pad_to_length - (inputs.shape[0] + targets.shape[0])
           if padding < 0:
-            raise ValueError(
+            raise InputValueError(
                 f'Example lengths ({inputs.shape[0]}, {targets.shape[0]}) '
                 f'longer than pad_to_length ({pad_to_length}).')
           weights = np.pad(weights, (0, padding), 'constant')
@@ -46,7 +48,7 @@ def ConcatenateToLMInput(pad_to_length: Optional[int] = None) -> StreamFn:
       elif isinstance(example, np.ndarray):
         yield (example, example)
       else:
-        raise ValueError(f'Unknown input to ConcatenateToLMInput: {example!r}')
+        raise InputValueError(f'Unknown input to ConcatenateToLMInput: {example!r}')
   return _concatenate
 
 
@@ -78,7 +80,7 @@ def generate_sequential_chunks(max_length: Optional[int]) -> StreamFn:
   `None` (an unset gin binding, or `MLM`'s default) raises a `ValueError`.
   """
   if max_length is None or max_length < 1:
-    raise ValueError(f'max_length must be a positive int, got {max_length}.')
+    raise ArgumentValueError(f'max_length must be a positive int, got {max_length}.')
 
   def _f(generator):
     for example in generator:
@@ -179,7 +181,7 @@ def MLM(vocab_size: Optional[int] = None,
         mean_noise_span_length: float = 3.0) -> Callable[..., Iterator[Any]]:
   """T5-style masked-LM pipeline: chunk, draw span masks, make (inputs, targets)."""
   if vocab_size is None:
-    raise ValueError('MLM needs vocab_size (sentinels count down from it).')
+    raise ArgumentValueError('MLM needs vocab_size (sentinels count down from it).')
   return Serial(
       generate_sequential_chunks(max_length=max_length),
       generate_random_noise_mask(noise_density=noise_density,

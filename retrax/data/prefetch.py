@@ -10,6 +10,7 @@ import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator
 from retrax.configurable import configurable
+from retrax.validation import ArgumentValueError
 
 _ITEM, _END, _ERROR = 0, 1, 2
 _POLL_S = 0.05
@@ -61,7 +62,7 @@ def prefetch(source: Iterable[Any], n_prefetch: int = 2) -> Iterator[Any]:
     The examples of `source`.
   """
   if n_prefetch < 1:
-    raise ValueError(f'n_prefetch must be >= 1, got {n_prefetch}.')
+    raise ArgumentValueError(f'n_prefetch must be >= 1, got {n_prefetch}.')
   q: queue.Queue[Any] = queue.Queue(maxsize=n_prefetch)
   stop = threading.Event()
   thread = threading.Thread(target=_produce, args=(source, q, stop),
@@ -96,5 +97,5 @@ def Prefetch(n_prefetch: int = 2) -> Callable[[Iterable[Any]], Iterator[Any]]:
     n_prefetch: maximum number of examples read ahead (>= 1).
   """
   if n_prefetch < 1:
-    raise ValueError(f'n_prefetch must be >= 1, got {n_prefetch}.')
+    raise ArgumentValueError(f'n_prefetch must be >= 1, got {n_prefetch}.')
   return lambda g: prefetch(g, n_prefetch)

@@ -20,6 +20,7 @@ import numpy as np
 from retrax import local_paths
 from retrax.configurable import configurable
 from retrax.errors import UserInputError
+from retrax.validation import ArgumentTypeError
 
 Examples = Iterable[Any]
 
@@ -320,8 +321,8 @@ LenMap = Optional[Dict[str, Any]]
 
 def _check_len_map(len_map, name):
   if not isinstance(len_map, dict):
-    raise TypeError(f'{name}: len_map should be a dict of feature name to '
-                    f'length, got {type(len_map).__name__}.')
+    raise ArgumentTypeError(f'{name}: len_map should be a dict of feature name to '
+                            f'length, got {type(len_map).__name__}.')
 
 
 @configurable('trax.data', denylist=('dataset', 'training'))

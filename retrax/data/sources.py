@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from retrax import local_paths
+from retrax.errors import UserInputError
+from retrax.validation import ArgumentValueError
 
 Source = Callable[..., Iterator[Any]]
 
@@ -50,8 +52,8 @@ def list_files(path_or_dir: Union[str, os.PathLike, List[Any], Tuple[Any, ...]],
     files.extend(os.path.join(root, n) for n in sorted(names)
                  if not n.startswith('.') and fnmatch.fnmatch(n, pattern))
   if not files:
-    raise ValueError(f'Directory {path!r} holds no file matching '
-                     f'{pattern!r}.')
+    raise UserInputError(f'Directory {path!r} holds no file matching '
+                         f'{pattern!r}.')
   return files
 
 
@@ -191,7 +193,7 @@ def TextChunks(path_or_dir: Union[str, os.PathLike, List[Any], Tuple[Any, ...]],
     A function ``text_chunks(generator=None)`` returning a fresh iterator.
   """
   if not isinstance(chunk_size, int) or chunk_size <= 0:
-    raise ValueError(f'chunk_size must be a positive int, got {chunk_size!r}.')
+    raise ArgumentValueError(f'chunk_size must be a positive int, got {chunk_size!r}.')
   files = list_files(path_or_dir, pattern)
   if encoding:
     codecs.lookup(encoding)
@@ -228,7 +230,7 @@ def NumpyArrays(*arrays: Any, repeat: bool = False) -> Source:
     FileNotFoundError: for a missing ``.npy`` path.
   """
   if not arrays:
-    raise ValueError('NumpyArrays needs at least one array.')
+    raise ArgumentValueError('NumpyArrays needs at least one array.')
   loaded = []
   for a in arrays:
     if isinstance(a, (str, os.PathLike)):
@@ -238,13 +240,13 @@ def NumpyArrays(*arrays: Any, repeat: bool = False) -> Source:
       a = np.load(a, mmap_mode='r')
     a = np.asarray(a) if not isinstance(a, np.ndarray) else a
     if a.ndim == 0:
-      raise ValueError('NumpyArrays needs arrays with a leading example axis, '
-                       'got a scalar.')
+      raise ArgumentValueError('NumpyArrays needs arrays with a leading example axis, '
+                               'got a scalar.')
     loaded.append(a)
   lengths = [a.shape[0] for a in loaded]
   if len(set(lengths)) != 1:
-    raise ValueError(f'NumpyArrays: arrays must have the same length on axis '
-                     f'0, got {lengths}.')
+    raise ArgumentValueError(f'NumpyArrays: arrays must have the same length on axis '
+                             f'0, got {lengths}.')
 
   def numpy_rows(generator=None):
     del generator

@@ -22,6 +22,7 @@ import unicodedata
 from typing import Iterable, List, Sequence
 
 from retrax import local_paths
+from retrax.errors import UserInputError
 
 _UNESCAPE_REGEX = re.compile(r'\\u|\\\\|\\([0-9]+);')
 _ESCAPE_CHARS = frozenset('\\_u;0123456789')
@@ -126,7 +127,7 @@ class SubwordTextEncoder:
           s = s[1:-1]
         subtokens.append(s)
     if not any(subtokens):
-      raise ValueError(f'Subword vocab file {self.filename!r} has no subtokens.')
+      raise UserInputError(f'Subword vocab file {self.filename!r} has no subtokens.')
     self._subtokens = subtokens
     self._max_subtoken_len = max(len(s) for s in subtokens)
     self._subtoken_to_id = {s: i for i, s in enumerate(subtokens) if s}
@@ -176,7 +177,7 @@ class SubwordTextEncoder:
           start = end
           break
       else:
-        raise ValueError(
+        raise UserInputError(
             f'{self.filename}: cannot segment {escaped[start:]!r}; the vocab '
             f'lacks a single-character subtoken for {escaped[start]!r}.')
     return tuple(ids)

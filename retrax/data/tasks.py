@@ -19,6 +19,7 @@ from retrax.data import tokenizers
 from retrax.data.batching import pad_to_max_dims
 from retrax.data.input_streams import Inputs
 from retrax.errors import UserInputError
+from retrax.validation import ArgumentValueError
 
 
 def _rngs(seed):
@@ -43,7 +44,7 @@ def _pad_to_multiple_of(x, y, axis):
 def _check_positive(**kwargs):
   for name, value in kwargs.items():
     if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f'{name} must be a positive int, got {value!r}.')
+      raise ArgumentValueError(f'{name} must be a positive int, got {value!r}.')
 
 
 def _copy_batches(lengths, vocab_size, batch_size, reverse, pad_to_multiple,
@@ -90,15 +91,15 @@ def sequence_copy_inputs(vocab_size: int, batch_size: int, train_length: int,
   """
   _check_positive(batch_size=batch_size, pad_to_multiple=pad_to_multiple)
   if vocab_size < 3:
-    raise ValueError(f'vocab_size must be >= 3 (0 is the separator), got '
-                     f'{vocab_size}.')
+    raise ArgumentValueError(f'vocab_size must be >= 3 (0 is the separator), got '
+                             f'{vocab_size}.')
   train_lengths = [2 * (i + 2) for i in range(train_length - 1)]
   eval_lengths = [2 * (i + 1) for i in range(eval_min_length, eval_max_length)]
   if not train_lengths:
-    raise ValueError(f'train_length must be >= 2, got {train_length}.')
+    raise ArgumentValueError(f'train_length must be >= 2, got {train_length}.')
   if not eval_lengths:
-    raise ValueError(f'Need eval_min_length < eval_max_length, got '
-                     f'{eval_min_length} and {eval_max_length}.')
+    raise ArgumentValueError(f'Need eval_min_length < eval_max_length, got '
+                             f'{eval_min_length} and {eval_max_length}.')
   return Inputs(
       train_stream=lambda _: _copy_batches(train_lengths, vocab_size,
                                            batch_size, reverse,
@@ -136,11 +137,11 @@ def simple_sequence_copy_inputs(vocab_size: int, batch_size: int,
   _check_positive(batch_size=batch_size, pad_to_multiple=pad_to_multiple,
                   train_length=train_length)
   if vocab_size < 3:
-    raise ValueError(f'vocab_size must be >= 3, got {vocab_size}.')
+    raise ArgumentValueError(f'vocab_size must be >= 3, got {vocab_size}.')
   eval_lengths = list(range(eval_min_length, eval_max_length + 1))
   if not eval_lengths or eval_min_length < 1:
-    raise ValueError(f'Need 1 <= eval_min_length <= eval_max_length, got '
-                     f'{eval_min_length} and {eval_max_length}.')
+    raise ArgumentValueError(f'Need 1 <= eval_min_length <= eval_max_length, got '
+                             f'{eval_min_length} and {eval_max_length}.')
   train_lengths = list(range(1, train_length + 1))
   return Inputs(
       train_stream=lambda _: _simple_copy_batches(
@@ -211,8 +212,8 @@ def addition_input_stream(vocab_size: int, batch_size: int, min_length: int,
       return (x, x, weights)
 
   if max_length < 3 or min_length < 3:
-    raise ValueError(f'Maximum/minimum length must be at least 3, got '
-                     f'max_length={max_length}, min_length={min_length}.')
+    raise ArgumentValueError(f'Maximum/minimum length must be at least 3, got '
+                             f'max_length={max_length}, min_length={min_length}.')
   while True:
     examples = [single_example() for _ in range(batch_size)]
     yield tuple(pad_to_max_dims(list(x), boundary=pad_to_multiple,
@@ -235,7 +236,7 @@ def addition_inputs(vocab_size: int, batch_size: int, train_length: int,
       the first batch is drawn; eval: when the eval stream is first read).
   """
   if vocab_size < 5:
-    raise ValueError(f'vocab_size must be >= 5 (base >= 2), got {vocab_size}.')
+    raise ArgumentValueError(f'vocab_size must be >= 5 (base >= 2), got {vocab_size}.')
   return Inputs(
       train_stream=lambda _: addition_input_stream(
           vocab_size, batch_size, 3, train_length, pad_to_multiple, encdec,
@@ -265,7 +266,7 @@ def random_inputs(input_shape: Sequence[int], input_dtype: Any = np.int32,
   retrax checks that the batch dimension divides by ``n_devices``.
   """
   if output_shape is None:
-    raise ValueError('random_inputs needs output_shape (with batch dim).')
+    raise ArgumentValueError('random_inputs needs output_shape (with batch dim).')
 
   def draw(rng, shape, dtype, value_range):
     low, high = value_range
@@ -277,8 +278,8 @@ def random_inputs(input_shape: Sequence[int], input_dtype: Any = np.int32,
 
   def random_minibatches(n_devices):
     if input_shape[0] % n_devices:
-      raise ValueError(f'Batch dimension {input_shape[0]} of input_shape is '
-                       f'not divisible by n_devices={n_devices}.')
+      raise ArgumentValueError(f'Batch dimension {input_shape[0]} of input_shape is '
+                               f'not divisible by n_devices={n_devices}.')
     _, rng = _rngs(seed)
     while True:
       inp = draw(rng, input_shape, input_dtype, input_range)
@@ -318,8 +319,8 @@ def sine_inputs(batch_size: int, length: int, max_phase: float = 2 * math.pi,
 
 def _duplication_batches(vocab_size, length, batch_size, n_devices, seed):
   if batch_size % n_devices:
-    raise ValueError(f'batch_size {batch_size} is not divisible by '
-                     f'n_devices={n_devices}.')
+    raise ArgumentValueError(f'batch_size {batch_size} is not divisible by '
+                             f'n_devices={n_devices}.')
   rng = np.random.default_rng(seed)
   half = length // 2
   weights = np.zeros((batch_size, length), np.float32)
@@ -354,9 +355,9 @@ def duplication_inputs(vocab_size: int, length: int, batch_size: int,
   """
   _check_positive(batch_size=batch_size)
   if vocab_size < 2:
-    raise ValueError(f'vocab_size must be >= 2, got {vocab_size}.')
+    raise ArgumentValueError(f'vocab_size must be >= 2, got {vocab_size}.')
   if length < 4 or length % 2:
-    raise ValueError(f'length must be even and >= 4, got {length}.')
+    raise ArgumentValueError(f'length must be even and >= 4, got {length}.')
   eval_batch_size = eval_batch_size or batch_size
   return Inputs(
       train_stream=lambda n: _duplication_batches(vocab_size, length,
@@ -389,8 +390,8 @@ class TextTokenizer:
       self._bytes = None
       self._spm = tokenizers.SentencePieceVocabulary(spec[len('sentencepiece:'):])
     else:
-      raise ValueError(f"tokenizer must be 'bytes' or 'sentencepiece:PATH' (a "
-                       f'SentencePiece .model file); got {spec!r}.')
+      raise ArgumentValueError(f"tokenizer must be 'bytes' or 'sentencepiece:PATH' (a "
+                               f'SentencePiece .model file); got {spec!r}.')
 
   @property
   def vocab_size(self):
@@ -446,7 +447,7 @@ def split_held_out(data: bytes, eval_fraction: float):
   is split between the two parts. The parts never overlap.
   """
   if not 0 < eval_fraction < 1:
-    raise ValueError(f'eval_fraction must be in (0, 1); got {eval_fraction}.')
+    raise ArgumentValueError(f'eval_fraction must be in (0, 1); got {eval_fraction}.')
   cut = int(len(data) * (1 - eval_fraction))
   newline = data.find(b'\n', cut)
   if 0 <= newline < len(data) - 1:

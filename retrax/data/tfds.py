@@ -45,6 +45,7 @@ from retrax.data.preprocessing import no_preprocess
 from retrax.data.tensorflow_only import TensorFlowOnlyError
 from retrax.data.transforms import shuffle
 from retrax.errors import UserInputError
+from retrax.validation import ArgumentValueError
 
 # Trax skips up to this many training examples, so that hosts training in
 # lock-step do not read the same data.
@@ -129,8 +130,8 @@ def _split_names(info, dataset_name, eval_holdout_size, subsplit,
     n_train = n_examples - n_holdout
     start, end = int(n_train * subsplit[0]), int(n_train * subsplit[1])
     if end - start < 1:
-      raise ValueError(f'Requested train subsplit has no examples: n_train '
-                       f'{n_train} subsplit {subsplit}')
+      raise ArgumentValueError(f'Requested train subsplit has no examples: n_train '
+                               f'{n_train} subsplit {subsplit}')
     if n_holdout > 0:  # Eval examples from the end of the training split.
       eval_split = f'{train_split}[-{n_holdout}:]'
     train_split = f'{train_split}[{start}:{end}]'

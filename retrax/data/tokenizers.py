@@ -28,9 +28,11 @@ import numpy as np
 
 from retrax import local_paths
 from retrax.configurable import configurable
+from retrax.errors import InputValueError
 from retrax.errors import UserInputError
 from retrax.errors import one_line
 from retrax.data.subword import SubwordTextEncoder
+from retrax.validation import ArgumentValueError
 
 _RESERVED_TOKENS_BYTES = (b'<pad>', b'<EOS>')
 VOCAB_TYPES = ('char', 'bytes', 'subword', 'sentencepiece')
@@ -47,8 +49,8 @@ class ByteTextEncoder:
 
   def __init__(self, num_reserved_ids: int = 2):
     if not 0 <= num_reserved_ids <= len(_RESERVED_TOKENS_BYTES):
-      raise ValueError(f'num_reserved_ids must be 0, 1 or 2, got '
-                       f'{num_reserved_ids}.')
+      raise ArgumentValueError(f'num_reserved_ids must be 0, 1 or 2, got '
+                               f'{num_reserved_ids}.')
     self.num_reserved_ids = num_reserved_ids
 
   @property
@@ -86,8 +88,8 @@ class ByteTextEncoder:
       elif n <= i < n + 256:
         out.append(bytes((i - n,)))
       else:
-        raise ValueError(f'Byte id {i} is outside [0, {n + 256}) for '
-                         f'num_reserved_ids={n}.')
+        raise InputValueError(f'Byte id {i} is outside [0, {n + 256}) for '
+                              f'num_reserved_ids={n}.')
     return out
 
 
@@ -109,10 +111,10 @@ class CharTextEncoder:
                oov_id: Optional[int] = None):
     chars = list(alphabet)
     if not chars or any(len(c) != 1 for c in chars):
-      raise ValueError('CharTextEncoder needs a non-empty alphabet of single '
-                       'characters.')
+      raise ArgumentValueError('CharTextEncoder needs a non-empty alphabet of single '
+                               'characters.')
     if len(set(chars)) != len(chars):
-      raise ValueError('CharTextEncoder alphabet has repeated characters.')
+      raise ArgumentValueError('CharTextEncoder alphabet has repeated characters.')
     self.alphabet = ''.join(chars)
     self.num_reserved_ids = num_reserved_ids
     self.oov_id = oov_id
@@ -138,8 +140,8 @@ class CharTextEncoder:
     try:
       return [self._ids[c] for c in s]
     except KeyError as e:
-      raise ValueError(f'Character {e.args[0]!r} is not in the alphabet; pass '
-                       f'oov_id= to map unknown characters.') from None
+      raise InputValueError(f'Character {e.args[0]!r} is not in the alphabet; pass '
+                            f'oov_id= to map unknown characters.') from None
 
   def decode(self, ids, strip_extraneous: bool = False) -> str:
     del strip_extraneous
@@ -298,14 +300,14 @@ def _get_vocab(vocab_type='subword', vocab_file=None, vocab_dir=None,
                extra_ids=0):
   """Returns the encoder for `vocab_type`; file-based ones are cached."""
   if vocab_type not in VOCAB_TYPES:
-    raise ValueError(f'vocab_type must be one of {VOCAB_TYPES}, got '
-                     f'{vocab_type!r} (Trax\'s "bert" vocabularies are not '
-                     f'supported).')
+    raise ArgumentValueError(f'vocab_type must be one of {VOCAB_TYPES}, got '
+                             f'{vocab_type!r} (Trax\'s "bert" vocabularies are not '
+                             f'supported).')
   if vocab_type in ('char', 'bytes'):
     return ByteTextEncoder(num_reserved_ids=0)
   if vocab_file is None:
-    raise ValueError(f'vocab_type={vocab_type!r} needs vocab_file (and '
-                     f'optionally vocab_dir).')
+    raise ArgumentValueError(f'vocab_type={vocab_type!r} needs vocab_file (and '
+                             f'optionally vocab_dir).')
   path = os.path.join(vocab_dir, vocab_file) if vocab_dir else vocab_file
   path = local_paths.check_local(os.fspath(path), f'vocab ({vocab_type})')
   if not os.path.isfile(path):
@@ -419,7 +421,7 @@ def tokenize(stream: Iterable[Any],
   """
   encoder = _encoder(vocab, vocab_type, vocab_file, vocab_dir)
   if group_size < 1:
-    raise ValueError(f'group_size must be >= 1, got {group_size}.')
+    raise ArgumentValueError(f'group_size must be >= 1, got {group_size}.')
   if group_size > 1 and hasattr(encoder, 'encode_batch'):
     yield from _tokenize_grouped(stream, keys, encoder, n_reserved_ids,
                                  group_size)
@@ -446,7 +448,7 @@ def Tokenize(keys: Optional[Sequence[Any]] = None,
   """
   encoder = _encoder(vocab, vocab_type, vocab_file, vocab_dir)
   if group_size < 1:
-    raise ValueError(f'group_size must be >= 1, got {group_size}.')
+    raise ArgumentValueError(f'group_size must be >= 1, got {group_size}.')
   return lambda g: tokenize(g, keys=keys, n_reserved_ids=n_reserved_ids,
                             vocab=encoder, group_size=group_size)
 
@@ -506,8 +508,8 @@ def sentencepiece_tokenize(stream: Iterable[Any], spm_path: str,
                            extra_ids: int = 0) -> Iterator[np.ndarray]:
   """Tokenizes strings (or 1-tuples of them) with a SentencePiece model."""
   if spm_path is None:
-    raise ValueError('sentencepiece_tokenize needs spm_path (Trax defaults to '
-                     'T5\'s model on GCS, which retrax does not read).')
+    raise ArgumentValueError('sentencepiece_tokenize needs spm_path (Trax defaults to '
+                             'T5\'s model on GCS, which retrax does not read).')
   encoder = _get_vocab('sentencepiece', spm_path, None, extra_ids)
   for example in stream:
     if isinstance(example, tuple):
@@ -521,5 +523,5 @@ def SentencePieceTokenize(spm_path: Optional[str] = None,
                           ) -> Callable[[Iterable[Any]], Iterator[Any]]:
   """Returns a stream function; see `sentencepiece_tokenize`."""
   if spm_path is None:
-    raise ValueError('SentencePieceTokenize needs spm_path.')
+    raise ArgumentValueError('SentencePieceTokenize needs spm_path.')
   return lambda g: sentencepiece_tokenize(g, spm_path, extra_ids)

@@ -13,6 +13,9 @@ import numpy as np
 from retrax import shapes
 from retrax.configurable import configurable
 from retrax.data.batching import _length_fn
+from retrax.errors import InputTypeError
+from retrax.errors import InputValueError
+from retrax.validation import ArgumentValueError
 
 StreamFn = Callable[[Iterable[Any]], Iterator[Any]]
 _log = logging.getLogger('retrax.data')
@@ -44,7 +47,7 @@ def shuffle(samples: Iterable[Any], queue_size: int,
     ValueError: if `queue_size` < 1.
   """
   if queue_size < 1:
-    raise ValueError(f'Arg queue_size ({queue_size}) is less than 1.')
+    raise ArgumentValueError(f'Arg queue_size ({queue_size}) is less than 1.')
   rng = np.random if seed is None else np.random.RandomState(seed)
   samples = iter(samples)
   queue = []
@@ -68,7 +71,7 @@ def shuffle(samples: Iterable[Any], queue_size: int,
 def Shuffle(queue_size: int = 1024, seed: Optional[int] = None) -> StreamFn:
   """Returns a stream function shuffling with a queue; see `shuffle`."""
   if queue_size < 1:
-    raise ValueError(f'Arg queue_size ({queue_size}) is less than 1.')
+    raise ArgumentValueError(f'Arg queue_size ({queue_size}) is less than 1.')
   return lambda g: shuffle(g, queue_size, seed)
 
 
@@ -128,8 +131,8 @@ def FilterByLength(max_length: Optional[int],
     ValueError: if both bounds are None.
   """
   if max_length is None and min_length is None:
-    raise ValueError('FilterByLength needs max_length or min_length; both '
-                     'are None.')
+    raise ArgumentValueError('FilterByLength needs max_length or min_length; both '
+                             'are None.')
   length_keys = list(length_keys) if length_keys else [0, 1]
 
   def _filtered(generator):
@@ -165,8 +168,8 @@ def TruncateToLength(len_map: Optional[Dict[int, Any]] = None) -> StreamFn:
       if isinstance(example, np.ndarray):
         example = (example,)
       if not isinstance(example, (list, tuple)):
-        raise TypeError(f'TruncateToLength expects arrays or tuples of '
-                        f'arrays, got {type(example).__name__}: {example!r}')
+        raise InputTypeError(f'TruncateToLength expects arrays or tuples of '
+                             f'arrays, got {type(example).__name__}: {example!r}')
       example = list(example)
       for key, target in targets.items():
         if np.shape(example[key]) > target:
@@ -203,10 +206,10 @@ def PadToLength(len_map: Optional[Dict[int, int]] = None,
     ValueError: if `len_map` is None.
   """
   if len_map is None:
-    raise ValueError('len_map parameter should be provided.')
+    raise ArgumentValueError('len_map parameter should be provided.')
   if multiple and any(v <= 0 for v in len_map.values()):
-    raise ValueError(f'PadToLength(multiple=True) needs positive lengths, got '
-                     f'{len_map}.')
+    raise ArgumentValueError(f'PadToLength(multiple=True) needs positive lengths, got '
+                             f'{len_map}.')
 
   def fill(key):
     return pad_value[key] if isinstance(pad_value, dict) else pad_value
@@ -227,8 +230,8 @@ def PadToLength(len_map: Optional[Dict[int, int]] = None,
       elif isinstance(example, np.ndarray):
         yield pad(example, 0, len_map[0])
       else:
-        raise TypeError(f'PadToLength expects arrays or tuples of arrays, got '
-                        f'{type(example).__name__}: {example!r}')
+        raise InputTypeError(f'PadToLength expects arrays or tuples of arrays, got '
+                             f'{type(example).__name__}: {example!r}')
   return _pad
 
 
@@ -246,7 +249,7 @@ def add_loss_weights(generator: Iterable[Any],
   for example in generator:
     if len(example) > 3 or len(example) < 2:
       if id_to_mask is not None:
-        raise ValueError(
+        raise InputValueError(
             f'AddLossWeights(id_to_mask={id_to_mask}) needs (inputs, targets) '
             f'or (inputs, targets, weights) examples, got {len(example)} '
             f'elements.')
@@ -284,8 +287,8 @@ def CastTo(dtype: Any = np.int32, indices: Sequence[int] = (0, 1),
   def _cast(generator):
     for count, example in enumerate(generator, 1):
       if not isinstance(example, tuple):
-        raise TypeError(f'CastTo expects tuple examples, got '
-                        f'{type(example).__name__}.')
+        raise InputTypeError(f'CastTo expects tuple examples, got '
+                             f'{type(example).__name__}.')
       example = list(example)
       changed = []
       for i in range(len(example)):
@@ -321,11 +324,11 @@ def AppendValue(val: Optional[Dict[int, Any]] = None) -> StreamFn:
         yield tuple(example)
       elif isinstance(example, np.ndarray):
         if not val or 0 not in val:
-          raise ValueError('AppendValue on bare array examples needs val[0].')
+          raise ArgumentValueError('AppendValue on bare array examples needs val[0].')
         yield np.append(example, val[0])
       else:
-        raise TypeError(f'AppendValue expects arrays or tuples of arrays, got '
-                        f'{type(example).__name__}: {example!r}')
+        raise InputTypeError(f'AppendValue expects arrays or tuples of arrays, got '
+                             f'{type(example).__name__}: {example!r}')
   return _append
 
 
@@ -337,8 +340,8 @@ def Log(n_steps_per_example: int = 1, only_shapes: bool = True) -> StreamFn:
   the values, e.g. ``(ShapeDtype{shape:(8, 32), dtype:int64}, ...)``.
   """
   if n_steps_per_example < 1:
-    raise ValueError(f'n_steps_per_example must be >= 1, got '
-                     f'{n_steps_per_example}.')
+    raise ArgumentValueError(f'n_steps_per_example must be >= 1, got '
+                             f'{n_steps_per_example}.')
 
   def log(stream):
     for counter, example in enumerate(stream):

@@ -34,8 +34,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from retrax import fastmath
+from retrax.errors import InputValueError
 from retrax.errors import UserInputError
 from retrax.supervised import peers
+from retrax.validation import ArgumentValueError
 
 DATA_AXIS = 'data'
 
@@ -162,8 +164,8 @@ def host_shard(batches, host_id=None, n_hosts=None):
   for batch in batches:
     rows = np.shape(batch[0])[0]
     if rows % n_hosts:
-      raise ValueError(f'the global batch size {rows} is not divisible by the '
-                       f'number of processes ({n_hosts}).')
+      raise ArgumentValueError(f'the global batch size {rows} is not divisible by the '
+                               f'number of processes ({n_hosts}).')
     b = rows // n_hosts
     yield tuple(x[host_id * b:(host_id + 1) * b] for x in batch)
 
@@ -199,7 +201,7 @@ def check_hosts_differ(batch):
   if len(set(digests.tolist())) < len(digests):
     same = [i for i, d in enumerate(digests.tolist())
             if digests.tolist().count(d) > 1]
-    raise ValueError(
+    raise InputValueError(
         f'processes {same} feed identical batches; in a multi-process run '
         f'each process must yield its own share of the global batch (e.g. '
         f'with retrax.supervised.devices.host_shard), not the whole batch.')
@@ -235,7 +237,7 @@ def init_host_and_devices(n_devices=None, random_seed=None):
     n_devices = local
   if isinstance(n_devices, bool) or not isinstance(
       n_devices, (int, np.integer)) or not 1 <= n_devices <= local:
-    raise ValueError(
+    raise ArgumentValueError(
         f'n_devices must be an int between 1 and the {local} local device(s) '
         f'of this host; got {n_devices!r}.')
   if random_seed is None and n_hosts > 1:
@@ -272,16 +274,16 @@ class DataParallel:
     sizes = {np.shape(x)[0] if np.ndim(x) else None for x in batch}
     where = f'Step {step}: ' if step is not None else ''
     if None in sizes:
-      raise ValueError(
+      raise InputValueError(
           f'{where}every batch item needs a leading batch dimension; got '
           f'shapes {[np.shape(x) for x in batch]}.')
     if len(sizes) != 1:
-      raise ValueError(
+      raise InputValueError(
           f'{where}batch items disagree on the batch size: shapes '
           f'{[np.shape(x) for x in batch]}.')
     size = sizes.pop()
     if size % self.n_devices:
-      raise ValueError(
+      raise InputValueError(
           f'{where}the batch size {size} is not divisible by the number of '
           f'devices ({self.n_devices}); use a batch size that is a multiple of '
           f'{self.n_devices} or pass n_devices= to use fewer devices.')

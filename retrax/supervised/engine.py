@@ -41,6 +41,7 @@ from retrax.layers.assert_shape import AssertShape
 from retrax.layers.stack import make_tuple
 from retrax.layers.stack import single_or_tuple
 from retrax.optimizers import placement
+from retrax.validation import ArgumentValueError
 
 
 def _forward_fn(model_with_loss):
@@ -75,7 +76,7 @@ def _split_head(model):
   followed only by `LogSoftmax`/`Softmax`.
   """
   if not isinstance(model, combinators.Serial) or not model.sublayers:
-    raise ValueError(
+    raise ArgumentValueError(
         'loss_chunk_size > 0 needs a model that is a Serial ending in a Dense '
         f'layer (optionally followed by LogSoftmax); got {model.name}.')
   subs = model.sublayers
@@ -91,7 +92,7 @@ def _split_head(model):
     head.append((index, path))
     return index, head[::-1]
   names = [l.name for l in subs[-3:]]
-  raise ValueError(
+  raise ArgumentValueError(
       'loss_chunk_size > 0 needs the model to end in a Dense layer, optionally '
       f'followed by LogSoftmax/Softmax; its last layers are {names}.')
 
@@ -161,11 +162,11 @@ def _weighted_mean_over_chunks(head, mean_loss, xs):
 def _chunked_forward_fn(model, loss_layer, chunk_size):
   """Forward of `Serial(model, loss_layer)` with the head and loss in chunks."""
   if loss_layer.n_in != 3:
-    raise ValueError(
+    raise ArgumentValueError(
         f'loss_chunk_size > 0 needs a loss layer taking (output, targets, '
         f'weights); {loss_layer.name} takes {loss_layer.n_in} inputs.')
   if model.n_out != 1:
-    raise ValueError(
+    raise ArgumentValueError(
         f'loss_chunk_size > 0 needs a model with one output; {model.name} has '
         f'{model.n_out}.')
   head_start, head = _split_head(model)

@@ -17,6 +17,8 @@ import logging
 
 import numpy as np
 
+from retrax.validation import ArgumentTypeError
+
 _log = logging.getLogger('retrax.supervised')
 
 
@@ -45,7 +47,7 @@ class History:
     values = json_object.get('_values', json_object) if isinstance(
         json_object, dict) else None
     if not isinstance(values, dict):
-      raise TypeError(
+      raise ArgumentTypeError(
           f'History.from_dict expects a dict like {{"_values": {{mode: '
           f'{{metric: [(step, value), ...]}}}}}}; got '
           f'{type(json_object).__name__}.')

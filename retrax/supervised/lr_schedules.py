@@ -16,6 +16,7 @@ from retrax.lr import constant as constant
 from retrax.lr import multifactor as multifactor
 from retrax.lr import warmup as warmup
 from retrax.lr import warmup_and_rsqrt_decay as warmup_and_rsqrt_decay
+from retrax.validation import ArgumentValueError
 
 
 class BodyAndTail:
@@ -32,10 +33,10 @@ class BodyAndTail:
   def __init__(self, body_value, body_start=None, tail_start=None,
                tail_fn=None):
     if body_start is None and tail_start is None:
-      raise ValueError('BodyAndTail: body_start and tail_start are both None.')
+      raise ArgumentValueError('BodyAndTail: body_start and tail_start are both None.')
     if tail_start is not None and tail_fn is None:
-      raise ValueError(f'BodyAndTail: tail_start is {tail_start} but tail_fn '
-                       'is None.')
+      raise ArgumentValueError(f'BodyAndTail: tail_start is {tail_start} but tail_fn '
+                               'is None.')
     self._body_value = body_value
     self._body_start = tail_start if body_start is None else body_start
     self._tail_start = tail_start
@@ -58,8 +59,8 @@ class CosineSawtoothTail:
 
   def __init__(self, steps_per_cycle, min_value=1e-5):
     if not steps_per_cycle > 0:
-      raise ValueError(f'CosineSawtoothTail: steps_per_cycle must be > 0; '
-                       f'got {steps_per_cycle!r}.')
+      raise ArgumentValueError(f'CosineSawtoothTail: steps_per_cycle must be > 0; '
+                               f'got {steps_per_cycle!r}.')
     self._steps_per_cycle = steps_per_cycle
     self._min_value = min_value
 

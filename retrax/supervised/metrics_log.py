@@ -304,7 +304,7 @@ def _parse_message(buf):
     elif wire_type == 5:
       value, pos = buf[pos:pos + 4], pos + 4
     else:
-      raise ValueError(f'Unsupported protobuf wire type {wire_type}.')
+      raise UserInputError(f'Unsupported protobuf wire type {wire_type}.')
     yield number, wire_type, value
 
 
@@ -343,19 +343,19 @@ def read_events(path):
   events, pos = [], 0
   while pos < len(buf):
     if pos + 12 > len(buf):
-      raise ValueError(f'{path}: truncated record header at byte {pos}.')
+      raise UserInputError(f'{path}: truncated record header at byte {pos}.')
     header = buf[pos:pos + 8]
     (length,) = struct.unpack('<Q', header)
     (header_crc,) = struct.unpack('<I', buf[pos + 8:pos + 12])
     if header_crc != masked_crc32c(header):
-      raise ValueError(f'{path}: length CRC mismatch at byte {pos}.')
+      raise UserInputError(f'{path}: length CRC mismatch at byte {pos}.')
     start, end = pos + 12, pos + 12 + length
     if end + 4 > len(buf):
-      raise ValueError(f'{path}: truncated record at byte {pos}.')
+      raise UserInputError(f'{path}: truncated record at byte {pos}.')
     data = buf[start:end]
     (data_crc,) = struct.unpack('<I', buf[end:end + 4])
     if data_crc != masked_crc32c(data):
-      raise ValueError(f'{path}: data CRC mismatch at byte {pos}.')
+      raise UserInputError(f'{path}: data CRC mismatch at byte {pos}.')
     events.append(decode_event(data))
     pos = end + 4
   return events

@@ -8,6 +8,7 @@ from retrax import fastmath
 from retrax import optimizers
 from retrax.configurable import configurable
 from retrax.layers import base
+from retrax.validation import ArgumentValueError
 
 
 class _Stream:
@@ -151,7 +152,7 @@ class EvalTask(_Stream):
     self._metric_names = list(metric_names or [m.name for m in self._metrics])
     self._n_eval_batches = n_eval_batches
     if len(self._metrics) != len(self._metric_names):
-      raise ValueError(
+      raise ArgumentValueError(
           f'Number of metrics ({len(self._metrics)}) does not equal '
           f'number of metric names ({len(self._metric_names)}).')
 

@@ -24,6 +24,7 @@ from retrax.layers import base
 from retrax.supervised import devices
 from retrax.supervised import engine
 from retrax.supervised.tasks import TrainTask
+from retrax.validation import ArgumentValueError
 
 
 class TaskState(typing.NamedTuple):
@@ -89,7 +90,7 @@ def init_task(model: base.Layer, task: TrainTask,
       shardings=(parallel.weight_shardings(weights),
                  parallel.weight_shardings(slots)))
   if task.lr_schedule is not None and 'learning_rate' not in opt_params:
-    raise ValueError(
+    raise ArgumentValueError(
         f'The task has an lr_schedule but its optimizer '
         f'{type(task.optimizer).__name__} has no learning_rate '
         'hyperparameter to set; for optax use '
@@ -97,14 +98,14 @@ def init_task(model: base.Layer, task: TrainTask,
   loss_sig = step_fn.loss_signature(
       weights, (model.state, loss_layer.state), batch_signature, rng)
   if isinstance(loss_sig, (tuple, list)):
-    raise ValueError(
+    raise ArgumentValueError(
         f'The model and loss layer {loss_layer.name} leave '
         f'{len(loss_sig)} items on the stack for a batch of '
         f'{len(task.sample_batch)} items; the batch must hold the model\'s '
         f'{model.n_in} input(s) plus the {loss_layer.n_in - 1} '
         'other input(s) of the loss (targets, weights).')
   if loss_sig.shape:
-    raise ValueError(
+    raise ArgumentValueError(
         f'The loss layer {loss_layer.name} must return a scalar; it returns '
         f'shape {loss_sig.shape}.')
   return step_fn, place_task(parallel, TaskState(

@@ -37,6 +37,8 @@ from retrax.supervised import history as trax_history
 from retrax.supervised import metrics_log
 from retrax.supervised import sharding
 from retrax.supervised import training
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 __all__ = ['NamedStream', 'OptState', 'ShapeDtype', 'Trainer', 'TrainerState',
            'epochs', 'named_stream', 'num_devices', 'train']
@@ -74,7 +76,7 @@ def default_metrics():
   """
   missing = [name for name in _METRIC_LAYERS if not hasattr(tl, name)]
   if missing:
-    raise ValueError(
+    raise ArgumentValueError(
         f'The default Trainer metrics need retrax.layers.{", ".join(missing)}, '
         'which this installation lacks; pass metrics={name: layer, ...}.')
   return {
@@ -93,8 +95,8 @@ def _as_layer(layer_or_class, what):
     layer = layer_or_class()
     if isinstance(layer, base.Layer):
       return layer
-  raise TypeError(f'{what} must be a layer or a function/class making one; got '
-                  f'{layer_or_class!r}.')
+  raise ArgumentTypeError(f'{what} must be a layer or a function/class making one; got '
+                          f'{layer_or_class!r}.')
 
 
 def _make_model(model, mode):
@@ -477,7 +479,7 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
       permanent_checkpoint_frequency, permanent_checkpoints_at)
   if not use_loop:
     if n_weights_shards != 1:
-      raise ValueError('n_weights_shards > 1 needs use_loop=True.')
+      raise ArgumentValueError('n_weights_shards > 1 needs use_loop=True.')
     trainer = trainer_class(
         model, loss_fn, optimizer, lr_schedule_fn(), inputs, output_dir,
         random_seed=random_seed, n_devices=num_devices(), metrics=metrics,
@@ -525,8 +527,8 @@ def _checked_train_args(inputs, loss_fn, optimizer, lr_schedule_fn,
   sharding.weights_shards_mesh(n_weights_shards)  # Checks it.
   if (permanent_checkpoint_frequency is not None and
       permanent_checkpoints_at is not None):
-    raise ValueError('Only one of ["permanent_checkpoint_frequency", '
-                     '"permanent_checkpoints_at"] should be set.')
+    raise ArgumentValueError('Only one of ["permanent_checkpoint_frequency", '
+                             '"permanent_checkpoints_at"] should be set.')
   loss_fn = loss_fn if loss_fn is not None else tl.WeightedCategoryCrossEntropy()
   if callable(inputs) and not hasattr(inputs, 'train_stream'):
     inputs = inputs()

@@ -14,6 +14,7 @@ from retrax.supervised.decoding.decoder import step
 from retrax.supervised.decoding.sampling import log_probs_of
 from retrax.supervised.decoding.sampling import prefill
 from retrax.supervised.decoding.sampling import start
+from retrax.validation import ArgumentValueError
 
 
 class _Beams(NamedTuple):
@@ -149,7 +150,7 @@ def beam_search(model, inputs=None, batch_size=1, n_beams=2, start_id=0,
   # numbers.Real, not np.isscalar: a str is a NumPy scalar too.
   if isinstance(length_penalty, bool) or not isinstance(length_penalty,
                                                          numbers.Real):
-    raise ValueError(f'length_penalty must be a number; got {length_penalty!r}.')
+    raise ArgumentValueError(f'length_penalty must be a number; got {length_penalty!r}.')
   inspection.check_mode(model, False)
   decoder = decoder_for(model)
   prefix, enc = inspection.prepare(model, inputs, prompt, batch_size, start_id,

@@ -15,6 +15,7 @@ import numpy as np
 
 from retrax.fastmath import xla_cpu
 from retrax.supervised.decoding import state_layout
+from retrax.validation import ArgumentValueError
 
 # Default decoders, one per live model (weak keys).
 _DEFAULT_DECODERS: 'weakref.WeakKeyDictionary[Any, Decoder]' = (
@@ -156,16 +157,16 @@ class Decoder:
     layout = self.layout(state, enc)
     batches = state_layout.batch_sizes(state, layout)
     if len(batches) > 1:
-      raise ValueError(f'model.state mixes caches of batch sizes {batches}.')
+      raise ArgumentValueError(f'model.state mixes caches of batch sizes {batches}.')
     current = batches.pop() if batches else batch_size
     if current == batch_size:
       return state
     if current == 1:
       return state_layout.take_examples(state, layout,
                                         jnp.zeros((batch_size,), jnp.int32))
-    raise ValueError(f'model.state holds caches for batch size {current} but '
-                     f'decoding asks for batch_size={batch_size}; initialize '
-                     'the model with that batch size (or 1).')
+    raise ArgumentValueError(f'model.state holds caches for batch size {current} but '
+                             f'decoding asks for batch_size={batch_size}; initialize '
+                             'the model with that batch size (or 1).')
 
   def reorder_examples(self, state, rows, inputs=None):
     """See `retrax.supervised.decoding.reorder_examples`."""

@@ -5,18 +5,20 @@ import numpy as np
 
 from retrax.layers import core
 from retrax.layers import predict_state
+from retrax.validation import ArgumentTypeError
+from retrax.validation import ArgumentValueError
 
 
 def check_mode(model, eval_mode):
   """Raises unless the model's modes suit `eval_mode` (predict mode for fast decoding)."""
   modes = {layer.mode for layer in model.walk()} - {None}
   if eval_mode and 'predict' in modes:
-    raise ValueError(
+    raise ArgumentValueError(
         "eval_mode=True reruns the whole sequence at every step and needs a "
         "model built with mode='eval'; this model has layers in "
         "mode='predict' (decode it with eval_mode=False).")
   if not eval_mode and 'predict' not in modes:
-    raise ValueError(
+    raise ArgumentValueError(
         "Fast decoding needs a model built with mode='predict' (its layers "
         "keep caches in model.state); this model's layers are in mode(s) "
         f"{sorted(modes)}. Build it with mode='predict', or pass "
@@ -66,14 +68,14 @@ def check_positions(model, n_prefix, max_length):
   if free is None:
     return
   if n_prefix > free:
-    raise ValueError(
+    raise ArgumentValueError(
         f'The prompt needs {n_prefix} positions (start symbol, inputs and '
         f'prompt) but the predict-mode caches have {free} free ({where}); '
         'shorten the prompt, reset model.state or build the model with a '
         'larger max_len.')
   n_fed = n_prefix + max_length - 1
   if n_fed > free:
-    raise ValueError(
+    raise ArgumentValueError(
         f'A {n_prefix}-token prompt and max_length={max_length} feed {n_fed} '
         f'positions but the predict-mode caches have {free} free ({where}); '
         f'use max_length <= {free - n_prefix + 1} or a larger max_len.')
@@ -90,13 +92,13 @@ def check_ids(what, ids, vocab_size):
   """`ids` as int32, checked to be integer token ids in `[0, vocab_size)`."""
   ids = np.asarray(ids)
   if not np.issubdtype(ids.dtype, np.integer):
-    raise TypeError(f'{what} must hold integer token ids; got dtype '
-                    f'{ids.dtype}.')
+    raise ArgumentTypeError(f'{what} must hold integer token ids; got dtype '
+                            f'{ids.dtype}.')
   if vocab_size is not None and ids.size and (ids.min() < 0 or
                                               ids.max() >= vocab_size):
-    raise ValueError(f'{what} must hold token ids in [0, {vocab_size}) (the '
-                     f"model's vocabulary); got ids from {ids.min()} to "
-                     f'{ids.max()}.')
+    raise ArgumentValueError(f'{what} must hold token ids in [0, {vocab_size}) (the '
+                             f"model's vocabulary); got ids from {ids.min()} to "
+                             f'{ids.max()}.')
   return ids.astype(np.int32)
 
 
@@ -104,11 +106,11 @@ def tokens_2d(what, x, batch_size):
   """`x` as an array, checked to be `(batch_size, length)`."""
   x = np.asarray(x)
   if x.ndim != 2:
-    raise ValueError(f'{what} must be a 2-D array (batch_size, length); got '
-                     f'shape {x.shape}.')
+    raise ArgumentValueError(f'{what} must be a 2-D array (batch_size, length); got '
+                             f'shape {x.shape}.')
   if x.shape[0] != batch_size:
-    raise ValueError(f'{what} batch size ({x.shape[0]}) does not match '
-                     f'batch_size arg ({batch_size}).')
+    raise ArgumentValueError(f'{what} batch size ({x.shape[0]}) does not match '
+                             f'batch_size arg ({batch_size}).')
   return x
 
 
@@ -116,7 +118,7 @@ def check_count(name, value):
   """Raises unless `value` is an int >= 1."""
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
       value < 1):
-    raise ValueError(f'{name} must be an int >= 1; got {value!r}.')
+    raise ArgumentValueError(f'{name} must be an int >= 1; got {value!r}.')
 
 
 def _start_ids(start_id, batch_size):
@@ -124,9 +126,9 @@ def _start_ids(start_id, batch_size):
     return np.full((batch_size, 1), start_id)
   start = np.asarray(start_id)
   if start.shape != (batch_size, 1):
-    raise ValueError(f'start_id must be an int or an array of shape '
-                     f'(batch_size, 1) = {(batch_size, 1)}; got shape '
-                     f'{start.shape}.')
+    raise ArgumentValueError(f'start_id must be an int or an array of shape '
+                             f'(batch_size, 1) = {(batch_size, 1)}; got shape '
+                             f'{start.shape}.')
   return start
 
 
@@ -138,14 +140,14 @@ def prepare(model, inputs, prompt, batch_size, start_id, logits_vocab=None):
   for decoder tokens, and of its first `Embedding` for encoder inputs.
   """
   if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-    raise ValueError(f'batch_size must be a positive int; got {batch_size!r}.')
+    raise ArgumentValueError(f'batch_size must be a positive int; got {batch_size!r}.')
   start = _start_ids(start_id, batch_size)
   if inputs is not None:
     inputs = tokens_2d('Inputs', inputs, batch_size)
   elif model.n_in > 1:
-    raise ValueError(f'This model takes {model.n_in} inputs (an encoder-'
-                     'decoder): pass the encoder input as inputs, token ids '
-                     'of shape (batch_size, length).')
+    raise ArgumentValueError(f'This model takes {model.n_in} inputs (an encoder-'
+                             'decoder): pass the encoder input as inputs, token ids '
+                             'of shape (batch_size, length).')
   if prompt is not None:
     prompt = tokens_2d('Prompt', prompt, batch_size)
   enc_vocab, dec_vocab = embedding_vocabs(model)

@@ -20,26 +20,27 @@ from retrax.supervised.decoding import inspection
 from retrax.supervised.decoding.decoder import decoder_for
 from retrax.supervised.decoding.decoder import log_probs_of as log_probs_of
 from retrax.supervised.decoding.decoder import step
+from retrax.validation import ArgumentValueError
 
 
 def _check_sampling(temperature, top_k, top_p):
   # numbers.Real, not np.isscalar: a str is a NumPy scalar too.
   if isinstance(temperature, bool) or not isinstance(
       temperature, numbers.Real) or temperature < 0:
-    raise ValueError(f'temperature must be a number >= 0; got {temperature!r}.')
+    raise ArgumentValueError(f'temperature must be a number >= 0; got {temperature!r}.')
   if top_k is not None and (not isinstance(top_k, (int, np.integer)) or
                             isinstance(top_k, bool) or top_k < 1):
-    raise ValueError(f'top_k must be None or an int >= 1; got {top_k!r}.')
+    raise ArgumentValueError(f'top_k must be None or an int >= 1; got {top_k!r}.')
   if top_p is not None and not 0.0 < top_p <= 1.0:
-    raise ValueError(f'top_p must be None or in (0, 1]; got {top_p!r}.')
+    raise ArgumentValueError(f'top_p must be None or in (0, 1]; got {top_p!r}.')
 
 
 def _filtered(scores, temperature, top_k, top_p):
   """`scores` with -inf outside the `top_k` / nucleus `top_p` ids."""
   if top_k is not None:
     if top_k > scores.shape[-1]:
-      raise ValueError(f'top_k={top_k} exceeds the vocabulary size '
-                       f'{scores.shape[-1]}.')
+      raise ArgumentValueError(f'top_k={top_k} exceeds the vocabulary size '
+                               f'{scores.shape[-1]}.')
     kth = lax.top_k(scores, top_k)[0][..., -1:]
     scores = jnp.where(scores < kth, -jnp.inf, scores)
   if top_p is not None and top_p < 1.0:
@@ -320,8 +321,8 @@ def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
                         key)
     else:
       if free is not None and n_fed >= free:
-        raise ValueError(f'Sampling past the predict-mode caches: {n_fed} '
-                         f'positions fed, {free} were free ({where}).')
+        raise ArgumentValueError(f'Sampling past the predict-mode caches: {n_fed} '
+                                 f'positions fed, {free} were free ({where}).')
       tok, state = call(feed, accelerate, weights, state, tok, enc, rng, key,
                         np.int32(index))
       n_fed += 1

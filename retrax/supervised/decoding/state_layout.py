@@ -19,6 +19,7 @@ import numpy as np
 
 from retrax.layers import predict_state
 from retrax.shapes import ShapeDtype
+from retrax.validation import ArgumentValueError
 
 
 def structs(tree):
@@ -73,9 +74,9 @@ def _rows_per_example(x1, x2):
     return 0
   if len(s1) == len(s2) and s1[1:] == s2[1:] and s2[0] == 2 * s1[0]:
     return s1[0]
-  raise ValueError(f'Cannot tell how a state array of shape {s1} at batch 1 '
-                   f'({s2} at batch 2) is laid out per example: decoding '
-                   'needs the examples along axis 0.')
+  raise ArgumentValueError(f'Cannot tell how a state array of shape {s1} at batch 1 '
+                           f'({s2} at batch 2) is laid out per example: decoding '
+                           'needs the examples along axis 0.')
 
 
 def traced(at_batch_1, at_batch_2):
@@ -92,9 +93,9 @@ def matching(state, layouts):
   for layout in layouts:
     if treedef == jax.tree_util.tree_structure(layout):
       return layout
-  raise ValueError('model.state does not have the structure of this model\'s '
-                   'predict-mode state; reset it with the state of a fresh '
-                   '`model.init(...)`.')
+  raise ArgumentValueError('model.state does not have the structure of this model\'s '
+                           'predict-mode state; reset it with the state of a fresh '
+                           '`model.init(...)`.')
 
 
 def batch_sizes(state, layout):
@@ -106,9 +107,9 @@ def batch_sizes(state, layout):
       continue
     rows = int(np.shape(x)[0]) if np.ndim(x) else 0
     if rows % m:
-      raise ValueError(f'A predict-mode state array of shape {np.shape(x)} '
-                       f'is declared to hold {m} rows per example, but its '
-                       f'{rows} rows are not a multiple of {m}.')
+      raise ArgumentValueError(f'A predict-mode state array of shape {np.shape(x)} '
+                               f'is declared to hold {m} rows per example, but its '
+                               f'{rows} rows are not a multiple of {m}.')
     sizes.add(rows // m)
   return sizes
 
