@@ -71,9 +71,10 @@ more (the length x length softmax dominates at this width). All arms run
 in float32: the bfloat16 matmul policy (`RETRAX_MATMUL_DTYPE=bfloat16`)
 gives lsh-2 the same bits/byte (to 4 decimals after 21 steps) and a 27%
 faster step (0.37 vs 0.51 s), but makes transformer's 10% slower (0.80 vs
-0.72 s), and shared-QK full attention fails under it at batch 4 on
-XLA:CPU (jaxlib 0.10.2: "Unsupported element type for DotThunk::Execute:
-BF16 x BF16 = F32"; batch 1 runs).
+0.72 s). Shared-QK full attention with its (example, head) units batched
+stopped under it on XLA:CPU (jaxlib 0.10.2: "Unsupported element type for
+DotThunk::Execute: BF16 x BF16 = F32"); batched units' weight gradients now
+multiply float32 copies on CPUs (`retrax.fastmath.precision.vmapped`).
 
 Differences from the paper's setting: d_model 1024, d_ff 4096, 8 heads and
 sequences of 64K bytes (enwik8, 100 MB) or 12K pixels (imagenet64, Figure

@@ -1,7 +1,9 @@
 """The opt-in bfloat16 matmul policy (`retrax.fastmath.precision`)."""
 
+import contextlib
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -171,6 +173,66 @@ def test_attention_products_in_both_layouts(policy):
   np.testing.assert_array_equal(dp_km, np.zeros(dp_km.shape))
   if policy == 'bfloat16':  # The operands were rounded.
     assert np.max(np.abs(np.asarray(out) - np.asarray(p, np.float64) @ v)) > 1e-4
+
+def _dot_operand_types(fun, platform, *args):
+  """`(lhs, rhs, out)` element types of each dot of `fun` lowered for `platform`."""
+  text = jax.export.export(jax.jit(fun), platforms=[platform])(
+      *args).mlir_module()
+  return re.findall(r'stablehlo.dot_general.*: \(tensor<[\dx]*x(\w+)>, '
+                    r'tensor<[\dx]*x(\w+)>\) -> tensor<[\dx]*x(\w+)>', text)
+
+
+def test_vmapped_weight_gradients_are_float32_on_cpus_only(bf16):
+  """Under `precision.vmapped`, the weight gradient multiplies float32 copies
+  of its bfloat16 operands on CPUs and stays bfloat16 elsewhere; forward
+  and input-gradient products stay bfloat16 everywhere."""
+  del bf16
+  x, w = _rand(0, (3, 128, 16)), _rand(1, (3, 16, 8))
+
+  def grads(x, w, vmapped):
+    def loss(x, w):
+      with precision.vmapped() if vmapped else contextlib.nullcontext():
+        return jnp.sum(jax.vmap(precision.dot)(x, w) ** 2)
+    return jax.grad(loss, argnums=(0, 1))(x, w)
+  low = ('bf16', 'bf16', 'f32')
+  for platform in ('cpu', 'cuda', 'tpu'):
+    weight_grad = ('f32', 'f32', 'f32') if platform == 'cpu' else low
+    assert _dot_operand_types(functools.partial(grads, vmapped=True),
+                              platform, x, w) == [low, low, weight_grad]
+  assert _dot_operand_types(functools.partial(grads, vmapped=False), 'cpu',
+                            x, w) == [low] * 3
+  (dx, dw), (dx0, dw0) = grads(x, w, True), grads(x, w, False)
+  np.testing.assert_allclose(dw, dw0, rtol=1e-5, atol=1e-4)  # Same products.
+  np.testing.assert_array_equal(dx, dx0)
+
+
+def test_batched_attention_units_train_in_bf16_on_xla_cpu():
+  """The shared-QK full attention of benchmarks/real_text.py with its
+  (example, head) units batched: XLA:CPU (jaxlib 0.10.2) stopped at run time
+  ("Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32") on
+  the weight gradients of its projections. The smallest failing shape found:
+  48 units of 64 positions at d_model 88 at once (40 units, or d_model 80,
+  ran; at length 1024, 3 units). Values and gradients are float32's within
+  bfloat16's rounding."""
+  layer = tl.SelfAttention(n_heads=1, d_qk=8, d_v=8, share_qk=True,
+                           causal=True, chunk_len=None, n_parallel_heads=48)
+  x = np.random.RandomState(0).randn(48, 64, 88).astype(np.float32)
+  layer.init(shapes.signature(x))
+  weights, state = layer.weights, layer.state
+
+  def loss(weights, x):
+    y, _ = layer.pure_fn(x, weights, state, jax.random.PRNGKey(0))
+    return jnp.sum(y ** 2), y
+  got = {}
+  for policy in ('bfloat16', 'float32'):
+    with precision.matmul_precision(policy):
+      got[policy] = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(
+          weights, x)
+  for low, full in zip(jax.tree_util.tree_leaves(got['bfloat16']),
+                       jax.tree_util.tree_leaves(got['float32'])):
+    error = np.linalg.norm(np.asarray(low) - full) / np.linalg.norm(full)
+    assert 1e-5 < error < 2e-2, error  # Rounded (by bfloat16's 2**-8), no more.
+
 
 def test_jitted_functions_retrace_when_the_policy_changes():
   a, b = _rand(0, (64, 32)), _rand(1, (32, 8))

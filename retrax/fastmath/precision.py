@@ -24,6 +24,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from retrax.fastmath.backend import is_numpy
 from retrax.fastmath.backend import numpy as backend_numpy
@@ -31,7 +32,8 @@ from retrax.validation import ArgumentValueError
 
 ENV_VAR = 'RETRAX_MATMUL_DTYPE'
 _DTYPES = {'float32': None, 'bfloat16': jnp.bfloat16}
-_current = {'name': 'float32'}
+# 'vmapped': matmuls are being traced inside a caller's vmap (see `vmapped`).
+_current = {'name': 'float32', 'vmapped': False}
 # Matmuls whose first operand has fewer rows stay float32 (see above).
 MIN_ROWS = 64
 
@@ -71,6 +73,29 @@ def matmul_precision(name):
     set_matmul_dtype(old)
 
 
+@contextlib.contextmanager
+def vmapped():
+  """Marks the policy's matmuls traced inside as vmapped by the caller.
+
+  XLA:CPU (jaxlib 0.10) fails at run time on some vmapped bfloat16 weight
+  gradients ("Unsupported element type for DotThunk::Execute: BF16 x BF16 =
+  F32"): its float normalization keeps bfloat16 for a batched dot that
+  transpose folding later turns into one YNNPACK does not take, and XLA's
+  own dot kernel has no bfloat16 x bfloat16 -> float32. Under this context
+  the weight gradients of `dot` (and of `matmul` by a matrix) multiply
+  float32 copies of their bfloat16 operands on CPUs: the same products
+  (exact in float32) and float32 sums, as XLA computes such a dot where it
+  upcasts it itself; other platforms keep bfloat16. Read when a matmul is
+  traced and kept for its gradient: wrap the tracing of the vmapped
+  function (attention's groups of (example, head) units do).
+  """
+  old, _current['vmapped'] = _current['vmapped'], True
+  try:
+    yield
+  finally:
+    _current['vmapped'] = old
+
+
 def _policy_dtype(a, b):
   """The dtype to round `a` and `b` to, or None to leave them as they are."""
   dtype = _DTYPES[_current['name']]
@@ -91,7 +116,7 @@ def einsum(spec, a, b):
   dtype = _policy_dtype(a, b)
   if dtype is None:
     return backend_numpy.einsum(spec, a, b)
-  return _low_precision_einsum(spec, dtype, a, b)
+  return _low_precision_einsum(spec, dtype, _current['vmapped'], a, b)
 
 
 def dot(a, b):
@@ -101,7 +126,7 @@ def dot(a, b):
     return backend_numpy.dot(a, b)
   if dtype is None:
     return _rows_times(a, b)
-  return _low_precision_einsum(_DOT, dtype, a, b)
+  return _low_precision_einsum(_DOT, dtype, _current['vmapped'], a, b)
 
 
 def matmul(a, b):
@@ -113,7 +138,7 @@ def matmul(a, b):
     return (_rows_times(a, b) if jnp.ndim(b) == 2
             else backend_numpy.matmul(a, b))
   spec = _DOT if jnp.ndim(b) == 2 else '...ik,...kn->...in'
-  return _low_precision_einsum(spec, dtype, a, b)
+  return _low_precision_einsum(spec, dtype, _current['vmapped'], a, b)
 
 
 def _rows_times(a, b):
@@ -133,13 +158,19 @@ _DOT = '...k,kn->...n'
 _WEIGHT_GRAD_BLOCK = 2048
 
 
-def _weight_grad(x, ct):
+def _weight_grad(x, ct, vmapped=False):
   """`x [..., k]` and `ct [..., n]` contracted over all rows: `[k, n]`.
 
   Written as a contraction over (blocks, rows in a block): XLA:CPU runs that
   several times faster than one contraction over many rows in bfloat16
   (4x for `[16384, 256] x [16384, 1024]`), with the same float32 sums.
+  `vmapped`: see `vmapped` (float32 copies of the operands on CPUs).
   """
+  if vmapped:
+    return lax.platform_dependent(
+        x, ct, cpu=lambda x, ct: _weight_grad(
+            x.astype(jnp.float32), ct.astype(jnp.float32)),
+        default=_weight_grad)
   x = x.reshape(-1, x.shape[-1])
   ct = ct.reshape(-1, ct.shape[-1])
   rows = x.shape[0]
@@ -170,27 +201,29 @@ def _operands(spec):
   return sa, sb, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _low_precision_einsum(spec, dtype, a, b):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _low_precision_einsum(spec, dtype, vmapped, a, b):
+  del vmapped  # Only the gradient reads it.
   return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
                     preferred_element_type=jnp.float32)
 
 
-def _fwd(spec, dtype, a, b):
+def _fwd(spec, dtype, vmapped, a, b):
+  del vmapped
   _operands(spec)
   a_low, b_low = a.astype(dtype), b.astype(dtype)
   out = jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
   return out, (a_low, b_low)
 
 
-def _bwd(spec, dtype, residuals, ct):
+def _bwd(spec, dtype, vmapped, residuals, ct):
   a_low, b_low = residuals
   sa, sb, out = _operands(spec)
   ct_low = ct.astype(dtype)
   da = jnp.einsum(f'{out},{sb}->{sa}', ct_low, b_low,
                   preferred_element_type=jnp.float32)
   if spec == _DOT:
-    db = _weight_grad(a_low, ct_low)
+    db = _weight_grad(a_low, ct_low, vmapped)
   else:
     db = jnp.einsum(f'{sa},{out}->{sb}', a_low, ct_low,
                     preferred_element_type=jnp.float32)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from retrax.errors import InputValueError
+from retrax.fastmath import precision
 from retrax.layers import cotangents
 
 # Largest copy of a group's inputs (one per head) that the batched pass makes
@@ -115,16 +116,17 @@ class GroupRunner(NamedTuple):
                         jax.tree_util.tree_map(lambda a: a[0, 0], s))
       return (out[None].astype(xs[0].dtype),
               jax.tree_util.tree_map(lambda a: a[None, None], new_s))
-    if self.groups.copy_inputs:
-      xs = tuple(jnp.broadcast_to(x, (self.groups.heads,) + x.shape)
-                 for x in xs)
-      per_example = jax.vmap(unit, in_axes=(0, None, 0))
-      out, new_s = jax.vmap(per_example, in_axes=(0, 0, 1),
-                            out_axes=(0, 1))(xs, w, s)
-      return jnp.sum(out, axis=0).astype(xs[0].dtype), new_s  # [E, L, d]
-    per_head = jax.vmap(unit, in_axes=(None, 0, 0))
-    out, new_s = jax.vmap(per_head, in_axes=(0, None, 0))(xs, w, s)
-    return jnp.sum(out, axis=1).astype(xs[0].dtype), new_s
+    with precision.vmapped():  # Its bfloat16 weight gradients on XLA:CPU.
+      if self.groups.copy_inputs:
+        xs = tuple(jnp.broadcast_to(x, (self.groups.heads,) + x.shape)
+                   for x in xs)
+        per_example = jax.vmap(unit, in_axes=(0, None, 0))
+        out, new_s = jax.vmap(per_example, in_axes=(0, 0, 1),
+                              out_axes=(0, 1))(xs, w, s)
+        return jnp.sum(out, axis=0).astype(xs[0].dtype), new_s  # [E, L, d]
+      per_head = jax.vmap(unit, in_axes=(None, 0, 0))
+      out, new_s = jax.vmap(per_head, in_axes=(0, None, 0))(xs, w, s)
+      return jnp.sum(out, axis=1).astype(xs[0].dtype), new_s
 
   def run(self, xs, w, s, ct):
     """`(out, new_state, inputs cotangents, weights cotangent)` of a group."""
