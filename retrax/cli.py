@@ -1,13 +1,14 @@
 """The `retrax` command line: train | sample | eval | convert | plot | bench | info.
 
 Parses arguments once, into a typed `config.RunConfig` (its model, data,
-train and sample sections) for `train`, and calls the library. Errors in what
-the user supplied (`retrax.errors.UserInputError`, checkpoint, argument and
-training errors, missing files) exit with code 2 and a one-line message
+train and sample sections) for `train`, and calls the library. Errors retrax
+raises on purpose (`retrax.Error`: user input, argument, checkpoint and
+training errors) and missing files exit with code 2 and a one-line message
 saying what to do, as do disk errors (full, read-only, no permission: the
 path, what was kept, what to do); any other exception is a bug and keeps its
-traceback. SIGTERM or Ctrl-C during training saves the last completed step
-and exits with 143 or 130 (see `retrax.supervised.interrupts`).
+traceback, as does a `LayerError` around one (`retrax.errors.deliberate`).
+SIGTERM or Ctrl-C during training saves the last completed step and exits
+with 143 or 130 (see `retrax.supervised.interrupts`).
 """
 
 import argparse
@@ -19,6 +20,8 @@ import sys
 import retrax
 from retrax import config as config_lib
 from retrax import suggest
+from retrax.errors import deliberate
+from retrax.errors import Error
 from retrax.errors import one_line
 from retrax.errors import UserInputError
 
@@ -363,14 +366,11 @@ def user_errors():
   """Errors that mean the user asked for something that cannot be done (a
   bad argument, config key, path, checkpoint or data): one line, exit 2.
 
-  A disk that is full, read-only or not writable (`_DISK_ERRNOS`) is too,
+  Every `retrax.Error` is one, unless `deliberate` says it wraps a bug; a
+  disk that is full, read-only or not writable (`_DISK_ERRNOS`) is too,
   saying what was kept. Anything else is a bug and keeps its traceback.
   """
-  from retrax.checkpoints.errors import CheckpointError
-  from retrax.validation import ArgumentError
-  from retrax.supervised.batch_checks import TrainingError
-  return (UserInputError, CheckpointError, ArgumentError, TrainingError,
-          FileNotFoundError, FileExistsError, NotADirectoryError,
+  return (Error, FileNotFoundError, FileExistsError, NotADirectoryError,
           IsADirectoryError)
 
 
@@ -419,12 +419,14 @@ def main(argv=None):
   try:
     _check_paths(args)
     _check_set_keys(args)  # A typo is answered before JAX is imported.
-  except UserInputError as e:
+  except Error as e:
     return _error(args, one_line(e))
   from retrax.supervised import interrupts
   try:
     rc = args.func(args)
   except user_errors() as e:
+    if isinstance(e, Error) and not deliberate(e):
+      raise  # A LayerError around a bug.
     return _error(args, one_line(e))
   except OSError as e:
     if e.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # A path the user gave.

@@ -22,8 +22,9 @@ import re
 import sys
 
 from retrax import cli
+from retrax.errors import deliberate
+from retrax.errors import Error
 from retrax.errors import one_line
-from retrax.data.tensorflow_only import TensorFlowOnlyError
 from retrax.errors import UserInputError
 
 
@@ -155,7 +156,9 @@ def _first_process():
 def _main_gin(args):
   try:
     train_from_gin(args.config_file, _bindings(args), args.output_dir)
-  except cli.user_errors() + (TensorFlowOnlyError,) as e:
+  except cli.user_errors() as e:
+    if isinstance(e, Error) and not deliberate(e):
+      raise  # A LayerError around a bug.
     # As `retrax train`'s: a bad binding's value, data a config names that
     # needs TensorFlow or is not prepared: one line (gin's note joined in).
     print(f'retrax.trainer: error: {one_line(e)}', file=sys.stderr)

@@ -9,7 +9,9 @@ clipped token ids or retracing for a wrong dtype.
 import numpy as np
 
 from retrax.errors import Error
+from retrax.errors import InputError
 from retrax.layers import core
+from retrax.layers.errors import LayerError
 
 
 class TrainingError(Error, RuntimeError):
@@ -22,6 +24,15 @@ class BadBatchError(TrainingError, ValueError):
 
 class NonFiniteLossError(TrainingError, FloatingPointError):
   """The training loss became NaN or infinite."""
+
+
+def about_the_batch(error):
+  """Whether `error`, raised by a training step, says the batch does not fit:
+  a `LayerError` (the model ran on the batch) caused by an `InputError` of
+  retrax's own checks (shape, dtype, arity, value range). Anything else, a
+  bug in a layer or an optimizer say, is not and keeps its traceback."""
+  return isinstance(error, LayerError) and isinstance(error.__cause__,
+                                                      InputError)
 
 
 def _kind(dtype):
@@ -98,7 +109,7 @@ class BatchChecker:
     if self._parallel is not None:
       try:
         self._parallel.check_batch(batch, step)
-      except ValueError as e:
+      except InputError as e:
         raise BadBatchError(f'{self._name}: {e}') from None
     if self._input_vocab is not None:
       self._check_range(batch[0], self._input_vocab, where, self._item_name(0),

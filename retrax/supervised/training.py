@@ -26,9 +26,11 @@ from retrax import fastmath
 from retrax import local_paths
 from retrax import run_layout
 from retrax import shapes
+from retrax.errors import Error
 from retrax.layers import base
 from retrax.models import registry
 from retrax.optimizers import placement
+from retrax.supervised import batch_checks
 from retrax.supervised import callbacks as callbacks_lib
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
@@ -53,6 +55,7 @@ from retrax.supervised.tasks import EvalTask
 from retrax.supervised.tasks import TrainTask
 from retrax.supervised.train_state import TaskState
 from retrax.supervised.train_state import TrainState
+from retrax.validation import ArgumentValueError
 
 __all__ = ['EvalTask', 'Loop', 'TaskState', 'TrainState', 'TrainTask',
            'init_host_and_devices', 'never', 'BadBatchError',
@@ -153,7 +156,7 @@ class Loop(loop_internals.TraxLoopInternals):
     self._parallel = sharding.parallel(self._n_devices, mesh)
     tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks]
     if not tasks:
-      raise ValueError('Must provide at least one training task.')
+      raise ArgumentValueError('Must provide at least one training task.')
     if eval_tasks is None:
       eval_tasks, eval_at = [], never
     elif not isinstance(eval_tasks, (list, tuple)):
@@ -413,7 +416,9 @@ class Loop(loop_internals.TraxLoopInternals):
       self._train_state, loss, stats = train_state_lib.train_step(
           self._step_fns[task_index], self._train_state, task_index, batch,
           rng, self._opt_step(), opt_params)
-    except (base.LayerError, TypeError, ValueError) as e:
+    except Error as e:
+      if not batch_checks.about_the_batch(e):
+        raise
       raise BadBatchError(
           f'Step {step}: the training step failed on a batch of signature '
           f'{shapes.signature(tuple(batch))}: {e}') from e

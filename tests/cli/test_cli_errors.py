@@ -4,10 +4,13 @@ import gzip
 import os
 import pickle
 
+import numpy as np
+
 import pytest
 
+import retrax
 from retrax import cli
-from retrax import jobs
+from retrax import errors
 from retrax.checkpoints import errors as checkpoint_errors
 from retrax import validation
 from retrax.supervised import batch_checks
@@ -46,12 +49,13 @@ def test_corrupted_checkpoint_is_one_line_exit_2(tmp_path, capsys):
     checkpoint_errors.CheckpointError('ckpt_000000004: bad\nheader'),
     validation.ArgumentValueError('Dense: n_units must be an int >= 1'),
     batch_checks.BadBatchError('train task: token id 40 >= vocab_size 32'),
+    errors.InputValueError('PositionalEncoding encodes 64 positions; got 80'),
     FileNotFoundError('no such run'),
 ])
 def test_user_errors_from_the_library_exit_2(monkeypatch, capsys, error):
   def fail(*args, **kwargs):
     raise error
-  monkeypatch.setattr(jobs, 'config_of_run', fail)
+  monkeypatch.setattr(cli, 'cmd_eval', fail)
   assert cli.main(['eval', 'some-run']) == 2
   _one_line(capsys, 'retrax eval: error:', str(error).split('\n')[0])
 
@@ -62,9 +66,42 @@ def test_user_errors_from_the_library_exit_2(monkeypatch, capsys, error):
 def test_library_bugs_keep_their_traceback(monkeypatch, error):
   def fail(*args, **kwargs):
     raise error
-  monkeypatch.setattr(jobs, 'config_of_run', fail)
+  monkeypatch.setattr(cli, 'cmd_eval', fail)
   with pytest.raises(type(error)):
     cli.main(['eval', 'some-run'])
+
+
+def _layer_error(cause):
+  """What a layer whose function raises `cause` raises when called."""
+  from retrax import layers as tl
+
+  def fail(x):
+    raise cause
+  with pytest.raises(tl.LayerError) as e:
+    tl.Fn('Fail', fail)(np.ones(2, np.float32))
+  return e.value
+
+
+def test_a_layer_error_around_a_bug_keeps_its_traceback(monkeypatch):
+  error = _layer_error(TypeError('unsupported operand'))
+  assert isinstance(error, retrax.Error)  # Caught, then raised again.
+
+  def fail(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(cli, 'cmd_eval', fail)
+  with pytest.raises(type(error)) as e:
+    cli.main(['eval', 'some-run'])
+  assert isinstance(e.value.__cause__, TypeError)
+
+
+def test_a_layer_error_around_a_check_is_one_line(monkeypatch, capsys):
+  error = _layer_error(errors.InputValueError('Fail expects rank 2; got 1'))
+
+  def fail(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(cli, 'cmd_eval', fail)
+  assert cli.main(['eval', 'some-run']) == 2
+  _one_line(capsys, 'retrax eval: error:', 'Fail expects rank 2; got 1')
 
 
 @pytest.mark.parametrize('argv', [

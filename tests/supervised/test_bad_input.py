@@ -78,6 +78,37 @@ def test_shape_errors_inside_the_model_name_the_step():
   assert 'Dense' in str(e.value)
 
 
+class _BuggySGD(optimizers.SGD):
+  """An optimizer whose update has a bug (a TypeError inside the step)."""
+
+  def update(self, step, grads, weights, slots, opt_params):
+    raise TypeError('unsupported operand type(s) for +: a bug in update')
+
+
+def test_an_optimizer_bug_in_the_step_is_not_called_a_bad_batch():
+  task = training.TrainTask(toys.copy_batches(0), toys.WeightedCrossEntropy(),
+                            _BuggySGD(0.1), n_steps_per_checkpoint=None)
+  loop = training.Loop(toys.mlp(), task, random_seed=0)
+  with pytest.raises(TypeError, match='a bug in update') as e:
+    loop.run(1)
+  assert not isinstance(e.value, BadBatchError)
+  assert any(frame.name == 'update' for frame in e.traceback)
+
+
+def test_a_layer_bug_in_the_step_keeps_its_traceback():
+  def buggy(x):
+    raise ValueError('a bug in the layer')
+  model = tl.Serial(toys.mlp(), tl.Fn('Buggy', lambda x: x + buggy(x)))
+  x, t, w = _good()
+  # The sample batch initializes abstractly and meets the bug first.
+  with pytest.raises(tl.LayerError, match='a bug in the layer') as e:
+    training.Loop(model, training.TrainTask(
+        iter([(x, t, w)] * 3), toys.WeightedCrossEntropy(), optimizers.SGD(0.1),
+        n_steps_per_checkpoint=None), random_seed=0).run(1)
+  assert not isinstance(e.value, BadBatchError)
+  assert isinstance(e.value.__cause__, ValueError)
+
+
 def test_nan_loss_stops_and_saves_nothing_after_it(tmp_path):
   x, t, w = _good()
   nan_batch = (x, t, np.full_like(w, np.nan))
