@@ -13,6 +13,15 @@ the LM head's unused `lm_head.bias` of transformers 5) and `hf_config.json`
 `ReformerModelWithLMHead.from_pretrained(OUT)` loads; a run converted from HF
 gives back its config and, bit for bit, its tensors.
 
+A converted run keeps HF's input convention: its ReformerLM is built with
+`shift_right=False` (recorded in `model.json`), so `load_run(OUT).model(x)`
+gives HF's `model(x).logits`, position t predicting token t+1. Trax's
+ReformerLM (`shift_right=True`, every run trained in retrax) shifts its
+inputs right instead: position t predicts token t. `shifts_right`,
+`scored_outputs` and `decoding_start` tell the jobs how to score and decode
+a run of either convention, and `convention_note` is the line `retrax
+convert` prints about it.
+
 This module builds models and writes runs, so it sits beside the jobs, above
 `checkpoints/` (which reads and writes HF's files) and `models/` (where
 `reformer.hf_reformer` maps HF's config and tensors to ReformerLM's). The
@@ -77,6 +86,7 @@ def _signature_length(cfg):
 
 def hf_to_run(src, dst, force=False):
   """Converts HF directory `src` into run directory `dst`; returns `dst`."""
+  hf_files.check_weights_present(src)
   cfg = hf_files.read_config(os.path.join(src, hf_files.HF_CONFIG))
   kwargs = hf_reformer.lm_kwargs(cfg)
   tensors = hf_files.read_tensors(src)
@@ -173,6 +183,59 @@ def run_to_hf(src, dst, force=False):
   os.makedirs(dst, exist_ok=True)
   hf_files.write_directory(dst, cfg, tensors)
   return dst
+
+
+def shifts_right(model):
+  """Whether `model` shifts its tokens right (Trax's convention: position t
+  of its output predicts token t). False for a ReformerLM built with
+  `shift_right=False`, as `retrax convert` builds HF's: position t predicts
+  token t+1."""
+  spec = registry.constructor_of(model)
+  return not (spec and spec['kwargs'].get('shift_right') is False)
+
+
+def scored_outputs(model, logits, targets, weights):
+  """`(logits, targets, weights)` to score a language-model batch with.
+
+  A batch holds Trax's `(x, x, weights)`: the targets are the inputs. For a
+  model of HF's convention, position t's logits are compared with token t+1
+  and the first token is not scored (nothing comes before it), which is
+  HF's `model(x, labels=x).loss`; for Trax's, everything as given. Slices
+  only, so it can run inside `jax.jit`.
+  """
+  if shifts_right(model):
+    return logits, targets, weights
+  return logits[:, :-1], targets[:, 1:], weights[:, 1:]
+
+
+def decoding_start(model, prompt, start_id=0):
+  """`(start_id, prompt)` for `decoding.autoregressive_sample` to continue
+  `prompt` (`[batch, n]` ids or None).
+
+  Trax's convention starts from `start_id` (the 0 its ShiftRight puts before
+  every sequence), then feeds the prompt; HF's feeds the prompt alone, as
+  its `generate` does (its first token in the start symbol's place). With no
+  prompt both start from `start_id`.
+  """
+  if shifts_right(model) or prompt is None or np.shape(prompt)[1] == 0:
+    return start_id, prompt
+  prompt = np.asarray(prompt)
+  return prompt[:, :1], (prompt[:, 1:] if prompt.shape[1] > 1 else None)
+
+
+def convention_note(src, to=None):
+  """The line `retrax convert SRC DST [--to hf]` prints after converting:
+  how the logits on the written side relate to the inputs."""
+  if to != 'hf':
+    return ("Hugging Face's input convention: load_run(DST).model(x) gives "
+            "HF's model(x).logits (position t predicts token t+1; model.json "
+            'records shift_right=false), and sample and eval follow it.')
+  if _run_model_kwargs(src).get('shift_right', True) is False:
+    return ("Hugging Face's input convention, as the run's: HF's "
+            'model(x).logits are the run\'s logits for x.')
+  return ("The run has Trax's input convention (ReformerLM shifts its inputs "
+          "right) and HF's model does not: HF's model([0] + x[:-1]).logits "
+          "are the run's logits for x (position t predicts token t).")
 
 
 def convert(src, dst, to=None, force=False):

@@ -138,6 +138,8 @@ def convert(src, dst, to=None, force=False):
         'run retrax convert).')
   source = 'native' if native.is_native_checkpoint(src) else 'trax'
   if source == 'trax' and os.path.isdir(src):
+    if os.path.isfile(os.path.join(src, hf_files.HF_CONFIG)):
+      hf_files.check_weights_present(src)  # HF's config.json, no weights.
     raise _not_a_checkpoint(src)
   to = to or ('trax' if source == 'native' else 'native')
   if to not in FORMATS:

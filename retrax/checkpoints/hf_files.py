@@ -29,6 +29,9 @@ TORCH_BIN = 'pytorch_model.bin'
 TORCH_BIN_INDEX = 'pytorch_model.bin.index.json'
 _WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
 _BFLOAT16 = ml_dtypes.bfloat16  # Imported for safetensors' numpy API to know it.
+# Plain `pip install torch` fetches a CUDA build of several GB.
+PIP_TORCH = 'pip install torch --index-url https://download.pytorch.org/whl/cpu'
+_MAX_LISTED = 12  # Entries of a directory an error names.
 
 
 class HFReformerError(UserInputError):
@@ -65,9 +68,9 @@ def _read_torch_bin(path):
     import torch  # Only for HF's pickled weights.
   except ImportError:
     raise HFReformerError(
-        f'{path} is a PyTorch pickle, which only torch can read: pip install '
-        'torch, or save the model with safetensors (save_pretrained writes '
-        'model.safetensors by default) and convert that.') from None
+        f'{path} is a PyTorch pickle, which only torch can read: {PIP_TORCH} '
+        '(CPU build), or save the model with safetensors (save_pretrained '
+        'writes model.safetensors by default) and convert that.') from None
   try:
     state = torch.load(path, map_location='cpu', weights_only=True)
   except Exception as e:  # pylint: disable=broad-except
@@ -97,9 +100,30 @@ def _read_torch_bin(path):
   return {k: numpy_of(t) for k, t in state.items()}
 
 
+def check_weights_present(directory):
+  """Raises a one-line `HFReformerError` unless `directory` holds one of the
+  weights files of `save_pretrained`: which were looked for, what is there."""
+  directory = os.fspath(directory)
+  if any(os.path.isfile(os.path.join(directory, n)) for n in _WEIGHT_FILES):
+    return
+  try:
+    names = sorted(os.listdir(directory))
+  except OSError as e:
+    raise HFReformerError(f'{directory} cannot be listed ({one_line(e, 100)})'
+                          '.') from None
+  found = ', '.join(names[:_MAX_LISTED]) + (
+      f' and {len(names) - _MAX_LISTED} more' if len(names) > _MAX_LISTED
+      else '') if names else 'nothing'
+  raise HFReformerError(
+      f'{directory} holds no Hugging Face weights file: looked for '
+      f'{", ".join(_WEIGHT_FILES)}; found {found}. Save the model there with '
+      'save_pretrained (it writes model.safetensors) and convert again.')
+
+
 def read_tensors(directory):
   """`{name: numpy array}` of an HF directory's weights (safetensors, sharded
   safetensors, or pytorch_model.bin)."""
+  check_weights_present(directory)
   single = os.path.join(directory, SAFETENSORS)
   if os.path.isfile(single):
     return _read_safetensors(single)

@@ -21,7 +21,7 @@ import torch
 from transformers import ReformerConfig
 from transformers import ReformerModelWithLMHead
 
-_RANDN = torch.randn
+RANDN = torch.randn
 
 
 def fix_rotations(rotations):
@@ -34,7 +34,7 @@ def fix_rotations(rotations):
     if tuple(shape[1:]) == tuple(fixed.shape):
       return fixed[None].expand(shape).to(kwargs.get('dtype') or
                                           torch.float32).clone()
-    return _RANDN(*shape, **kwargs)
+    return RANDN(*shape, **kwargs)
   torch.randn = randn
 
 

@@ -2,10 +2,13 @@
 
 Without torch: HF directories written here with HF's tensor names and
 layouts (`_hf_tensors`, from transformers' modeling_reformer) convert into a
-run whose weights sit where HF's layout says, and back bit for bit. With the
-torch peer venv (../shared/tools/setup_torch_peer.sh; skipped without it):
-HF's own models, saved by save_pretrained, give the same logits in retrax, and
-a run written back loads in transformers with the same tensors and logits.
+run whose weights sit where HF's layout says, and back bit for bit; the HF
+models stored in tests/fixtures/hf_reformer (with their logits, loss and
+greedy generation, written there by transformers) give, converted, HF's
+logits for HF's inputs, its loss and its tokens. With the torch peer venv
+(../shared/tools/setup_torch_peer.sh; skipped without it): HF's own models,
+built afresh, give the same logits in retrax, and a run written back loads in
+transformers with the same tensors and logits.
 """
 
 import functools
@@ -32,25 +35,16 @@ from retrax.checkpoints import hf_files
 from retrax.checkpoints import native
 from retrax.checkpoints.tree import flatten_weights_and_state
 from retrax.supervised import checkpointing
+from retrax.supervised import decoding
 
 PEER_SCRIPT = pathlib.Path(__file__).with_name('hf_reformer_peer.py')
-SMALL = dict(attention_head_size=4, hidden_size=16, num_attention_heads=2,
-             feed_forward_size=32, vocab_size=20, is_decoder=True,
-             max_position_embeddings=32, layer_norm_eps=1e-12)
-SPECS = {
-    # Mixed layers, axial positions, factorised buckets, chunked feed-forward.
-    'lsh_axial': dict(SMALL, attn_layers=['lsh', 'local', 'lsh'],
-                      axial_pos_embds=True, axial_pos_shape=[4, 8],
-                      axial_pos_embds_dim=[4, 12], local_attn_chunk_length=4,
-                      lsh_attn_chunk_length=4, num_hashes=2,
-                      num_buckets=[2, 4], hidden_act='gelu',
-                      chunk_size_feed_forward=4),
-    'local_plain': dict(SMALL, attn_layers=['local', 'local'],
-                        axial_pos_embds=False, local_attn_chunk_length=8,
-                        hidden_act='gelu_new'),
-}
+FIXTURES = pathlib.Path(__file__).parents[1] / 'fixtures' / 'hf_reformer'
+# ReformerConfig kwargs: 'lsh_axial' has mixed layers, axial positions,
+# factorised buckets and a chunked feed-forward; 'local_plain' local
+# attention and learned positions.
+SPECS = json.loads((FIXTURES / 'specs.json').read_text())
 # HF's LSH draws rotations [head size, num_hashes, sum(num_buckets) / 2].
-ROTATIONS = np.random.RandomState(7).normal(size=(4, 2, 3)).astype(np.float32)
+ROTATIONS = np.load(FIXTURES / 'rotations.npy')
 
 
 def _hf_tensors(cfg, rng, dtype=np.float32):
@@ -125,6 +119,7 @@ def test_config_maps_to_reformer_lm_arguments():
           kwargs['pos_d_axial_embs']) == ('axial', (4, 8), (4, 12))
   assert kwargs['ff_activation'] is tl.Gelu and kwargs['ff_chunk_size'] == 4
   assert kwargs['dropout'] == 0.05  # HF's default hidden_dropout_prob.
+  assert kwargs['shift_right'] is False  # HF's position t predicts t+1.
   plain = hf_reformer.lm_kwargs(SPECS['local_plain'])
   assert plain['pos_type'] is None and plain['ff_activation'] is tl.FastGelu
   assert plain['attention_type'][0].keywords['chunk_len'] == 8
@@ -295,8 +290,160 @@ def test_pytorch_bin_without_torch_is_one_line(tmp_path, capsys):
   (hf_dir / 'pytorch_model.bin').write_bytes(b'PK\x03\x04')
   assert cli.main(['convert', str(hf_dir), str(tmp_path / 'run')]) == 2
   err = capsys.readouterr().err.strip()
-  assert '\n' not in err and 'pip install torch' in err and 'safetensors' in err
+  assert '\n' not in err and 'safetensors' in err
+  # The CPU wheel: plain `pip install torch` fetches a CUDA build of GBs.
+  assert ('pip install torch --index-url https://download.pytorch.org/whl/cpu'
+          in err)
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('via_cli', [True, False])
+def test_hf_directory_without_weights_names_what_it_looked_for(
+    tmp_path, capsys, via_cli):
+  hf_dir = tmp_path / 'hf'
+  hf_dir.mkdir()
+  (hf_dir / 'config.json').write_text(json.dumps(SPECS['local_plain']))
+  (hf_dir / 'tf_model.h5').write_bytes(b'')
+  if via_cli:
+    assert cli.main(['convert', str(hf_dir), str(tmp_path / 'run')]) == 2
+    message = capsys.readouterr().err.strip()
+  else:
+    message = _error_of(hf_runs.convert, hf_dir, tmp_path / 'run')
+  assert '\n' not in message and str(hf_dir) in message
+  assert ('looked for model.safetensors, model.safetensors.index.json, '
+          'pytorch_model.bin, pytorch_model.bin.index.json; found '
+          'config.json, tf_model.h5.') in message
+  assert not (tmp_path / 'run').exists()
+
+
+# --- against HF's outputs stored in tests/fixtures/hf_reformer ------------------
+
+
+@pytest.fixture(scope='module')
+def stored_hf(tmp_path_factory):
+  """`{name: (run converted from the stored HF model, HF's outputs)}`."""
+  out = tmp_path_factory.mktemp('stored_hf')
+  return {name: (hf_runs.convert(FIXTURES / name, out / name),
+                 dict(np.load(FIXTURES / f'{name}.npz')))
+          for name in SPECS}
+
+
+@pytest.fixture
+def fixed_rotations(monkeypatch):
+  """Makes retrax's LSH hash with ROTATIONS, as the stored HF outputs did."""
+  normal = jax.random.normal
+
+  def fixed_normal(key, shape=(), dtype=float, *args, **kwargs):
+    if tuple(shape) == ROTATIONS.shape:  # LSH's rotations [d, hashes, r].
+      return jax.numpy.asarray(ROTATIONS, dtype)
+    return normal(key, shape, dtype, *args, **kwargs)
+  monkeypatch.setattr(jax.random, 'normal', fixed_normal)
+
+
+def _relative_error(got, expected):
+  assert got.shape == expected.shape
+  return float(np.abs(got - expected).max() / np.abs(expected).max())
+
+
+def _eval_model(run_dir, batch_size=2):
+  """The run's eval-mode model and its logits function (compiled once)."""
+  model = retrax.load_run(run_dir, mode='eval', batch_size=batch_size).model
+  call = jax.jit(lambda x, state: model.pure_fn(x, model.weights, state,
+                                                model.rng))
+  return model, call
+
+
+@pytest.mark.parametrize('name', sorted(SPECS))
+def test_converted_runs_give_hf_logits_and_loss_for_hf_inputs(
+    stored_hf, name, fixed_rotations):
+  run_dir, hf = stored_hf[name]
+  with open(os.path.join(run_dir, 'model.json')) as f:
+    assert json.load(f)['kwargs']['shift_right'] is False
+  model, call = _eval_model(run_dir)
+  assert not hf_runs.shifts_right(model)
+  ids = hf['ids'].astype(np.int32)  # HF's inputs as they are, no shift.
+  logits = np.asarray(call(ids, model.state)[0])
+  assert _relative_error(logits, hf['logits']) <= 1e-5  # Measured: 2e-6.
+  scored = hf_runs.scored_outputs(model, logits, ids,
+                                  np.ones(ids.shape, np.float32))
+  loss = float(tl.WeightedCategoryCrossEntropy()(scored))
+  assert abs(loss - float(hf['loss'])) <= 1e-5 * float(hf['loss'])
+
+
+def test_trax_convention_keeps_trax_s_shift(stored_hf):
+  """Built with Trax's ShiftRight, the same weights give for `ids` HF's
+  logits for `[0] + ids[:-1]`; scoring and decoding stay Trax's."""
+  run_dir, hf = stored_hf['local_plain']
+  converted = retrax.load_run(run_dir, mode='eval').model
+  kwargs = dict(hf_reformer.lm_kwargs(SPECS['local_plain']), mode='eval')
+  del kwargs['shift_right']  # Trax's default.
+  model = models.MODELS['ReformerLM'](**kwargs)
+  ids = hf['ids'].astype(np.int32)
+  model.init(retrax.shapes.ShapeDtype(ids.shape, np.int32))
+  # The same weights; Trax's tree has the ShiftRight's empty entry first.
+  model.weights = model.weights[:1] + tuple(converted.weights)
+  assert hf_runs.shifts_right(model)
+  logits = np.asarray(jax.jit(model.pure_fn)(ids, model.weights, model.state,
+                                             model.rng)[0])
+  assert _relative_error(logits, hf['shifted_logits']) <= 1e-5
+  weights = np.ones(ids.shape, np.float32)
+  assert hf_runs.scored_outputs(model, logits, ids, weights)[1] is ids
+  assert hf_runs.decoding_start(model, ids) == (0, ids)
+
+
+@pytest.mark.slow
+def test_lsh_logits_vary_between_hashings_as_hf_s_do(stored_hf):
+  """LSH hashes with random rotations on every call, in HF and here: eight
+  retrax draws differ from HF's eight stored draws as much as those differ
+  among themselves, and pick the same top token as often. (Measured: 0.99x
+  the distance and 1.01x the agreement; with Trax's shift, 1.58x and 0.48x.)"""
+  run_dir, hf = stored_hf['lsh_axial']
+  model, call = _eval_model(run_dir)
+  ids = hf['ids'].astype(np.int32)
+  ours, state = [], model.state
+  for _ in hf['draws']:  # Each call advances the hashing key in the state.
+    logits, state = call(ids, state)
+    ours.append(np.asarray(logits))
+  assert np.abs(ours[0] - ours[1]).max() > 0.1
+  distance = lambda a, b: np.abs(a - b).mean()
+  agreement = lambda a, b: (a.argmax(-1) == b.argmax(-1)).mean()
+  theirs = list(hf['draws'])
+  assert (_mean_over_pairs(ours, theirs, distance) <=
+          1.2 * _mean_over_pairs(theirs, theirs, distance))
+  assert (_mean_over_pairs(ours, theirs, agreement) >=
+          0.8 * _mean_over_pairs(theirs, theirs, agreement))
+
+
+def _mean_over_pairs(a, b, fn):
+  """`fn(a[i], b[j])` averaged over the pairs, i != j when `a is b`."""
+  return np.mean([fn(x, y) for i, x in enumerate(a) for j, y in enumerate(b)
+                  if a is not b or i != j])
+
+
+def test_greedy_sampling_continues_a_prompt_as_hf_generate(stored_hf):
+  run_dir, hf = stored_hf['local_plain']
+  model = retrax.load_run(run_dir, mode='predict', batch_size=2).model
+  prompt = hf['prompt'].astype(np.int32)
+  start, rest = hf_runs.decoding_start(model, prompt)
+  np.testing.assert_array_equal(start, prompt[:, :1])  # No start symbol.
+  out = decoding.autoregressive_sample(
+      model, batch_size=2, temperature=0.0, start_id=start, prompt=rest,
+      eos_id=None, max_length=hf['generated'].shape[1])
+  np.testing.assert_array_equal(out, hf['generated'])
+
+
+def test_convert_says_which_convention_the_logits_follow(stored_hf, tmp_path):
+  run_dir, _ = stored_hf['local_plain']
+  assert 'shift_right=false' in hf_runs.convention_note(FIXTURES / 'local_plain')
+  assert "HF's model(x).logits are the run's logits for x" in (
+      hf_runs.convention_note(run_dir, 'hf'))
+  model = models.MODELS['ReformerLM'](20, d_model=8, d_ff=8, n_layers=1,
+                                      n_heads=1, max_len=16, mode='eval')
+  registry.write_model_file(tmp_path, model)
+  assert "model([0] + x[:-1]).logits are the run's logits for x" in (
+      hf_runs.convention_note(tmp_path, 'hf'))
+
+
 
 
 # --- against transformers, in the torch peer venv -------------------------------
@@ -329,8 +476,7 @@ def hf_models(tmp_path_factory):
     pytest.skip('no torch peer venv (source ../shared/tools/'
                 'setup_torch_peer.sh, or set TORCH_PY)')
   out = tmp_path_factory.mktemp('hf_models')
-  ids = np.random.RandomState(3).randint(1, 20, size=(2, 16)).astype(np.int64)
-  ids[:, 0] = 0  # ReformerLM shifts right itself: it sees [0] + x[:-1].
+  ids = np.random.RandomState(5).randint(1, 20, size=(2, 16)).astype(np.int64)
   np.save(out / 'ids.npy', ids)
   np.save(out / 'rotations.npy', ROTATIONS)
   (out / 'spec.json').write_text(json.dumps(SPECS))
@@ -338,31 +484,14 @@ def hf_models(tmp_path_factory):
   return python, out, ids
 
 
-def _retrax_logits(run_dir, ids, monkeypatch):
-  """Eval-mode logits of `run_dir` for HF's inputs `ids`, hashing with ROTATIONS."""
-  model = retrax.load_run(run_dir, mode='eval', batch_size=len(ids)).model
-  normal = jax.random.normal
-
-  def fixed_normal(key, shape=(), dtype=float, *args, **kwargs):
-    if tuple(shape) == ROTATIONS.shape:  # LSH's rotations [d, hashes, r].
-      return jax.numpy.asarray(ROTATIONS, dtype)
-    return normal(key, shape, dtype, *args, **kwargs)
-  monkeypatch.setattr(jax.random, 'normal', fixed_normal)
-  x = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], axis=1)
-  return np.asarray(model(x.astype(np.int32)))
-
-
 @pytest.mark.parametrize('name', sorted(SPECS))
 def test_logits_equal_hf_after_convert(hf_models, name, tmp_path,
-                                       monkeypatch):
+                                       fixed_rotations):
   _, out, ids = hf_models
   hf_runs.convert(out / name, tmp_path / 'run')
-  expected = np.load(out / f'{name}.logits.npy')
-  got = _retrax_logits(tmp_path / 'run', ids, monkeypatch)
-  scale = np.abs(expected).max()
-  assert got.shape == expected.shape
-  assert np.abs(got - expected).max() <= 1e-4 * scale, (
-      np.abs(got - expected).max(), scale)
+  model = retrax.load_run(tmp_path / 'run', mode='eval').model
+  got = np.asarray(model(ids.astype(np.int32)))  # HF's inputs, unshifted.
+  assert _relative_error(got, np.load(out / f'{name}.logits.npy')) <= 1e-5
 
 
 def test_hf_round_trip_is_bit_identical_and_loads_in_transformers(hf_models,

@@ -20,14 +20,18 @@ weight order with the reshape of each (`to_retrax`, `to_hf`: exact inverses,
 so a round trip is bit for bit). `retrax.hf_runs` converts directories with
 it (`retrax convert`).
 
+HF's model does not shift its inputs right as Trax's ReformerLM does, so
+`lm_kwargs` asks for `shift_right=False`: position t's logits predict token
+t+1, as in HF. A run trained in retrax keeps Trax's shift, and written to HF
+its logits for `x` are HF's for `[0] + x[:-1]` (`hf_runs` says so).
+
 Where the two differ (documented, not refused): retrax's LayerNorm uses
 Trax's epsilon 1e-6 (the Hub configs say 1e-12; the weights were trained
 with 1e-6), so layer_norm_eps must be within 1e-5 of it; retrax has one
 dropout rate (HF's hidden_dropout_prob; the attention-probability rates only
-go back to HF); ReformerLM shifts its inputs right itself (Trax's ShiftRight),
-so its logits for `x` are HF's for `[0] + x[:-1]`; LSH hashing draws random
-rotations in both, from different generators, and `num_buckets=None` picks
-the bucket count from the length by different rules.
+go back to HF); LSH hashing draws random rotations in both, from different
+generators, and `num_buckets=None` picks the bucket count from the length by
+different rules.
 """
 
 import functools
@@ -176,6 +180,7 @@ def lm_kwargs(cfg):
       'attention_type': attention,
       'ff_activation': getattr(tl, ACTIVATIONS[_get(cfg, 'hidden_act')]),
       'ff_chunk_size': _int(cfg, 'chunk_size_feed_forward'),
+      'shift_right': False,  # HF's inputs: position t predicts token t+1.
   }
   kwargs.update(_positions(cfg))
   return kwargs

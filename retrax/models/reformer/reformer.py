@@ -71,10 +71,12 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                pos_start_from_zero_prob=1.0, pos_max_offset_to_add=0,
                ff_activation=None, ff_use_sru=0, ff_chunk_size=0, ff_sparsity=0,
                loss_sparsity_type='mult', loss_sparsity=0, loss_d_lowrank=0,
-               loss_sparsity_prob=None, attention_chunk_size=0, mode='train'):
+               loss_sparsity_prob=None, attention_chunk_size=0, mode='train',
+               *, shift_right=True):
   """Reversible Transformer language model (decoder only); outputs logits.
 
-  Tokens `[batch, length]` are shifted right, embedded and given positions,
+  Tokens `[batch, length]` are shifted right (unless `shift_right=False`),
+  embedded and given positions,
   duplicated into the two halves of a reversible residual stream, run
   through `n_layers` reversible decoder blocks (attention half-residual,
   swap, feed-forward half-residual, swap), concatenated, normalized and
@@ -123,6 +125,13 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
     attention_chunk_size: if > 0, attention runs over batch chunks of this
       many examples.
     mode: 'train', 'eval' or 'predict' (decoding one token at a time).
+    shift_right: True (Trax's convention): the model puts a 0 before the
+      tokens and drops the last one, so position t's logits predict token t
+      from tokens 0..t-1 and a batch's inputs are its targets. False
+      (Hugging Face's `ReformerModelWithLMHead`, as `retrax convert` builds
+      it): position t's logits predict token t+1 from tokens 0..t. The
+      weights are the same either way, and so is predict mode, which never
+      shifts.
 
   Raises:
     ValueError: a size, count or rate out of range (naming the argument),
@@ -135,6 +144,8 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                          n_heads=n_heads, max_len=max_len)
   validation.check_counts('ReformerLM', n_layers=n_layers)
   validation.check_rates('ReformerLM', dropout=dropout)
+  validation.check_choice('ReformerLM', 'shift_right', shift_right,
+                          (True, False))
   if loss_sparsity or loss_d_lowrank or loss_sparsity_prob is not None:
     raise ArgumentValueError('Sparse output layers (loss_sparsity, loss_d_lowrank, '
                              'loss_sparsity_prob) are not supported by retrax; leave '
@@ -158,7 +169,7 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                    attention_chunk_size=attention_chunk_size, mode=mode)
       for attn in _attention_types(attention_type, n_layers)]
   return tl.Serial(
-      tl.ShiftRight(mode=mode),
+      tl.ShiftRight(mode=mode) if shift_right else [],
       positional_embedder,
       tl.Dup(),
       tl.ReversibleSerial(decoder_blocks),
