@@ -147,7 +147,12 @@ class SelfAttention(EfficientAttentionBase):
   n_chunks_before, n_chunks_after, bias, mode, predict_mem_len,
   predict_drop_len, attention_dropout, output_dropout (both train-only),
   n_parallel_heads, use_python_loop, use_reference_code (see
-  `EfficientAttentionBase`).
+  `EfficientAttentionBase`); and `implementation` of the chunked attention:
+  'xla' (XLA ops), 'pallas' (the Pallas TPU kernel of `chunked_kernel`,
+  interpreted off a TPU: for tests), 'auto' (the kernel on a TPU), or None
+  (default: the environment variable `RETRAX_ATTENTION_IMPL`, else 'xla').
+  The default stays 'xla' on every backend until a TPU measures the kernel
+  faster (docs/benchmarks.md).
   """
 
   # With `share_qk`, keys are the length-normalised queries (Trax 1.4.1).
@@ -159,7 +164,7 @@ class SelfAttention(EfficientAttentionBase):
                predict_mem_len=None, predict_drop_len=None,
                attention_dropout=0.0, output_dropout=0.0,
                n_parallel_heads=None, use_python_loop=False,
-               use_reference_code=False):
+               use_reference_code=False, implementation=None):
     name = type(self).__name__
     check_mode(name, mode)
     check_count(name, 'chunk_len', chunk_len, 1, allow_none=True)
@@ -188,7 +193,7 @@ class SelfAttention(EfficientAttentionBase):
     self._record_depths_and_dropout(d_qk, d_v, mode, attention_dropout,
                                     output_dropout)
     self._record_chunking(causal, masked, chunk_len, n_chunks_before,
-                          n_chunks_after)
+                          n_chunks_after, implementation)
     self._share_qk = share_qk
     self._bias = bias
 
@@ -304,7 +309,8 @@ class SelfAttention(EfficientAttentionBase):
                   n_chunks_before=self._n_chunks_before,
                   n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
                   q_info=positions, kv_info=kv_info,
-                  dropout=self._attention_dropout, rng=attend_rng)
+                  dropout=self._attention_dropout, rng=attend_rng,
+                  implementation=self.implementation)
     out = o[:length] if w_o is None else precision.matmul(o[:length], w_o)
     return apply_broadcasted_dropout(out, self._output_dropout,
                                      output_rng), state
@@ -424,7 +430,8 @@ class SelfAttention(EfficientAttentionBase):
                     kv_chunk_len=chunk, n_chunks_before=self._n_chunks_before,
                     n_chunks_after=self._n_chunks_after, mask_fn=mask_fn,
                     q_info=positions, kv_info=positions,
-                    dropout=self._attention_dropout, rng=attend_rng)
+                    dropout=self._attention_dropout, rng=attend_rng,
+                    implementation=self.implementation)
       o = o[:q_len]
     else:
       o, _ = attend(q, k, v, mask_fn=mask_fn, q_info=q_range,

@@ -29,6 +29,7 @@ from retrax.errors import InputTypeError
 from retrax.errors import InputValueError
 from retrax.fastmath import xla_cpu
 from retrax.layers import base
+from retrax.layers.attention import chunked_kernel
 from retrax.layers.attention import groups as groups_lib
 from retrax.layers.attention import ops as attention_ops
 from retrax.layers import predict_state
@@ -177,13 +178,30 @@ class EfficientAttentionBase(base.Layer):
     self._output_dropout = output_dropout if train else 0.0
 
   def _record_chunking(self, causal, masked, chunk_len, n_chunks_before,
-                       n_chunks_after):
-    """Keeps the causality, the mask input and the chunk window."""
+                       n_chunks_after, implementation=None):
+    """Keeps the causality, the mask input, the chunk window and the implementation.
+
+    `implementation` of the chunked attention: 'xla', 'pallas', 'auto', or
+    None for the environment's `RETRAX_ATTENTION_IMPL` (default 'xla'; see
+    `chunked_kernel.implementation_of`).
+    """
     self._causal = causal
     self._masked = masked
     self._chunk_len = chunk_len
     self._n_chunks_before = n_chunks_before
     self._n_chunks_after = n_chunks_after
+    self._implementation = chunked_kernel.implementation_of(
+        type(self).__name__, implementation)
+
+  @property
+  def implementation(self):
+    """The chunked attention's implementation: 'xla', 'pallas' or 'auto'."""
+    return getattr(self, '_implementation', 'xla')
+
+  def _runs_kernel(self):
+    """Whether chunked attention runs the Pallas kernel on this backend."""
+    return self.implementation == 'pallas' or (
+        self.implementation == 'auto' and jax.default_backend() == 'tpu')
 
   @property
   def n_heads(self):
@@ -203,7 +221,8 @@ class EfficientAttentionBase(base.Layer):
     cotangent (only one block's rows where `attention_ops.in_blocks`
     rematerializes them), and its gathered queries, keys, values and their
     cotangents, in float32. Calibrated against `memory_analysis()` of the
-    compiled pass (tests/layers/attention/test_parallel_heads.py).
+    compiled pass (tests/layers/attention/test_parallel_heads.py). The
+    Pallas kernel (`chunked_kernel`) keeps no scores at all.
     """
     rows = getattr(self, '_n_hashes', 1) * length
     chunk = getattr(self, '_chunk_len', None) or length
@@ -211,7 +230,9 @@ class EfficientAttentionBase(base.Layer):
                                   getattr(self, '_n_chunks_after', 0)))
     depth = getattr(self, '_d_qk', 64) + getattr(self, '_d_v', 64)
     logit_rows = rows
-    if attention_ops.in_blocks(rows // chunk, chunk, window):
+    if self._runs_kernel():
+      logit_rows = 0
+    elif attention_ops.in_blocks(rows // chunk, chunk, window):
       logit_rows = attention_ops.BLOCK_CHUNKS * chunk
     return 4 * (logit_rows * 4 * window + rows * 6 * depth)
 

@@ -132,7 +132,7 @@ def check_n_buckets(name, n_buckets):
 
 def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
                n_chunks_before, n_chunks_after, causal, dropout=0.0, rng=None,
-               n_ids=None):
+               n_ids=None, implementation='xla'):
   """Shared-QK attention of one head within LSH buckets: returns `o [L, V]`.
 
   `q [L, D]` are the queries (keys are their normalised copies), `v [L, V]`
@@ -142,7 +142,8 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   in chunks of `chunk_len` to `n_chunks_before`/`n_chunks_after` neighbouring
   chunks, are unsorted, and the rounds are merged weighted by their softmax
   normalisers. The buckets get no gradient; `n_ids` bounds their ids (a
-  faster sort, see `sort_by_bucket`).
+  faster sort, see `sort_by_bucket`). `implementation` is `attend`'s (the
+  chunks' attention by XLA ops or the Pallas kernel).
   """
   seqlen = q.shape[0]
   buckets = lax.stop_gradient(buckets)
@@ -162,7 +163,8 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   so, slogits = attend(sq, k=None, v=sv, q_chunk_len=chunk_len,
                        n_chunks_before=n_chunks_before,
                        n_chunks_after=n_chunks_after, mask_fn=mask_fn,
-                       q_info=st, kv_info=kv_info, dropout=dropout, rng=rng)
+                       q_info=st, kv_info=kv_info, dropout=dropout, rng=rng,
+                       implementation=implementation)
   o = permute_via_gather(so, undo_sort, sticker)  # [H*L, V]
   logits = permute_via_gather(slogits, undo_sort, sticker)  # [H*L]
   if n_hashes > 1:
@@ -280,7 +282,12 @@ class LSHSelfAttention(EfficientAttentionBase):
   units at once as fit a memory budget, on a CPU one at a time, see
   `EfficientAttentionBase`; Trax's default, 1, always computes one at a time
   and leaves an accelerator idle),
-  use_python_loop, use_reference_code.
+  use_python_loop, use_reference_code; and `implementation` of the sorted
+  chunks' attention: 'xla' (XLA ops), 'pallas' (the Pallas TPU kernel of
+  `chunked_kernel`, interpreted off a TPU: for tests), 'auto' (the kernel
+  on a TPU), or None (default: the environment variable
+  `RETRAX_ATTENTION_IMPL`, else 'xla'). The default stays 'xla' on every
+  backend until a TPU measures the kernel faster (docs/benchmarks.md).
   """
 
   def __init__(self, n_heads=2, d_qk=64, d_v=64, share_qk='unused',
@@ -289,7 +296,8 @@ class LSHSelfAttention(EfficientAttentionBase):
                predict_mem_len=2048, predict_drop_len=256,
                attention_dropout=0.0, output_dropout=0.0,
                max_length_for_buckets=None, bias=False, n_parallel_heads=None,
-               use_python_loop=False, use_reference_code=False):
+               use_python_loop=False, use_reference_code=False,
+               implementation=None):
     del share_qk
     name = type(self).__name__
     check_mode(name, mode)
@@ -315,7 +323,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     self._record_depths_and_dropout(d_qk, d_v, mode, attention_dropout,
                                     output_dropout)
     self._record_chunking(causal, masked, chunk_len, n_chunks_before,
-                          n_chunks_after)
+                          n_chunks_after, implementation)
     self._share_qk = True
     self._bias = bias
     self._n_hashes = n_hashes
@@ -418,6 +426,7 @@ class LSHSelfAttention(EfficientAttentionBase):
                    n_chunks_before=self._n_chunks_before,
                    n_chunks_after=self._n_chunks_after, causal=self._causal,
                    dropout=self._attention_dropout, rng=attend_rng,
+                   implementation=self.implementation,
                    n_ids=n_bucket_ids(self._n_buckets, self._n_hashes,
                                       self._chunk_len,
                                       self.hash_length(x.shape[0])))

@@ -14,6 +14,7 @@ length (`C * (1 + n_chunks_before + n_chunks_after)`), `H` hashing rounds.
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,8 @@ import numpy as np
 
 from retrax.errors import InputValueError
 from retrax.fastmath import precision
+from retrax.layers.attention import chunked_kernel
+from retrax import validation
 from retrax.validation import ArgumentValueError
 
 # Additive logit penalties, as in Trax: masked or future keys get -1e9, a
@@ -206,7 +209,7 @@ def _chunk(x, chunk_len, what):
 
 def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
            n_chunks_before=0, n_chunks_after=0, mask_fn=None, q_info=None,
-           kv_info=None, dropout=0.0, rng=None):
+           kv_info=None, dropout=0.0, rng=None, implementation='xla'):
   """Dot-product attention, optionally chunked and masked (Trax's `attend`).
 
   With `k=None` keys are shared with queries (normalised with
@@ -229,6 +232,11 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
     kv_info: int `[Lk]` key metadata for masking (default positions).
     dropout: attention dropout rate, broadcast across chunks.
     rng: PRNG key for dropout.
+    implementation: 'xla' (XLA ops), 'pallas' (the Pallas kernel of
+      `chunked_kernel`: compiled on a TPU, interpreted elsewhere) or 'auto'
+      (the kernel on a TPU only). Where the kernel cannot run (unchunked, a
+      custom `mask_fn`, see `chunked_kernel.unsupported`) the XLA path runs,
+      with a warning for 'pallas'.
 
   Returns:
     `(out, logsumexp)`: `[Lq, V]` attention output and `[Lq]` log-normaliser of
@@ -244,7 +252,11 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
   window = (n_chunks_before, n_chunks_after)
   width = k.shape[-2] * (1 + n_chunks_before + n_chunks_after)
   keep, keep_prob = _dropout_keep(dropout, rng, q.shape[-2:-1] + (width,))
-  if _in_blocks(q, width):
+  config = _kernel_config(implementation, q, k, v, window, mask_fn)
+  if config is not None:
+    out, dots_logsumexp = _attend_with_kernel(config, q, k, v, q_info, kv_info,
+                                              share_qk, keep, keep_prob)
+  elif _in_blocks(q, width):
     out, dots_logsumexp = _attend_in_blocks(q, k, v, q_info, kv_info, share_qk,
                                             window, mask_fn, keep, keep_prob)
   else:
@@ -256,6 +268,64 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
                                           keep, keep_prob)
   return (jnp.reshape(out, (-1, out.shape[-1])),
           jnp.reshape(dots_logsumexp, (-1,)))
+
+
+def _mask_flags(mask_fn):
+  """`(causal, exclude_self, masked)` of `mask_fn`, or None unless it is
+  None or `mask_self_attention` (maybe a partial of its keywords)."""
+  if mask_fn is None:
+    return (False, False, False)
+  flags = dict(causal=True, exclude_self=True, masked=False)
+  if isinstance(mask_fn, functools.partial):
+    if (mask_fn.func is not mask_self_attention or mask_fn.args or
+        not set(mask_fn.keywords) <= set(flags)):
+      return None
+    flags.update(mask_fn.keywords)
+  elif mask_fn is not mask_self_attention:
+    return None
+  return tuple(bool(flags[name]) for name in ('causal', 'exclude_self',
+                                              'masked'))
+
+
+def _kernel_config(implementation, q, k, v, window, mask_fn):
+  """The `chunked_kernel.Config` to run `attend` with, or None for the XLA path."""
+  validation.check_choice('attend', 'implementation', implementation,
+                          chunked_kernel.IMPLEMENTATIONS)
+  on_tpu = jax.default_backend() == 'tpu'
+  if implementation == 'xla' or (implementation == 'auto' and not on_tpu):
+    return None
+  flags = _mask_flags(mask_fn)
+  reason = ('mask_fn is not mask_self_attention' if flags is None else
+            chunked_kernel.unsupported(q, k, v))
+  if reason is not None:
+    if implementation == 'pallas':
+      warnings.warn(f'attend: implementation="pallas" runs the XLA path: '
+                    f'{reason}.', stacklevel=3)
+    return None
+  return chunked_kernel.Config(
+      *window, *flags, mask_penalty=MASK_PENALTY, self_penalty=SELF_PENALTY,
+      matmul_dtype=('bfloat16' if precision.matmul_dtype() == 'bfloat16'
+                    else None),
+      interpret=not on_tpu,
+      rows_per_step=(chunked_kernel.ROWS_PER_STEP if on_tpu else
+                     chunked_kernel.INTERPRET_ROWS_PER_STEP))
+
+
+def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
+                        keep_prob):
+  """`_softmax_attend` of chunked `q [N, C, D]` by the Pallas kernel.
+
+  Returns `(out [N, C, V], logsumexp [N, 1, C])`.
+  """
+  chunk_len = q.shape[1]
+  scale = None
+  if keep is not None:  # [C, W] query-major -> [width, C keys, C queries]
+    factors = keep.astype(jnp.float32) / keep_prob
+    scale = jnp.transpose(jnp.reshape(factors, (chunk_len, -1, chunk_len)),
+                          (1, 2, 0))
+  return chunked_kernel.attention(config, q, _scaled_keys(k, share_qk), v,
+                                  q_info[:, None, :], kv_info[:, None, :],
+                                  scale)
 
 
 def _scaled_keys(k, share_qk):

@@ -1,0 +1,478 @@
+"""The Reformer's chunked attention as a Pallas TPU kernel, forward and backward.
+
+`attend` (in `ops`) runs chunked attention as XLA ops: each chunk of `C`
+queries attends to its own chunk of keys and to `n_chunks_before` /
+`n_chunks_after` neighbouring chunks (wrapping around the ends), the
+logits masked by position (causal, a query's own key, padding), and
+returns the output and each query's log-normaliser. Its backward pass is
+XLA's autodiff, which keeps (or, in blocks, recomputes) the `[N, C, W]`
+logits and probabilities in memory. This module computes the same function
+in two Pallas kernels that keep nothing but the inputs, the output and the
+log-normaliser: the backward kernel recomputes each chunk's logits in
+VMEM (as flash attention does) and writes `dq`, `dk`, `dv`.
+
+Layout. Queries, keys and values are `[N, C, d]` (chunked, sorted if LSH);
+per-position vectors (position infos, log-normaliser, its cotangent) are
+rows `[N, 1, C]`. One grid step takes `G` consecutive chunks (a divisor of
+`N`, at most `MAX_BLOCK_CHUNKS` and `rows_per_step // C`): blocks `(G, C,
+d)` of queries, keys and values, plus the `n_chunks_before` chunks before
+the block and the `n_chunks_after` after it as separate one-chunk blocks
+(the neighbours, fetched by index maps modulo `N`). Every block's last two
+dimensions are the arrays' own, so the TPU's (8, 128) tiling rule holds for
+any chunk length and depth. Logits are computed keys-major, `[C keys, C
+queries]` per neighbouring chunk (`k q^T`): the softmax then reduces over
+sublanes and the log-normaliser comes out as a `[1, C]` row. The backward
+kernel accumulates `dk`, `dv` of the block's own chunks in its output
+blocks and writes the neighbours' share separately (`[n_blocks,
+n_chunks_before, C, d]` and after), added by XLA to the chunks they belong
+to: no two grid steps write the same block, so the grid is parallel.
+
+Numerics: the same masks (additive penalties subtracted from float32
+logits, position infos compared as float32), the same broadcast dropout
+mask, and matmul operands rounded to bfloat16 under the bfloat16 matmul
+policy (`retrax.fastmath.precision`), float32 accumulation. The sums run in
+another order than XLA's (per neighbouring chunk), so results agree to float
+rounding, not bit for bit.
+
+Limits (`unsupported` gives the reason; `attend` then runs the XLA path):
+chunked self-attention only, `chunk_len` a multiple of 8 (a sublane tile)
+and at most `MAX_CHUNK_LEN`, depths at most `MAX_DEPTH`, float32 or
+bfloat16 inputs, and the elementwise `mask_self_attention` masks (or none).
+Designed for chunk_len 64/128/256 and head depths 64/128. Off a TPU the
+kernel runs in Pallas interpret mode (`implementation='pallas'`, for tests:
+correct, not fast).
+"""
+
+import functools
+import math
+import os
+from typing import NamedTuple, Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from retrax import validation
+
+IMPLEMENTATIONS = ('xla', 'pallas', 'auto')
+# Read when a layer is built with `implementation=None`: 'xla' (default),
+# 'pallas' or 'auto' (for benchmarks that build their models from configs).
+ENV_VAR = 'RETRAX_ATTENTION_IMPL'
+# A chunk's keys-major logits are `[C, C]` float32 per neighbouring chunk,
+# with probabilities and their cotangent beside them in the backward pass:
+# 1 MB each at C = 512, well inside a TPU core's 16 MB of scoped VMEM.
+MAX_CHUNK_LEN = 512
+MAX_DEPTH = 256
+# Query rows per grid step: one chunk of 128 is ~8 MFLOP, less than a grid
+# step's fixed cost; 1024 rows make each step's matmuls long enough. The
+# chunks of a step are unrolled in the kernel, so at most this many.
+ROWS_PER_STEP = 1024
+MAX_BLOCK_CHUNKS = 16
+# Interpreted (off a TPU), `attend` gives each step one chunk: the
+# interpreter's program grows with the chunks a step unrolls, and compiling
+# it is most of a test's time (tests of the kernel itself set more).
+INTERPRET_ROWS_PER_STEP = 1
+SUBLANES = 8
+
+_NT = (((1,), (1,)), ((), ()))  # a [m, d] x b [n, d] -> [m, n]
+_NN = (((1,), (0,)), ((), ()))  # a [m, k] x b [k, n] -> [m, n]
+_TN = (((0,), (0,)), ((), ()))  # a [k, m] x b [k, n] -> [m, n]
+
+
+def implementation_of(owner, implementation):
+  """The implementation a layer runs: `implementation`, or for None the environment's.
+
+  None reads `RETRAX_ATTENTION_IMPL` (unset: 'xla'). 'xla' is the
+  default on every backend until a TPU measures the kernel faster; 'pallas'
+  runs the kernel (compiled on a TPU, interpreted elsewhere: slow, for
+  tests); 'auto' runs it on a TPU only.
+  """
+  if implementation is None:
+    value = os.environ.get(ENV_VAR, '').strip() or 'xla'
+    if value not in IMPLEMENTATIONS:
+      raise validation.ArgumentValueError(
+          f'{owner}: the environment variable {ENV_VAR} must be one of '
+          f'{IMPLEMENTATIONS}; got {value!r}.')
+    return value
+  return validation.check_choice(owner, 'implementation', implementation,
+                                 IMPLEMENTATIONS)
+
+
+class Config(NamedTuple):
+  """Static parameters of a kernel call (hashable: a `custom_vjp` static argument)."""
+  before: int  # n_chunks_before
+  after: int  # n_chunks_after
+  causal: bool
+  exclude_self: bool
+  masked: bool
+  mask_penalty: float
+  self_penalty: float
+  matmul_dtype: Optional[str]  # None: operands as given; 'bfloat16': rounded.
+  interpret: bool
+  rows_per_step: int = ROWS_PER_STEP
+
+  @property
+  def width(self):
+    """Neighbouring chunks each chunk attends to, itself included."""
+    return 1 + self.before + self.after
+
+
+def unsupported(q, k, v):
+  """Why the kernel cannot run chunked `q [N, C, D]`, `k`, `v [N, C, V]`; None if it can."""
+  if q.ndim != 3:
+    return 'the attention is not chunked (chunk_len=None)'
+  if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
+    return (f'queries {q.shape}, keys {k.shape} and values {v.shape} are not '
+            'chunked alike')
+  chunk_len = q.shape[1]
+  if chunk_len % SUBLANES or chunk_len > MAX_CHUNK_LEN:
+    return (f'chunk_len {chunk_len} is not a multiple of {SUBLANES} up to '
+            f'{MAX_CHUNK_LEN}')
+  if max(q.shape[2], v.shape[2]) > MAX_DEPTH:
+    return (f'head depths {q.shape[2]}, {v.shape[2]} exceed {MAX_DEPTH}')
+  dtypes = {jnp.dtype(a.dtype) for a in (q, k, v)}
+  if not dtypes <= {jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)}:
+    return f'dtypes {sorted(map(str, dtypes))} are not float32/bfloat16'
+  return None
+
+
+def block_chunks(n_chunks, chunk_len, rows_per_step=ROWS_PER_STEP):
+  """Chunks per grid step: the largest divisor of `n_chunks` that fits the step."""
+  limit = max(1, min(MAX_BLOCK_CHUNKS, rows_per_step // chunk_len))
+  return max(g for g in range(1, min(limit, n_chunks) + 1) if n_chunks % g == 0)
+
+
+def attention(config, q, k, v, q_info, kv_info, scale=None):
+  """Chunked attention: `(out [N, C, V], logsumexp [N, 1, C])`, differentiable.
+
+  Args:
+    config: a `Config`.
+    q: `[N, C, D]` queries.
+    k: `[N, C, D]` keys, already scaled (and, shared, length-normalised).
+    v: `[N, C, V]` values.
+    q_info: `[N, 1, C]` query position infos (as `attend` shifted them).
+    kv_info: `[N, 1, C]` key infos (negative: padding, when `masked`).
+    scale: None, or the dropout factors `[width, C, C]` keys-major
+      (`keep / keep_prob`, the same for every chunk).
+
+  Gradients flow to `q`, `k` and `v` (the infos and `scale` are constants).
+  """
+  return _attention(config, q, k, v, q_info.astype(jnp.float32),
+                    kv_info.astype(jnp.float32), scale)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(config, q, k, v, q_info, kv_info, scale):
+  out, lse, _ = _forward(config, q, k, v, q_info, kv_info, scale)
+  return out, lse
+
+
+def _attention_fwd(config, q, k, v, q_info, kv_info, scale):
+  out, lse, softmax_factor = _forward(config, q, k, v, q_info, kv_info, scale)
+  return (out, lse), (q, k, v, q_info, kv_info, scale, out, lse,
+                      softmax_factor)
+
+
+def _attention_bwd(config, residuals, cts):
+  q, k, v, q_info, kv_info, scale, out, lse, softmax_factor = residuals
+  d_out, d_lse = cts
+  # With p = exp(s - lse): ds = p * dp + softmax * (d_lse - sum(p * dp)),
+  # where sum(p * dp) = d_out . out (dropout included), once per query, and
+  # softmax = exp(s - max) / sum = p * softmax_factor, the factor 1 up to
+  # the rounding of lse (which matters where a query sees only its own
+  # key: its logits are near -1e5, and lse's rounding there is 4e-3). This
+  # is the derivative XLA's autodiff takes of `attend`.
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
+  d_term = softmax_factor * (d_lse.astype(jnp.float32) - delta[:, None, :])
+  dq, dk, dv = _backward(config, q, k, v, q_info, kv_info, scale, lse,
+                         d_out, d_term)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None,
+          None, None)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+class _Blocks(NamedTuple):
+  """How the `N` chunks are cut into grid steps of `g` chunks."""
+  n: int
+  g: int
+
+  @property
+  def steps(self):
+    return self.n // self.g
+
+  def spec(self, shape):
+    """The block of a step's own chunks of a `[N, ...]` array."""
+    return pl.BlockSpec((self.g,) + shape, lambda b: (b,) + (0,) * len(shape))
+
+  def neighbour_specs(self, shape, config):
+    """One-chunk blocks: the `before` chunks preceding a step's, then the `after` following."""
+    n, g = self.n, self.g
+    # Chunk b*g - t for t = 1..before (shifted by a multiple of n to stay
+    # non-negative), then chunk b*g + g + t for t = 0..after-1; mod n.
+    shifts = ([n * (t // n + 1) - t for t in range(1, config.before + 1)] +
+              [g + t for t in range(config.after)])
+    return [pl.BlockSpec((None,) + shape, _chunk_map(n, g, s, len(shape)))
+            for s in shifts]
+
+  def windowed(self, shape, config):
+    """Specs of an array passed as its own chunks plus its neighbours."""
+    return [self.spec(shape)] + self.neighbour_specs(shape, config)
+
+
+def _chunk_map(n, g, shift, rank):
+  """Index map of the one-chunk block `(b * g + shift) mod n` of step `b`."""
+  return lambda b: (lax.rem(b * g + shift, n),) + (0,) * rank
+
+
+class _Window(NamedTuple):
+  """A windowed array's refs: its own chunks, then `before`, then `after` neighbours."""
+  refs: tuple
+  before: int
+
+  def chunk(self, t, g):
+    """Chunk `t` relative to the step's first (`-before <= t < g + after`)."""
+    if t < 0:
+      return self.refs[-t][...]
+    if t < g:
+      return self.refs[0][t]
+    return self.refs[1 + self.before + t - g][...]
+
+
+def _split_refs(refs, config, counts):
+  """Splits the kernel's flat refs: windowed arrays become `_Window`s."""
+  out, i = [], 0
+  for count in counts:
+    if count == 'window':
+      n = config.width
+      out.append(_Window(tuple(refs[i:i + n]), config.before))
+      i += n
+    else:
+      out.append(refs[i])
+      i += 1
+  return out, refs[i:]
+
+
+def _operand(x, config):
+  return x.astype(jnp.bfloat16) if config.matmul_dtype == 'bfloat16' else x
+
+
+def _dot(a, b, dims, config):
+  return lax.dot_general(_operand(a, config), _operand(b, config), dims,
+                         preferred_element_type=jnp.float32)
+
+
+def _masked_logits(q, k, q_info, kv_info, config):
+  """Keys-major logits `[C keys, C queries]` of one neighbouring chunk, masked.
+
+  `q_info` is a `[1, C]` row, `kv_info` a `[C, 1]` column; the penalties
+  are those of `ops.mask_self_attention` (`x - p` where masked, `x` else).
+  """
+  s = _dot(k, q, _NT, config)
+  if config.causal:
+    s = jnp.where(q_info < kv_info, s - config.mask_penalty, s)
+  if config.exclude_self:
+    s = jnp.where(q_info == kv_info, s - config.self_penalty, s)
+  if config.masked:
+    s = jnp.where(kv_info < 0, s - config.mask_penalty, s)
+  return s
+
+
+def _column(row):
+  """A `[1, C]` row as a `[C, 1]` column."""
+  return jnp.expand_dims(row[0], -1)
+
+
+def _offsets(config):
+  return range(-config.before, config.after + 1)
+
+
+def _fwd_kernel(config, g, has_scale, *refs):
+  (q_ref, qi_ref, k_w, v_w, kvi_w), rest = _split_refs(
+      refs, config, ('own', 'own', 'window', 'window', 'window'))
+  scale_ref = rest[0] if has_scale else None
+  out_ref, lse_ref, factor_ref = rest[-3:]
+  for c in range(g):
+    q, q_info = q_ref[c], qi_ref[c]
+    logits = [_masked_logits(q, k_w.chunk(c + o, g), q_info,
+                             _column(kvi_w.chunk(c + o, g)), config)
+              for o in _offsets(config)]
+    top = functools.reduce(jnp.maximum, [jnp.max(s, axis=0, keepdims=True)
+                                         for s in logits])
+    total = functools.reduce(jnp.add, [
+        jnp.sum(jnp.exp(s - top), axis=0, keepdims=True) for s in logits])
+    lse = jnp.log(total) + top  # [1, C]
+    out = None
+    for j, (o, s) in enumerate(zip(_offsets(config), logits)):
+      p = jnp.exp(s - lse)
+      if scale_ref is not None:
+        p = p * scale_ref[j]
+      part = _dot(p, v_w.chunk(c + o, g), _TN, config)  # [C, V]
+      out = part if out is None else out + part
+    out_ref[c] = out.astype(out_ref.dtype)
+    lse_ref[c] = lse
+    factor_ref[c] = jnp.exp(lse - top) / total
+
+
+def _bwd_kernel(config, g, has_scale, *refs):
+  (q_ref, qi_ref, k_w, v_w, kvi_w, lse_ref, do_ref, dt_ref), rest = (
+      _split_refs(refs, config, ('own', 'own', 'window', 'window', 'window',
+                                 'own', 'own', 'own')))
+  scale_ref = rest[0] if has_scale else None
+  outs = rest[1:] if has_scale else rest
+  dq_ref, dk_ref, dv_ref = outs[:3]
+  halo = outs[3:]  # dk, dv before the block; dk, dv after it
+  dk_before, dv_before = (halo[0], halo[1]) if config.before else (None, None)
+  dk_after, dv_after = halo[-2:] if config.after else (None, None)
+  written = set()
+
+  def add(ref, index, value):
+    """`ref[index] += value`, the first time `=`."""
+    key = (id(ref), index)
+    if key in written:
+      ref[index] = ref[index] + value
+    else:
+      ref[index] = value
+      written.add(key)
+
+  def to_key_chunk(t, dk, dv):
+    """Adds a neighbouring chunk's `dk`, `dv` where chunk `t` of the step goes."""
+    if t < 0:
+      add(dk_before, -t - 1, dk)
+      add(dv_before, -t - 1, dv)
+    elif t < g:
+      add(dk_ref, t, dk)
+      add(dv_ref, t, dv)
+    else:
+      add(dk_after, t - g, dk)
+      add(dv_after, t - g, dv)
+
+  for c in range(g):
+    q, q_info, lse = q_ref[c], qi_ref[c], lse_ref[c]
+    d_out, d_term = do_ref[c], dt_ref[c]
+    dq = None
+    for j, o in enumerate(_offsets(config)):
+      k, v = k_w.chunk(c + o, g), v_w.chunk(c + o, g)
+      s = _masked_logits(q, k, q_info, _column(kvi_w.chunk(c + o, g)), config)
+      p = jnp.exp(s - lse)  # [C keys, C queries]
+      dp = _dot(v, d_out, _NT, config)
+      p_kept = p
+      if scale_ref is not None:
+        p_kept = p * scale_ref[j]
+        dp = dp * scale_ref[j]
+      ds = p * (dp + d_term)
+      to_key_chunk(c + o, _dot(ds, q, _NN, config),
+                   _dot(p_kept, d_out, _NN, config))
+      part = _dot(ds, k, _TN, config)  # [C queries, D]
+      dq = part if dq is None else dq + part
+    dq_ref[c] = dq
+
+
+def _compiler_params(config):
+  if config.interpret:
+    return None
+  return pltpu.CompilerParams(dimension_semantics=('parallel',))
+
+
+def _forward(config, q, k, v, q_info, kv_info, scale):
+  n, c, d = q.shape
+  blocks = _Blocks(n, block_chunks(n, c, config.rows_per_step))
+  g = blocks.g
+  in_specs = ([blocks.spec((c, d)), blocks.spec((1, c))] +
+              blocks.windowed((c, d), config) +
+              blocks.windowed((c, v.shape[-1]), config) +
+              blocks.windowed((1, c), config))
+  args = [q, q_info] + [k] * config.width + [v] * config.width + (
+      [kv_info] * config.width)
+  if scale is not None:
+    in_specs.append(pl.BlockSpec(scale.shape, lambda b: (0, 0, 0)))
+    args.append(scale)
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, config, g, scale is not None),
+      grid=(blocks.steps,),
+      in_specs=in_specs,
+      out_specs=[blocks.spec((c, v.shape[-1])), blocks.spec((1, c)),
+                 blocks.spec((1, c))],
+      out_shape=[jax.ShapeDtypeStruct((n, c, v.shape[-1]), v.dtype),
+                 jax.ShapeDtypeStruct((n, 1, c), jnp.float32),
+                 jax.ShapeDtypeStruct((n, 1, c), jnp.float32)],
+      compiler_params=_compiler_params(config),
+      interpret=config.interpret,
+      name='chunked_attention_fwd',
+  )(*args)
+
+
+def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
+  n, c, d = q.shape
+  d_v = v.shape[-1]
+  blocks = _Blocks(n, block_chunks(n, c, config.rows_per_step))
+  g = blocks.g
+  in_specs = ([blocks.spec((c, d)), blocks.spec((1, c))] +
+              blocks.windowed((c, d), config) +
+              blocks.windowed((c, d_v), config) +
+              blocks.windowed((1, c), config) +
+              [blocks.spec((1, c)), blocks.spec((c, d_v)), blocks.spec((1, c))])
+  args = ([q, q_info] + [k] * config.width + [v] * config.width +
+          [kv_info] * config.width + [lse, d_out, d_term])
+  if scale is not None:
+    in_specs.append(pl.BlockSpec(scale.shape, lambda b: (0, 0, 0)))
+    args.append(scale)
+  f32 = jnp.float32
+  out_specs = [blocks.spec((c, d)), blocks.spec((c, d)), blocks.spec((c, d_v))]
+  out_shape = [jax.ShapeDtypeStruct((n, c, d), f32),
+               jax.ShapeDtypeStruct((n, c, d), f32),
+               jax.ShapeDtypeStruct((n, c, d_v), f32)]
+  for count in (config.before, config.after):
+    if count:
+      for depth in (d, d_v):
+        out_specs.append(pl.BlockSpec((None, count, c, depth),
+                                      lambda b: (b, 0, 0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((blocks.steps, count, c, depth),
+                                              f32))
+  grads = pl.pallas_call(
+      functools.partial(_bwd_kernel, config, g, scale is not None),
+      grid=(blocks.steps,),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=_compiler_params(config),
+      interpret=config.interpret,
+      name='chunked_attention_bwd',
+  )(*args)
+  dq, dk, dv = grads[:3]
+  halo = list(grads[3:])
+  if config.before:
+    dk = _add_before(dk, halo.pop(0), g)
+    dv = _add_before(dv, halo.pop(0), g)
+  if config.after:
+    dk = _add_after(dk, halo.pop(0), g)
+    dv = _add_after(dv, halo.pop(0), g)
+  return dq, dk, dv
+
+
+def _add_before(x, halo, g):
+  """Adds `halo [steps, before, C, d]` (chunk `b*g - t` at `[b, t - 1]`) into `x [N, C, d]`.
+
+  Chunk `b*g - t` is chunk `(-t) % g` of step `b - ceil(t / g)` (mod steps).
+  """
+  steps = halo.shape[0]
+  x = jnp.reshape(x, (steps, g) + x.shape[1:])
+  for t in range(1, halo.shape[1] + 1):
+    x = x.at[:, (-t) % g].add(jnp.roll(halo[:, t - 1], -math.ceil(t / g),
+                                       axis=0))
+  return jnp.reshape(x, (-1,) + x.shape[2:])
+
+
+def _add_after(x, halo, g):
+  """Adds `halo [steps, after, C, d]` (chunk `b*g + g + t` at `[b, t]`) into `x [N, C, d]`.
+
+  Chunk `b*g + g + t` is chunk `t % g` of step `b + 1 + t // g` (mod steps).
+  """
+  steps = halo.shape[0]
+  x = jnp.reshape(x, (steps, g) + x.shape[1:])
+  for t in range(halo.shape[1]):
+    x = x.at[:, t % g].add(jnp.roll(halo[:, t], 1 + t // g, axis=0))
+  return jnp.reshape(x, (-1,) + x.shape[2:])
