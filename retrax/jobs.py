@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import shlex
+import sys
 from typing import Any, Optional, Union
 
 import jax
@@ -525,6 +526,30 @@ def _temperature_words(temperature):
   return f'temperature {temperature}' + (' (greedy)' if temperature == 0 else '')
 
 
+# Around the model's text in a printed sample, after its prompt: plain
+# characters, so that a terminal, a redirected log and a notebook all show
+# where the prompt ends (colours would be escape codes in a log).
+CONTINUATION_MARKS = ('⟦', '⟧')
+ASCII_CONTINUATION_MARKS = ('[[', ']]')
+
+
+def continuation_marks(stream=None):
+  """`CONTINUATION_MARKS`, or `ASCII_CONTINUATION_MARKS` where `stream`'s
+  encoding (default: stdout's) cannot write them."""
+  stream = sys.stdout if stream is None else stream
+  try:
+    ''.join(CONTINUATION_MARKS).encode(getattr(stream, 'encoding', None) or
+                                       'utf-8')
+  except (UnicodeEncodeError, LookupError):
+    return ASCII_CONTINUATION_MARKS
+  return CONTINUATION_MARKS
+
+
+def format_sample(prompt, continuation, marks=CONTINUATION_MARKS):
+  """`prompt`, then the model's `continuation` between `marks`."""
+  return f'{prompt}{marks[0]}{continuation}{marks[1]}'
+
+
 def _print_text_samples(config, n, temperature, prompt, max_length):
   n = n or config.sample.n_samples or 1
   run_dir = config.train.output_dir
@@ -536,10 +561,11 @@ def _print_text_samples(config, n, temperature, prompt, max_length):
     pairs = [(prompt, text) for text in sample_text(
         run_dir, prompt, n, temperature, max_length)]
     source = 'the prompt given'
+  marks = continuation_marks()
   print(f'{n} sample(s) at {_temperature_words(temperature)}, continuing '
-        f'{source}:')
+        f'{source} (the model\'s text between {marks[0]} and {marks[1]}):')
   for i, (p, text) in enumerate(pairs):
-    print(f'--- sample {i + 1}\n{p}{text}')
+    print(f'--- sample {i + 1}\n{format_sample(p, text, marks)}')
 
 
 def print_samples(config, n=None, temperature=None, prompt=None,

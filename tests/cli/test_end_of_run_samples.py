@@ -1,5 +1,9 @@
 """A text run's samples after training: distinct prompts from held-out text,
-at a printed temperature that is the one decoding used."""
+at a printed temperature that is the one decoding used, each printed with
+marks where the prompt ends."""
+
+import io
+import re
 
 import numpy as np
 import pytest
@@ -107,3 +111,34 @@ def test_sample_command_uses_held_out_prompts_and_given_temperature(
 def test_bad_temperature_key_is_a_config_error():
   with pytest.raises(config_lib.ConfigError, match='temperature'):
     config_lib.load(overrides=['temperature=-1'])
+
+
+def _blocks(out):
+  """The text of each printed sample (all its lines)."""
+  return [block[:-1] for block in re.split(r'^--- sample \d+\n', out,
+                                           flags=re.M)[1:]]
+
+
+def test_samples_mark_where_the_prompt_ends(text_run, capsys):
+  path, out = text_run
+  config = jobs.config_of_run(out).replace(n_samples=2)
+  tokenizer = jobs.tokenizer_of_run(config)
+  prompts = [tokenizer.decode(p)
+             for p in jobs.held_out_prompts(config, tokenizer, 2)]
+  capsys.readouterr()
+  jobs.print_samples(config)
+  printed = capsys.readouterr().out
+  assert "(the model's text between ⟦ and ⟧):" in printed.splitlines()[0]
+  blocks = _blocks(printed)
+  assert len(blocks) == 2
+  for prompt, block in zip(prompts, blocks):
+    assert block.startswith(prompt + '⟦') and block.endswith('⟧'), block
+    assert len(block) > len(prompt) + 2  # A continuation between the marks.
+  assert cli.main(['sample', out, '--prompt', 'abc', '-n', '1',
+                   '--max_length', '3']) == 0
+  (block,) = _blocks(capsys.readouterr().out)
+  assert block.startswith('abc⟦') and block.endswith('⟧'), block
+  # A stream whose encoding lacks the marks gets ASCII ones.
+  ascii_out = io.TextIOWrapper(io.BytesIO(), encoding='ascii')
+  assert jobs.continuation_marks(ascii_out) == ('[[', ']]')
+  assert jobs.format_sample('ab', 'cd', ('[[', ']]')) == 'ab[[cd]]'
