@@ -18,7 +18,9 @@ configured in place when registered (gin decorates its `__init__`, as
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, TypeVar
+
+_T = TypeVar('_T')
 
 
 class _Declaration(NamedTuple):
@@ -34,7 +36,8 @@ _PUBLIC: Dict[Callable, Callable] = {}  # gin's version -> public function.
 _gin: Optional[Any] = None  # The gin module, once `register` ran.
 
 
-def configurable(*modules, denylist=()):
+def configurable(*modules: str,
+                 denylist: Tuple[str, ...] = ()) -> Callable[[_T], _T]:
   """Declares the decorated function or class configurable under `modules`.
 
   `modules` are the gin modules of Trax's name (`'trax.layers'`); the name
@@ -45,7 +48,7 @@ def configurable(*modules, denylist=()):
   if not modules or not all(isinstance(m, str) for m in modules):
     raise TypeError(f'configurable: give gin module names; got {modules!r}.')
 
-  def declare(obj):
+  def declare(obj: Any) -> Any:
     declared = _DECLARED.get(obj)
     if declared is not None:
       if inspect.isclass(obj):  # gin configures a class in place, once.

@@ -225,14 +225,19 @@ def test_a_gin_file_trains_from_the_trainer(tmp_path):
   config = (out_dir / 'config.gin').read_text()
   assert 'LSHSelfAttention.n_hashes = 3' in config
   assert 'train.steps = 20' in config
-  # Without gin, the run rebuilds with the layer arguments gin bound.
+  # Without gin (as if not installed), the run rebuilds with the layer
+  # arguments gin bound; registering says what to install.
   _ok('''
       import sys
+      sys.modules['gin'] = None  # `import gin` raises ImportError.
       import numpy as np
+      import pytest
       import retrax
       from retrax import layers as tl
+      from retrax.errors import UserInputError
       run = retrax.load_run(sys.argv[1], mode='eval')
-      assert 'gin' not in sys.modules
+      with pytest.raises(UserInputError, match='pip install'):
+        retrax.trax_gin.register()
       lsh = [l for l in run.model.walk() if isinstance(l, tl.LSHSelfAttention)]
       assert len(lsh) == 2 and {l._n_hashes for l in lsh} == {3}
       assert {l._n_buckets for l in lsh} == {4}
