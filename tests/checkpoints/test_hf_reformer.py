@@ -489,7 +489,8 @@ def test_logits_equal_hf_after_convert(hf_models, name, tmp_path,
                                        fixed_rotations):
   _, out, ids = hf_models
   hf_runs.convert(out / name, tmp_path / 'run')
-  model = retrax.load_run(tmp_path / 'run', mode='eval').model
+  model = retrax.load_run(tmp_path / 'run', mode='eval',
+                          batch_size=len(ids)).model
   got = np.asarray(model(ids.astype(np.int32)))  # HF's inputs, unshifted.
   assert _relative_error(got, np.load(out / f'{name}.logits.npy')) <= 1e-5
 
