@@ -190,11 +190,12 @@ def cmd_eval(args):
 def cmd_convert(args):
   from retrax.checkpoints import convert
   from retrax.checkpoints import hf_files
-  convert_fn = convert.convert
   if args.to == 'hf' or hf_files.is_hf_directory(args.src):
     from retrax import hf_runs  # It builds models: imported only for HF.
-    convert_fn = hf_runs.convert
-  print(convert_fn(args.src, args.dst, to=args.to, force=args.force))
+    print(hf_runs.convert(args.src, args.dst, to=args.to, force=args.force))
+    print(hf_runs.convention_note(args.src, args.to))
+    return
+  print(convert.convert(args.src, args.dst, to=args.to, force=args.force))
 
 
 def cmd_plot(args):

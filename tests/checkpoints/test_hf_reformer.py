@@ -432,18 +432,24 @@ def test_greedy_sampling_continues_a_prompt_as_hf_generate(stored_hf):
   np.testing.assert_array_equal(out, hf['generated'])
 
 
-def test_convert_says_which_convention_the_logits_follow(stored_hf, tmp_path):
-  run_dir, _ = stored_hf['local_plain']
-  assert 'shift_right=false' in hf_runs.convention_note(FIXTURES / 'local_plain')
-  assert "HF's model(x).logits are the run's logits for x" in (
-      hf_runs.convention_note(run_dir, 'hf'))
+def test_convert_says_which_convention_the_logits_follow(tmp_path, capsys):
+  run_dir, back = tmp_path / 'run', tmp_path / 'back'
+  assert cli.main(['convert', str(FIXTURES / 'local_plain'), str(run_dir)]) == 0
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[0] == str(run_dir) and len(printed) == 2
+  assert "load_run(DST).model(x) gives HF's model(x).logits" in printed[1]
+  assert 'shift_right=false' in printed[1]
+  assert cli.main(['convert', str(run_dir), str(back), '--to', 'hf']) == 0
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[0] == str(back)
+  assert "HF's model(x).logits are the run's logits for x" in printed[1]
+  trax_run = tmp_path / 'trax_run'  # Trained in retrax: Trax's shift.
+  trax_run.mkdir()
   model = models.MODELS['ReformerLM'](20, d_model=8, d_ff=8, n_layers=1,
                                       n_heads=1, max_len=16, mode='eval')
-  registry.write_model_file(tmp_path, model)
+  registry.write_model_file(trax_run, model)
   assert "model([0] + x[:-1]).logits are the run's logits for x" in (
-      hf_runs.convention_note(tmp_path, 'hf'))
-
-
+      hf_runs.convention_note(trax_run, 'hf'))
 
 
 # --- against transformers, in the torch peer venv -------------------------------
