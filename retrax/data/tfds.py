@@ -130,8 +130,8 @@ def _split_names(info, dataset_name, eval_holdout_size, subsplit,
     n_train = n_examples - n_holdout
     start, end = int(n_train * subsplit[0]), int(n_train * subsplit[1])
     if end - start < 1:
-      raise ArgumentValueError(f'Requested train subsplit has no examples: n_train '
-                               f'{n_train} subsplit {subsplit}')
+      raise ArgumentValueError(f'TFDS {dataset_name!r}: subsplit {subsplit} of '
+                               f'the {n_train} training examples selects none.')
     if n_holdout > 0:  # Eval examples from the end of the training split.
       eval_split = f'{train_split}[-{n_holdout}:]'
     train_split = f'{train_split}[{start}:{end}]'

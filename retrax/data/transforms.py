@@ -206,7 +206,7 @@ def PadToLength(len_map: Optional[Dict[int, int]] = None,
     ValueError: if `len_map` is None.
   """
   if len_map is None:
-    raise ArgumentValueError('len_map parameter should be provided.')
+    raise ArgumentValueError('PadToLength needs len_map ({index: length}); got None.')
   if multiple and any(v <= 0 for v in len_map.values()):
     raise ArgumentValueError(f'PadToLength(multiple=True) needs positive lengths, got '
                              f'{len_map}.')

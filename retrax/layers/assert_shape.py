@@ -85,7 +85,8 @@ class AssertShape(base.Layer):
     spec = spec.replace('...', '.')
     for letter in spec:
       if letter not in string.ascii_letters + string.digits + '.,':
-        raise ArgumentValueError(f'Invalid character {letter!r} in shape spec {spec!r}.')
+        raise ArgumentValueError(f'AssertShape: spec {spec!r} has the character '
+                                 f'{letter!r}; use letters, digits, "..." and ",".')
     self._specs = spec.split(',')
     self._n_in = self._n_out = len(self._specs)
     self._message = message or ''

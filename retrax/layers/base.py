@@ -238,8 +238,8 @@ class Layer:
     if not isinstance(tree, (list, tuple)) or len(tree) != len(self.sublayers):
       got = len(tree) if isinstance(tree, (list, tuple)) else type(tree)
       raise InputValueError(
-          f'Number of {what} elements ({got}) does not equal the number of '
-          f'sublayers ({len(self.sublayers)}) in: {self._name}.')
+          f'{self._name}: the {what} tree must hold one entry per sublayer '
+          f'({len(self.sublayers)}); got {got}.')
     for sublayer, x in zip(self.sublayers, tree):
       setattr(sublayer, attr, x)
     return [x if is_marker(x) else None for x in tree]

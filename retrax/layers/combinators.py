@@ -296,11 +296,12 @@ class Cond(base.Layer):
     self._identity_false = false is None
     false = Serial() if false is None else false
     if cond.n_out != 1:
-      raise ArgumentValueError(f'cond.n_out must be 1; got {cond.n_in}->{cond.n_out}')
+      raise ArgumentValueError(f'Cond: cond must have n_out=1; got {cond.name} with '
+                               f'n_in={cond.n_in}, n_out={cond.n_out}.')
     if true.n_in != false.n_in or true.n_out != false.n_out:
       raise ArgumentValueError(
-          f'true and false must have equal n_in and n_out: true:{true.n_in}->'
-          f'{true.n_out}; false:{false.n_in}->{false.n_out}')
+          f'Cond: true and false must have equal n_in and n_out; got true '
+          f'{true.n_in}->{true.n_out} and false {false.n_in}->{false.n_out}.')
     self._cond, self._true, self._false = cond, true, false
     self._sublayers = [cond, true, false]
     self._n_in = cond.n_in + true.n_in

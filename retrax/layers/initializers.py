@@ -76,13 +76,15 @@ def ScaledInitializer(out_dim, in_dim, scale, mode, distribution):
     `init(shape, rng, nonreceptive_dims=None) -> array`.
   """
   if scale <= 0.:
-    raise ArgumentValueError(f'scale must be a positive float, got {scale}.')
+    raise ArgumentValueError(f'ScaledInitializer: scale must be a positive number; got '
+                             f'{scale!r}.')
   if mode not in ('fan_in', 'fan_out', 'fan_avg'):
-    raise ArgumentValueError(f"Invalid mode {mode!r}: use 'fan_in', 'fan_out' or "
-                             "'fan_avg'.")
+    raise ArgumentValueError("ScaledInitializer: mode must be 'fan_in', 'fan_out' "
+                             f"or 'fan_avg'; got {mode!r}.")
   if distribution not in ('normal', 'uniform', 'truncated_normal'):
-    raise ArgumentValueError(f"Invalid distribution {distribution!r}: use 'normal', "
-                             "'uniform' or 'truncated_normal'.")
+    raise ArgumentValueError("ScaledInitializer: distribution must be 'normal', "
+                             "'uniform' or 'truncated_normal'; got "
+                             f'{distribution!r}.')
 
   def init(shape, rng, nonreceptive_dims=None):
     shape = _pure_shape(shape)

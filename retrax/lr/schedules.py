@@ -128,10 +128,10 @@ class _BodyAndTail:
   def __init__(self, body_value, body_start=None, tail_start=None,
                tail_fn=None):
     if body_start is None and tail_start is None:
-      raise ArgumentValueError('Both body_start and tail_start are None.')
+      raise ArgumentValueError('BodyAndTail: body_start and tail_start are both None.')
     if tail_start is not None and tail_fn is None:
       raise ArgumentValueError(
-          f'tail_start has value ({tail_start}) but tail_fn is None.')
+          f'BodyAndTail: tail_start is {tail_start} but tail_fn is None.')
     self._body_value = body_value
     self._body_start = tail_start if body_start is None else body_start
     self._tail_start = tail_start

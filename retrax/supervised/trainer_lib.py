@@ -527,8 +527,8 @@ def _checked_train_args(inputs, loss_fn, optimizer, lr_schedule_fn,
   sharding.weights_shards_mesh(n_weights_shards)  # Checks it.
   if (permanent_checkpoint_frequency is not None and
       permanent_checkpoints_at is not None):
-    raise ArgumentValueError('Only one of ["permanent_checkpoint_frequency", '
-                             '"permanent_checkpoints_at"] should be set.')
+    raise ArgumentValueError('train: give permanent_checkpoint_frequency or '
+                             'permanent_checkpoints_at, not both.')
   loss_fn = loss_fn if loss_fn is not None else tl.WeightedCategoryCrossEntropy()
   if callable(inputs) and not hasattr(inputs, 'train_stream'):
     inputs = inputs()

@@ -176,7 +176,8 @@ def dot_product_attention(queries, keys, values, mask=None, dropout=0.0,
     float64 inputs).
   """
   if dropout is not None and dropout >= 1.0:
-    raise ArgumentValueError(f'Dropout rate ({dropout}) must be lower than 1.')
+    raise ArgumentValueError(f'dot_product_attention: dropout must be < 1; got '
+                             f'{dropout}.')
   d_feature = queries.shape[-1]
   keys = keys if isinstance(keys, tuple) else (keys,)
   values = values if isinstance(values, tuple) else (values,)
