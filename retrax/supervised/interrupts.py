@@ -40,7 +40,12 @@ _DEFAULTS = {signal.SIGINT: signal.default_int_handler,
 
 class TrainingStopped(BaseException):
   """A signal stopped `Loop.run`: `signum`, the last completed `step` and
-  the `checkpoint` holding it (None where this process saves nothing)."""
+  the `checkpoint` holding it (None where this process saves nothing).
+
+  A `BaseException`, as `KeyboardInterrupt` is, not a `retrax.Error`: a stop
+  that was asked for, which `except Exception` must not swallow (see
+  `retrax.errors`).
+  """
 
   def __init__(self, signum, step, checkpoint):
     super().__init__(signum, step, checkpoint)
