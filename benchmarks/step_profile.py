@@ -10,7 +10,13 @@ median of five calls after a compiling one:
 
 * `step`: the whole loss's value-and-gradient (embedding, reversible blocks,
   the head and the cross-entropy), what `training.Loop` runs minus Adam;
-* `lsh`: one `LSHSelfAttention` on `[1, L, d_model]`;
+* `lsh`: one `LSHSelfAttention` on `[1, L, d_model]`, its chunked
+  attention by XLA ops (`implementation='xla'`, the default);
+* `lsh_pallas`: the same layer with the Pallas kernel
+  (`implementation='pallas'`: compiled on a TPU, interpreted elsewhere),
+  timed last; the kernel's time over XLA's is printed as a ratio (below 1:
+  the kernel is faster). Should the kernel fail to compile, its error is
+  recorded instead and the other rows stand;
 * `ff`: one feed-forward block (LayerNorm, Dense, ReLU, Dense);
 * `matmul`: `[L, d_model] @ [d_model, d_ff]` in bfloat16, the chip's
   reachable rate for this shape (the baseline every part's rate is read
@@ -19,6 +25,8 @@ median of five calls after a compiling one:
 FLOPs are the closed forms of `vs_peers_report` (matmuls only), so the rates
 compare with vs_peers' table. `--trace DIR` also writes a `jax.profiler` trace
 of three whole steps there (open it with xprof / TensorBoard's profile tab).
+Each row is printed, and `--json` rewritten, as soon as it is measured, so
+a run cut short by a time limit keeps the rows it finished.
 """
 
 import argparse
@@ -99,54 +107,87 @@ def step_fn(cfg, length):
   return jax.jit(jax.value_and_grad(loss)), weights, batch
 
 
-def profile(cfg, length, trace_dir=None, log=print):
+def _lsh_layer(cfg, implementation):
+  return tl.LSHSelfAttention(n_heads=cfg['n_heads'], d_qk=cfg['d_head'],
+                             d_v=cfg['d_head'], n_hashes=cfg['n_hashes'],
+                             chunk_len=cfg['chunk_len'], mode='train',
+                             implementation=implementation)
+
+
+def profile(cfg, length, trace_dir=None, log=print, json_path=None):
+  """Times the parts; returns `{part: {compile_s, step_s, flops, tflops,
+  of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
-  d, heads, dh = cfg['d_model'], cfg['n_heads'], cfg['d_head']
+  d = cfg['d_model']
   ff_flops = 3 * 2 * 2 * d * cfg['d_ff'] * length  # forward + backward
-  results = {}
+  lsh_flops = 3 * (per_layer - 2 * 2 * d * cfg['d_ff'] * length)
+  out = {}
+  summary = dict(length=length, cfg=cfg, parts=out)
   x = jax.random.normal(jax.random.PRNGKey(1), (1, length, d), jnp.float32)
+  log(f'L={length} device={jax.devices()[0].device_kind} '
+      f'cfg={json.dumps(cfg)}')
+  log(f'{"part":10s} {"compile s":>10s} {"step ms":>10s} {"TFLOP/s":>8s} '
+      f'{"of matmul":>9s}')
+
+  def record(name, compile_s, step_s, flops):
+    rate = flops / step_s
+    peak = out['matmul']['tflops'] * 1e12 if out else rate
+    out[name] = dict(compile_s=compile_s, step_s=step_s, flops=flops,
+                     tflops=rate / 1e12, of_matmul=rate / peak)
+    log(f'{name:10s} {compile_s:10.2f} {1e3 * step_s:10.2f} '
+        f'{rate / 1e12:8.2f} {rate / peak:9.2f}')
+    _write_json(json_path, summary)
 
   a = jax.random.normal(jax.random.PRNGKey(2), (length, d), jnp.bfloat16)
   b = jax.random.normal(jax.random.PRNGKey(3), (d, cfg['d_ff']), jnp.bfloat16)
   mm = jax.jit(lambda a, b: a @ b)
-  results['matmul'] = (*_median_seconds(mm, a, b),
-                       2 * length * d * cfg['d_ff'])
+  record('matmul', *_median_seconds(mm, a, b), 2 * length * d * cfg['d_ff'])
 
   ff = tl.Serial(tl.LayerNorm(), tl.Dense(cfg['d_ff']), tl.Relu(),
                  tl.Dense(d))
   fn, w = _layer_grad_fn(ff, x)
-  results['ff'] = (*_median_seconds(fn, w, x), ff_flops)
+  record('ff', *_median_seconds(fn, w, x), ff_flops)
 
-  lsh = tl.LSHSelfAttention(n_heads=heads, d_qk=dh, d_v=dh,
-                            n_hashes=cfg['n_hashes'],
-                            chunk_len=cfg['chunk_len'], mode='train')
-  fn, w = _layer_grad_fn(lsh, x)
-  results['lsh'] = (*_median_seconds(fn, w, x),
-                    3 * (per_layer - 2 * 2 * d * cfg['d_ff'] * length))
+  fn, w = _layer_grad_fn(_lsh_layer(cfg, 'xla'), x)
+  record('lsh', *_median_seconds(fn, w, x), lsh_flops)
 
   fn, w, batch = step_fn(cfg, length)
-  results['step'] = (*_median_seconds(fn, w, batch, repeats=3),
-                     report.train_flops(cfg, length))
+  record('step', *_median_seconds(fn, w, batch, repeats=3),
+         report.train_flops(cfg, length))
   if trace_dir:
     jax.block_until_ready(fn(w, batch))
     with jax.profiler.trace(trace_dir):
       for _ in range(3):
         jax.block_until_ready(fn(w, batch))
+    summary['top_ops'] = top_ops(trace_dir)
+    _write_json(json_path, summary)
+  del fn, w, batch
 
-  peak = results['matmul'][2] / results['matmul'][1]
-  log(f'L={length} device={jax.devices()[0].device_kind} '
-      f'cfg={json.dumps(cfg)}')
-  log(f'{"part":8s} {"compile s":>10s} {"step ms":>10s} {"TFLOP/s":>8s} '
-      f'{"of matmul":>9s}')
-  out = {}
-  for name, (compile_s, step_s, flops) in results.items():
-    rate = flops / step_s
-    out[name] = dict(compile_s=compile_s, step_s=step_s, flops=flops,
-                     tflops=rate / 1e12, of_matmul=rate / peak)
-    log(f'{name:8s} {compile_s:10.2f} {1e3 * step_s:10.2f} '
-        f'{rate / 1e12:8.2f} {rate / peak:9.2f}')
-  return out
+  try:
+    fn, w = _layer_grad_fn(_lsh_layer(cfg, 'pallas'), x)
+    record('lsh_pallas', *_median_seconds(fn, w, x), lsh_flops)
+  except Exception as e:  # noqa: BLE001 -- a kernel the chip rejects is a result
+    error = f'{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}'
+    out['lsh_pallas'] = dict(error=error)
+    log(f'lsh_pallas FAILED: {error}')
+  else:
+    ratio = out['lsh_pallas']['step_s'] / out['lsh']['step_s']
+    summary['lsh_kernel_over_xla'] = ratio
+    log(f'LSHSelfAttention fwd+bwd, Pallas kernel / XLA: {ratio:.3f} '
+        f'({1e3 * out["lsh_pallas"]["step_s"]:.2f} / '
+        f'{1e3 * out["lsh"]["step_s"]:.2f} ms)')
+  _write_json(json_path, summary)
+  return summary
+
+
+def _write_json(path, summary):
+  """Rewrites `path` with `summary` (written aside, then renamed into place)."""
+  if not path:
+    return
+  with open(path + '.tmp', 'w') as f:
+    json.dump(summary, f, indent=1)
+  os.replace(path + '.tmp', path)
 
 
 def top_ops(trace_dir, n_steps=3, top=15):
@@ -190,16 +231,12 @@ def main(argv=None):
   parser.add_argument('--json', default=None)
   args = parser.parse_args(argv)
   cfg = TINY if args.tiny else PAPER
-  out = profile(cfg, args.length, args.trace)
-  ops = top_ops(args.trace) if args.trace else []
+  summary = profile(cfg, args.length, args.trace, json_path=args.json)
+  ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')
   for ms, calls, name, category in ops:
     print(f'{ms:9.2f} {calls:5d}  {name:32s} {category}')
-  if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(dict(length=args.length, cfg=cfg, parts=out, top_ops=ops),
-                f, indent=1)
 
 
 if __name__ == '__main__':

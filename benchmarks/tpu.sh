@@ -7,7 +7,9 @@
 #   tests    `pytest --quick` in one process (the chip admits one program)
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
-#   profile  benchmarks/step_profile.py: the paper-size step part by part
+#   profile  benchmarks/step_profile.py: the paper-size step part by part,
+#            and one LSHSelfAttention fwd+bwd by XLA ops and by the Pallas
+#            kernel (implementation='pallas'), their ratio printed
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #
 #   bash benchmarks/tpu.sh                          # every stage

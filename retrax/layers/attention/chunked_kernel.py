@@ -29,10 +29,12 @@ to: no two grid steps write the same block, so the grid is parallel.
 
 Numerics: the same masks (additive penalties subtracted from float32
 logits, position infos compared as float32), the same broadcast dropout
-mask, and matmul operands rounded to bfloat16 under the bfloat16 matmul
-policy (`retrax.fastmath.precision`), float32 accumulation. The sums run in
-another order than XLA's (per neighbouring chunk), so results agree to float
-rounding, not bit for bit.
+mask, and the matmul precision XLA's dots get (`matmul_precision`):
+operands rounded to bfloat16 under the bfloat16 matmul policy
+(`retrax.fastmath.precision`) and, on a TPU, under JAX's default float32
+precision (one bfloat16 pass, as XLA:TPU's DEFAULT), float32 accumulation.
+The sums run in another order than XLA's (per neighbouring chunk), so
+results agree to float rounding, not bit for bit.
 
 Limits (`unsupported` gives the reason; `attend` then runs the XLA path):
 chunked self-attention only, `chunk_len` a multiple of 8 (a sublane tile)
@@ -55,6 +57,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from retrax import validation
+from retrax.fastmath import precision
 
 IMPLEMENTATIONS = ('xla', 'pallas', 'auto')
 # Read when a layer is built with `implementation=None`: 'xla' (default),
@@ -66,10 +69,14 @@ ENV_VAR = 'RETRAX_ATTENTION_IMPL'
 MAX_CHUNK_LEN = 512
 MAX_DEPTH = 256
 # Query rows per grid step: one chunk of 128 is ~8 MFLOP, less than a grid
-# step's fixed cost; 1024 rows make each step's matmuls long enough. The
-# chunks of a step are unrolled in the kernel, so at most this many.
+# step's fixed cost; 1024 rows make each step's matmuls long enough.
 ROWS_PER_STEP = 1024
+# The chunks of a step are unrolled in the kernel, so at most this many.
 MAX_BLOCK_CHUNKS = 16
+# A backward step's blocks (q, k, v, d_out in; dq, dk, dv out; all
+# double-buffered) stay within this, leaving the rest of the 16 MB of
+# scoped VMEM to the logits: 1024 rows up to depths of 128, 682 at 256.
+BLOCK_BYTES = 8 << 20
 # Interpreted (off a TPU), `attend` gives each step one chunk: the
 # interpreter's program grows with the chunks a step unrolls, and compiling
 # it is most of a test's time (tests of the kernel itself set more).
@@ -109,7 +116,9 @@ class Config(NamedTuple):
   masked: bool
   mask_penalty: float
   self_penalty: float
-  matmul_dtype: Optional[str]  # None: operands as given; 'bfloat16': rounded.
+  # Matmul operands: None as given (default precision), 'bfloat16' rounded
+  # to bfloat16, 'float32' at full precision (`Precision.HIGHEST`).
+  matmul_dtype: Optional[str]
   interpret: bool
   rows_per_step: int = ROWS_PER_STEP
 
@@ -117,6 +126,24 @@ class Config(NamedTuple):
   def width(self):
     """Neighbouring chunks each chunk attends to, itself included."""
     return 1 + self.before + self.after
+
+
+def matmul_precision(on_tpu):
+  """`Config.matmul_dtype` that gives the kernel's matmuls XLA's precision.
+
+  Under the bfloat16 policy 'bfloat16'. Otherwise, on a TPU, XLA's float32
+  dots take one bfloat16 pass unless `jax.default_matmul_precision` asks
+  for more: 'bfloat16' then, else 'float32' (full precision). Off a TPU
+  (interpreted) None: XLA's own dots compute the interpreted kernel.
+  """
+  if precision.matmul_dtype() == 'bfloat16':
+    return 'bfloat16'
+  if not on_tpu:
+    return None
+  if jax.config.jax_default_matmul_precision in (None, 'default', 'fastest',
+                                                 'bfloat16'):
+    return 'bfloat16'
+  return 'float32'
 
 
 def unsupported(q, k, v):
@@ -138,9 +165,16 @@ def unsupported(q, k, v):
   return None
 
 
-def block_chunks(n_chunks, chunk_len, rows_per_step=ROWS_PER_STEP):
-  """Chunks per grid step: the largest divisor of `n_chunks` that fits the step."""
-  limit = max(1, min(MAX_BLOCK_CHUNKS, rows_per_step // chunk_len))
+def block_chunks(n_chunks, chunk_len, d_qk=64, d_v=64,
+                 rows_per_step=ROWS_PER_STEP):
+  """Chunks per grid step: the largest divisor of `n_chunks` that fits the step.
+
+  At most `rows_per_step` query rows, `MAX_BLOCK_CHUNKS` chunks and
+  `BLOCK_BYTES` of blocks; at least one chunk.
+  """
+  row_bytes = 2 * 4 * 3 * (d_qk + d_v)
+  rows = min(rows_per_step, BLOCK_BYTES // row_bytes)
+  limit = max(1, min(MAX_BLOCK_CHUNKS, rows // chunk_len))
   return max(g for g in range(1, min(limit, n_chunks) + 1) if n_chunks % g == 0)
 
 
@@ -233,20 +267,23 @@ class _Window(NamedTuple):
   refs: tuple
   before: int
 
-  def chunk(self, t, g):
-    """Chunk `t` relative to the step's first (`-before <= t < g + after`)."""
+  def chunk(self, t, g, *index):
+    """Chunk `t` relative to the step's first (`-before <= t < g + after`),
+    indexed further by `index` (a load of only that part)."""
     if t < 0:
-      return self.refs[-t][...]
-    if t < g:
-      return self.refs[0][t]
-    return self.refs[1 + self.before + t - g][...]
+      ref = self.refs[-t]
+    elif t < g:
+      return self.refs[0][(t,) + index]
+    else:
+      ref = self.refs[1 + self.before + t - g]
+    return ref[index] if index else ref[...]
 
 
-def _split_refs(refs, config, counts):
+def _split_refs(refs, config, kinds):
   """Splits the kernel's flat refs: windowed arrays become `_Window`s."""
   out, i = [], 0
-  for count in counts:
-    if count == 'window':
+  for kind in kinds:
+    if kind == 'window':
       n = config.width
       out.append(_Window(tuple(refs[i:i + n]), config.before))
       i += n
@@ -261,8 +298,9 @@ def _operand(x, config):
 
 
 def _dot(a, b, dims, config):
+  highest = lax.Precision.HIGHEST if config.matmul_dtype == 'float32' else None
   return lax.dot_general(_operand(a, config), _operand(b, config), dims,
-                         preferred_element_type=jnp.float32)
+                         precision=highest, preferred_element_type=jnp.float32)
 
 
 def _masked_logits(q, k, q_info, kv_info, config):
@@ -281,9 +319,13 @@ def _masked_logits(q, k, q_info, kv_info, config):
   return s
 
 
-def _column(row):
-  """A `[1, C]` row as a `[C, 1]` column."""
-  return jnp.expand_dims(row[0], -1)
+def _key_infos(kvi_w, t, g):
+  """Chunk `t`'s key infos as a `[C, 1]` column, from their `[1, C]` row.
+
+  A one-dimensional load, then a new minor axis (as Pallas' TPU splash
+  attention reads its per-query rows).
+  """
+  return jnp.expand_dims(kvi_w.chunk(t, g, 0), -1)
 
 
 def _offsets(config):
@@ -298,7 +340,7 @@ def _fwd_kernel(config, g, has_scale, *refs):
   for c in range(g):
     q, q_info = q_ref[c], qi_ref[c]
     logits = [_masked_logits(q, k_w.chunk(c + o, g), q_info,
-                             _column(kvi_w.chunk(c + o, g)), config)
+                             _key_infos(kvi_w, c + o, g), config)
               for o in _offsets(config)]
     top = functools.reduce(jnp.maximum, [jnp.max(s, axis=0, keepdims=True)
                                          for s in logits])
@@ -356,7 +398,7 @@ def _bwd_kernel(config, g, has_scale, *refs):
     dq = None
     for j, o in enumerate(_offsets(config)):
       k, v = k_w.chunk(c + o, g), v_w.chunk(c + o, g)
-      s = _masked_logits(q, k, q_info, _column(kvi_w.chunk(c + o, g)), config)
+      s = _masked_logits(q, k, q_info, _key_infos(kvi_w, c + o, g), config)
       p = jnp.exp(s - lse)  # [C keys, C queries]
       dp = _dot(v, d_out, _NT, config)
       p_kept = p
@@ -379,7 +421,7 @@ def _compiler_params(config):
 
 def _forward(config, q, k, v, q_info, kv_info, scale):
   n, c, d = q.shape
-  blocks = _Blocks(n, block_chunks(n, c, config.rows_per_step))
+  blocks = _Blocks(n, block_chunks(n, c, d, v.shape[-1], config.rows_per_step))
   g = blocks.g
   in_specs = ([blocks.spec((c, d)), blocks.spec((1, c))] +
               blocks.windowed((c, d), config) +
@@ -408,7 +450,7 @@ def _forward(config, q, k, v, q_info, kv_info, scale):
 def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
   n, c, d = q.shape
   d_v = v.shape[-1]
-  blocks = _Blocks(n, block_chunks(n, c, config.rows_per_step))
+  blocks = _Blocks(n, block_chunks(n, c, d, d_v, config.rows_per_step))
   g = blocks.g
   in_specs = ([blocks.spec((c, d)), blocks.spec((1, c))] +
               blocks.windowed((c, d), config) +

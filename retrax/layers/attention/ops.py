@@ -304,8 +304,7 @@ def _kernel_config(implementation, q, k, v, window, mask_fn):
     return None
   return chunked_kernel.Config(
       *window, *flags, mask_penalty=MASK_PENALTY, self_penalty=SELF_PENALTY,
-      matmul_dtype=('bfloat16' if precision.matmul_dtype() == 'bfloat16'
-                    else None),
+      matmul_dtype=chunked_kernel.matmul_precision(on_tpu),
       interpret=not on_tpu,
       rows_per_step=(chunked_kernel.ROWS_PER_STEP if on_tpu else
                      chunked_kernel.INTERPRET_ROWS_PER_STEP))

@@ -166,6 +166,9 @@ def test_block_chunks_divide_the_chunks_within_the_step():
   assert chunked_kernel.block_chunks(7, 128) == 7
   assert chunked_kernel.block_chunks(13, 128) == 1  # prime: one chunk a step
   assert chunked_kernel.block_chunks(4, 512) == 2
+  assert chunked_kernel.block_chunks(64, 128, 128, 128) == 8
+  assert chunked_kernel.block_chunks(64, 128, 256, 256) == 4  # VMEM-bound
+  assert chunked_kernel.block_chunks(64, 512, 256, 256) == 1
 
 
 def _mask_fn(causal, exclude_self, masked):
@@ -275,7 +278,8 @@ def test_layers_with_dropout_and_bfloat16_matmuls_equal_the_xla_layers():
 
 
 @pytest.mark.parametrize('chunk_len, depth, dropout, matmul_dtype', [
-    (128, 64, False, None), (64, 128, True, 'bfloat16'), (256, 64, False, None)])
+    (128, 64, False, None), (64, 128, True, 'bfloat16'),
+    (256, 64, False, 'float32')])
 def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype):
   """Forward and backward, vmapped over units, lower to Mosaic TPU kernels.
 
@@ -346,6 +350,15 @@ def test_implementation_argument_and_environment_variable(monkeypatch):
   with pytest.raises(ArgumentValueError, match='attend: implementation'):
     ops.attend(jnp.ones((8, 4)), None, jnp.ones((8, 4)), q_chunk_len=8,
                implementation='cuda')
+
+
+def test_kernel_matmuls_take_the_precision_xla_dots_get():
+  assert chunked_kernel.matmul_precision(on_tpu=False) is None
+  assert chunked_kernel.matmul_precision(on_tpu=True) == 'bfloat16'
+  with jax.default_matmul_precision('highest'):
+    assert chunked_kernel.matmul_precision(on_tpu=True) == 'float32'
+  with precision.matmul_precision('bfloat16'):
+    assert chunked_kernel.matmul_precision(on_tpu=False) == 'bfloat16'
 
 
 def test_kernel_units_keep_no_scores_in_the_memory_estimate():
