@@ -21,6 +21,7 @@ import contextlib
 import functools
 import math
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ from retrax.validation import ArgumentValueError
 ENV_VAR = 'RETRAX_MATMUL_DTYPE'
 _DTYPES = {'float32': None, 'bfloat16': jnp.bfloat16}
 # 'vmapped': matmuls are being traced inside a caller's vmap (see `vmapped`).
-_current = {'name': 'float32', 'vmapped': False}
+_current: dict[str, Any] = {'name': 'float32', 'vmapped': False}
 # Matmuls whose first operand has fewer rows stay float32 (see above).
 MIN_ROWS = 64
 

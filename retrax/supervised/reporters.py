@@ -210,12 +210,12 @@ def make(report_to, output_dir=None, config=None):
       what to pip install).
   """
   items = parse(report_to)
-  if output_dir is None:
-    where = {'wandb': {}, 'mlflow': {}}
-  else:
+  run_name = None
+  where: dict[str, dict[str, str]] = {'wandb': {}, 'mlflow': {}}
+  if output_dir is not None:
     output_dir = os.fspath(output_dir)
+    run_name = os.path.basename(os.path.normpath(output_dir))
     where = {'wandb': {'files_dir': output_dir},
              'mlflow': {'store_dir': os.path.join(output_dir, MLFLOW_STORE)}}
-  run_name = output_dir and os.path.basename(os.path.normpath(output_dir))
   return [_CLASSES[item](run_name=run_name, config=config, **where[item])
           if isinstance(item, str) else item for item in items]
