@@ -140,8 +140,8 @@ def matmul_precision(on_tpu):
     return 'bfloat16'
   if not on_tpu:
     return None
-  if jax.config.jax_default_matmul_precision in (None, 'default', 'fastest',
-                                                 'bfloat16'):
+  asked = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
+  if asked in (None, 'default', 'fastest', 'bfloat16'):
     return 'bfloat16'
   return 'float32'
 
@@ -347,14 +347,13 @@ def _fwd_kernel(config, g, has_scale, *refs):
     total = functools.reduce(jnp.add, [
         jnp.sum(jnp.exp(s - top), axis=0, keepdims=True) for s in logits])
     lse = jnp.log(total) + top  # [1, C]
-    out = None
+    parts = []
     for j, (o, s) in enumerate(zip(_offsets(config), logits)):
       p = jnp.exp(s - lse)
       if scale_ref is not None:
         p = p * scale_ref[j]
-      part = _dot(p, v_w.chunk(c + o, g), _TN, config)  # [C, V]
-      out = part if out is None else out + part
-    out_ref[c] = out.astype(out_ref.dtype)
+      parts.append(_dot(p, v_w.chunk(c + o, g), _TN, config))  # [C, V]
+    out_ref[c] = functools.reduce(jnp.add, parts).astype(out_ref.dtype)
     lse_ref[c] = lse
     factor_ref[c] = jnp.exp(lse - top) / total
 

@@ -295,15 +295,20 @@ def _kernel_config(implementation, q, k, v, window, mask_fn):
   if implementation == 'xla' or (implementation == 'auto' and not on_tpu):
     return None
   flags = _mask_flags(mask_fn)
-  reason = ('mask_fn is not mask_self_attention' if flags is None else
-            chunked_kernel.unsupported(q, k, v))
-  if reason is not None:
+  if flags is None:
+    reason = 'mask_fn is not mask_self_attention'
+  else:
+    reason = chunked_kernel.unsupported(q, k, v)
+  if flags is None or reason is not None:
     if implementation == 'pallas':
       warnings.warn(f'attend: implementation="pallas" runs the XLA path: '
                     f'{reason}.', stacklevel=3)
     return None
+  causal, exclude_self, masked = flags
   return chunked_kernel.Config(
-      *window, *flags, mask_penalty=MASK_PENALTY, self_penalty=SELF_PENALTY,
+      before=window[0], after=window[1], causal=causal,
+      exclude_self=exclude_self, masked=masked, mask_penalty=MASK_PENALTY,
+      self_penalty=SELF_PENALTY,
       matmul_dtype=chunked_kernel.matmul_precision(on_tpu),
       interpret=not on_tpu,
       rows_per_step=(chunked_kernel.ROWS_PER_STEP if on_tpu else
