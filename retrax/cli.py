@@ -171,20 +171,21 @@ def cmd_train(args):
     return
   if config.sample.n_samples and not args.no_sample:
     jobs.print_samples(config)
-  jobs.print_next_steps(config, loop.step)
+  jobs.print_next_steps(config.train.output_dir, loop.step,
+                        text=config.data.source.startswith('text:'))
 
 
 def cmd_sample(args):
-  from retrax import jobs
-  jobs.print_samples(jobs.config_of_run(args.output_dir), n=args.n,
-                     temperature=args.temperature, prompt=args.prompt,
-                     max_length=args.max_length)
+  from retrax import run_commands
+  run_commands.print_samples(args.output_dir, n=args.n,
+                             temperature=args.temperature, prompt=args.prompt,
+                             max_length=args.max_length)
 
 
 def cmd_eval(args):
-  from retrax import jobs
-  jobs.print_eval(jobs.config_of_run(args.output_dir), n_batches=args.batches,
-                  seed=args.seed)
+  from retrax import run_commands
+  run_commands.print_eval(args.output_dir, n_batches=args.batches,
+                          seed=args.seed, data=args.data)
 
 
 def cmd_convert(args):
@@ -262,8 +263,9 @@ def _add_run_commands(sub):
   p.add_argument('--temperature', type=_temperature, default=None,
                  help="0 = greedy (default: the run's temperature key, 0)")
   p.add_argument('--prompt', default=None,
-                 help='text runs: the text to continue (default: a '
-                 'different piece of held-out text for each sample)')
+                 help='the text to continue (default: a different piece of '
+                 'held-out text, or of the eval data, for each sample); runs '
+                 'without a tokenizer take token ids ("3 7 1")')
   p.add_argument('--max_length', '--max-length', type=_count, default=None,
                  help='text runs: tokens to generate (default: as many as '
                  'the model\'s length allows)')
@@ -276,6 +278,9 @@ def _add_run_commands(sub):
                  help='seed of the random keys the model draws in eval mode '
                  '(LSH hashing); the same seed gives the same numbers '
                  '(default 0)')
+  p.add_argument('--data', metavar='text:FILE', default=None,
+                 help="evaluate on this text file instead of the run's data "
+                 '(runs that record none: a Loop\'s, a converted one)')
   p.set_defaults(func=cmd_eval)
 
 

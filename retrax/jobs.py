@@ -7,8 +7,10 @@ local directory::
     run = retrax.load_run('runs/text', mode='predict')
     run.model, run.tokenizer, run.config, run.checkpoint
 
-It reads ``model.json`` (the constructor a `training.Loop` recorded; see
-`retrax.models.registry`) or, for runs of `retrax train`, the run's config.
+It reads ``model.json`` (the constructor every run records: `retrax
+train`, `python -m retrax.trainer`, a `training.Loop`, `retrax convert`; see
+`retrax.models.registry`) or, for old runs of `retrax train`, the run's
+config. `retrax eval` and `sample` of any run are `retrax.run_commands`'.
 
 The default job trains a small ReformerLM with LSH attention on the Reformer
 paper's duplication task (`0 w 0 w`) and then shows sampled copies.
@@ -39,8 +41,8 @@ from retrax.checkpoints.errors import CheckpointFormatError
 from retrax.data import tasks
 from retrax.errors import read_json
 from retrax.fastmath import precision
-from retrax.fastmath import xla_cpu
 from retrax.models import registry
+from retrax import run_data
 from retrax.run_layout import CONFIG_FILE
 from retrax.run_layout import MODEL_FILE
 from retrax.run_layout import TOKENIZER_FILE
@@ -251,11 +253,12 @@ def train(config, quiet=False, mesh=None):
   return loop
 
 
-def print_next_steps(config, step):
-  """Says where the run was saved and which commands use it."""
-  d = shlex.quote(config.train.output_dir)
-  prompt = ' --prompt "..."' if config.data.source.startswith('text:') else ''
-  print(f'Saved the run (step {step}) in {config.train.output_dir}\n'
+def print_next_steps(output_dir, step, text=False):
+  """Says where a run was saved and which commands use it (every trainer
+  ends with these lines); `text`: a text run, sampled from a prompt."""
+  d = shlex.quote(os.fspath(output_dir))
+  prompt = ' --prompt "..."' if text else ''
+  print(f'Saved the run (step {step}) in {os.fspath(output_dir)}\n'
         f'Next: retrax sample {d}{prompt}  |  retrax eval {d}  |  '
         f'retrax plot {d}  |  tensorboard --logdir {d}')
 
@@ -294,16 +297,20 @@ class Run:
 
   Attributes:
     model: the model in the requested mode with the run's latest weights.
-    tokenizer: a `retrax.data.tasks.TextTokenizer` for text runs, else None.
+    tokenizer: a `retrax.data.tasks.TextTokenizer` for text runs and runs
+      holding a `tokenizer.model`, else None.
     config: the CLI's `RunConfig` for runs of `retrax train`, else None.
     checkpoint: the checkpoint the weights came from.
     directory: the run directory.
+    input_signature: the input signature the checkpoint records (the
+      training batch's).
   """
   model: tl.Layer
   tokenizer: Optional[tasks.TextTokenizer]
   config: Optional[config_lib.RunConfig]
   checkpoint: str
   directory: str
+  input_signature: Any = None
 
 
 def _latest_checkpoint(directory):
@@ -318,15 +325,21 @@ def _latest_checkpoint(directory):
 
 
 def _signature(stored, n_in, mode, batch_size):
-  """The stored input signature with batch `batch_size` (length 1 to predict)."""
+  """The stored input signature with batch `batch_size`.
+
+  To predict, the last input (a language model's tokens, an
+  encoder-decoder's targets) has length 1: decoding feeds one position at a
+  time. An encoder-decoder's source keeps its length (its first call reads
+  the whole source).
+  """
   one = not isinstance(stored, (list, tuple))
   items = [stored] if one else list(stored)[:n_in]
   out = []
-  for s in items:
+  for i, s in enumerate(items):
     shape = (batch_size,) + tuple(s.shape[1:])
-    if mode == 'predict' and len(shape) == 2 and np.issubdtype(
-        np.dtype(s.dtype), np.integer):
-      shape = (batch_size, 1)  # Token models decode one position at a time.
+    if (mode == 'predict' and i == len(items) - 1 and len(shape) == 2 and
+        np.issubdtype(np.dtype(s.dtype), np.integer)):
+      shape = (batch_size, 1)
     out.append(shapes.ShapeDtype(shape, s.dtype))
   return out[0] if one or len(out) == 1 else tuple(out)
 
@@ -338,25 +351,36 @@ def _build(directory, mode):
   if os.path.exists(os.path.join(directory, CONFIG_FILE)):
     config = config_of_run(directory)
     tokenizer = tokenizer_of_run(config)
+  else:
+    tokenizer = run_data.tokenizer_file(directory)
   if os.path.exists(model_file):
     return registry.build_from_file(model_file, mode), config, tokenizer
   if config is not None:
     return build_model(config, mode), config, tokenizer
   raise FileNotFoundError(
-      f'{directory} has no {MODEL_FILE}: the run was not made by `retrax '
-      'train` or by a Loop over a retrax.models constructor with JSON '
-      'arguments; rebuild the model yourself and call model.init_from_file.')
+      f'{directory} is not a retrax run directory (no {MODEL_FILE}): runs '
+      'come from `retrax train`, `python -m retrax.trainer`, `retrax convert` '
+      'and Loops over a retrax.models constructor with JSON arguments; for '
+      'another model, rebuild it yourself and call model.init_from_file.')
 
 
 def load_run(directory: Union[str, os.PathLike], mode: str = 'predict',
-             batch_size: int = 1) -> Run:
+             batch_size: int = 1, seed: Optional[int] = None) -> Run:
   """Rebuilds a run's model in `mode` and loads its latest weights.
 
+  The model takes any batch size: a state made for `batch_size` 1 (the
+  default; LSH attention's hashing keys, decoding caches) is copied for each
+  example of a larger batch, so row `i` of a batch gives what example `i`
+  gives alone.
+
   Args:
-    directory: a run directory (`retrax train --output_dir`, or a
-      `training.Loop`'s `output_dir`).
+    directory: a run directory (`retrax train --output_dir`, `python -m
+      retrax.trainer --output_dir`, a `training.Loop`'s `output_dir`, or
+      the output of `retrax convert`).
     mode: 'train', 'eval' or 'predict' (fresh decoding state).
-    batch_size: the batch size the model is initialized for.
+    batch_size: the batch size the model's state is initialized for.
+    seed: if given, the model's fresh state (e.g. LSH attention's hashing
+      keys) comes from `PRNGKey(seed)`.
 
   Raises:
     FileNotFoundError: not a run directory, or no valid checkpoint in it.
@@ -365,6 +389,8 @@ def load_run(directory: Union[str, os.PathLike], mode: str = 'predict',
   if not os.path.isdir(directory):
     raise FileNotFoundError(f'run directory {directory!r} does not exist.')
   model, config, tokenizer = _build(directory, mode)
+  if seed is not None:
+    model.rng = jax.random.PRNGKey(seed)
   path = _latest_checkpoint(directory)
   flat_weights, _, stored = layer_io.read_flat_checkpoint(path)
   if stored is None:
@@ -375,28 +401,12 @@ def load_run(directory: Union[str, os.PathLike], mode: str = 'predict',
       flat_weights, None, model.weights_and_state_signature(signature),
       weights_only=True)
   model.weights = weights
-  return Run(model, tokenizer, config, path, directory)
-
-
-def load_model(config, mode='predict', batch_size=1, seed=None):
-  """A model in `mode` with the run's latest weights; with `seed`, its fresh
-  state (e.g. LSH attention's hashing key) comes from `PRNGKey(seed)`."""
-  path = checkpointing.find_latest_valid(config.train.output_dir)
-  if path is None:
-    raise FileNotFoundError(f'{config.train.output_dir} holds no valid '
-                            'checkpoint; train first with `retrax train`.')
-  model = build_model(config, mode)
-  if seed is not None:
-    model.rng = jax.random.PRNGKey(seed)
-  length = 1 if mode == 'predict' else config.model.length
-  model.init_from_file(path, weights_only=True, input_signature=shapes.ShapeDtype(
-      (batch_size, length), np.int32))
-  return model
+  return Run(model, tokenizer, config, path, directory, stored)
 
 
 def sample_copies(config, n=4, temperature=0.0, seed=0):
   """Prompts `0 w 0` from the eval stream and the model's continuations; returns rows."""
-  model = load_model(config, 'predict')
+  model = load_run(config.train.output_dir, 'predict').model
   rng = np.random.default_rng(seed + 12345)
   half = config.model.length // 2
   w = rng.integers(1, config.model.vocab_size, size=(n, half - 1))
@@ -406,48 +416,6 @@ def sample_copies(config, n=4, temperature=0.0, seed=0):
       model, batch_size=n, temperature=temperature, start_id=0,
       eos_id=-1, max_length=half - 1, prompt=prompt)
   return [(wi, oi) for wi, oi in zip(w, np.asarray(out))]
-
-
-EVAL_METRICS = ('WeightedCategoryCrossEntropy', 'WeightedCategoryAccuracy')
-
-
-def evaluate(config, n_batches=8, seed=0):
-  """Scores a run's latest saved weights on the first `n_batches` of its eval stream.
-
-  The model is loaded from the checkpoint and never re-initialised. Its
-  state (LSH attention's hashing key) starts from `PRNGKey(seed)` and batch
-  `i` runs with the key `fold_in(PRNGKey(seed), i)`, so a model that draws
-  random numbers in eval mode scores the same on every call with the same
-  `seed`. Returns `{metric name: mean over the batches}`, as the training
-  `Loop` averages its evals (the metrics in `EVAL_METRICS`).
-  """
-  if not isinstance(n_batches, int) or n_batches < 1:
-    raise config_lib.ConfigError(
-        f'the number of eval batches must be an int >= 1; got {n_batches!r}')
-  model = load_model(config, 'eval', config.data.batch_size, seed=seed)
-  metrics = [getattr(tl, name)() for name in EVAL_METRICS]
-
-  def scores(batch, weights, state, rng):
-    x, y, w = batch
-    logits, _ = model.pure_fn(x, weights, state, rng)
-    return [m.pure_fn((logits, y, w), (), (), rng)[0] for m in metrics]
-
-  step = xla_cpu.jit(scores)
-  stream = build_inputs(config).eval_stream(1)
-  totals = np.zeros(len(metrics))
-  key = jax.random.PRNGKey(seed)
-  for i in range(n_batches):
-    totals += [float(v) for v in step(tuple(next(stream)), model.weights,
-                                      model.state, jax.random.fold_in(key, i))]
-  return dict(zip(EVAL_METRICS, (totals / n_batches).tolist()))
-
-
-def print_eval(config, n_batches=8, seed=0):
-  """Prints `evaluate(config, n_batches, seed)` on one line; returns it."""
-  results = evaluate(config, n_batches, seed)
-  print(f'eval over {n_batches} batches: ' + '  '.join(
-      f'{name} {value:.6f}' for name, value in results.items()))
-  return results
 
 
 def sample_text(run_dir, prompt='', n=1, temperature=0.0, max_length=None,
@@ -522,7 +490,7 @@ def sample_held_out(run_dir, n=4, temperature=0.0, max_length=None, seed=0):
   return list(zip(shown, texts))
 
 
-def _temperature_words(temperature):
+def temperature_words(temperature):
   return f'temperature {temperature}' + (' (greedy)' if temperature == 0 else '')
 
 
@@ -562,7 +530,7 @@ def _print_text_samples(config, n, temperature, prompt, max_length):
         run_dir, prompt, n, temperature, max_length)]
     source = 'the prompt given'
   marks = continuation_marks()
-  print(f'{n} sample(s) at {_temperature_words(temperature)}, continuing '
+  print(f'{n} sample(s) at {temperature_words(temperature)}, continuing '
         f'{source} (the model\'s text between {marks[0]} and {marks[1]}):')
   for i, (p, text) in enumerate(pairs):
     print(f'--- sample {i + 1}\n{format_sample(p, text, marks)}')
@@ -591,4 +559,4 @@ def print_samples(config, n=None, temperature=None, prompt=None,
           f'  copy   {" ".join(map(str, out[:len(w)]))}  '
           f'{"correct" if ok else "WRONG"}')
   print(f'{n_ok}/{len(rows)} copies correct at '
-        f'{_temperature_words(temperature)}')
+        f'{temperature_words(temperature)}')

@@ -40,8 +40,9 @@ def load_metrics(output_dir):
                       run_layout.METRICS_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(
-        f'{path} does not exist; is {output_dir} the output_dir of a '
-        'training run?')
+        f'{path} does not exist: {output_dir} records no training (a run '
+        'starts one when it trains; retrax convert writes none). Is it the '
+        'output_dir of a training run?')
   # metric -> mode -> (steps, values)
   series: collections.defaultdict[
       str, collections.defaultdict[str, tuple[list, list]]] = collections.defaultdict(

@@ -1,8 +1,13 @@
 """The files of a run directory: every name, and the module that writes it.
 
-A run directory (`retrax train --output_dir`, a `training.Loop`'s
-`output_dir`, the output of `retrax convert`) holds only these entries;
-every module that writes or looks for one of them takes its name from here:
+A run directory (`retrax train --output_dir`, `python -m retrax.trainer
+--output_dir`, a `training.Loop`'s `output_dir`, the output of `retrax
+convert`) holds only these entries; every module that writes or looks for
+one of them takes its name from here. Whoever wrote it, a run holds
+`model.json` and a checkpoint recording its input signature, which is all
+`retrax.load_run`, `retrax sample` and `retrax eval` need; its data is
+recorded by `run_config.json` or `config.gin` (`retrax.run_data`; other runs
+take `eval --data`), and `metrics.jsonl` is what `retrax plot` draws:
 
   retrax.lock       LOCK_FILE: one writer at a time (`checkpoints.ownership`)
   run_config.json   CONFIG_FILE: the CLI's `RunConfig` (`jobs`)
@@ -21,6 +26,7 @@ every module that writes or looks for one of them takes its name from here:
   <task name>/      folder per task (`supervised.run_dir`)
   hf_config.json    HF_CONFIG_COPY: a converted Hugging Face model's config
                     (`hf_runs`)
+  config.gin        GIN_CONFIG_FILE: a gin run's bindings (`trainer`)
   mlruns/           MLFLOW_STORE: MLflow's file store, for `report_to='mlflow'`
                     where MLflow is set to no store (`supervised.reporters`)
   wandb/            W&B's files, for `report_to='wandb'` without WANDB_DIR
@@ -43,6 +49,7 @@ METRICS_FILE = 'metrics.jsonl'
 RUN_FILES = 'run_files.json'
 EVENTS_PREFIX = 'events.out.tfevents.'
 HF_CONFIG_COPY = 'hf_config.json'
+GIN_CONFIG_FILE = 'config.gin'
 MLFLOW_STORE = 'mlruns'
 
 _CHECKPOINT_RE = re.compile(
@@ -59,5 +66,6 @@ def is_checkpoint(name):
 def is_run_file(name):
   """Whether `name` is a file listed above (outside the TensorBoard folders)."""
   return (name in (LOCK_FILE, CONFIG_FILE, TOKENIZER_FILE, MODEL_FILE,
-                   METRICS_FILE, RUN_FILES, HF_CONFIG_COPY) or
+                   METRICS_FILE, RUN_FILES, HF_CONFIG_COPY,
+                   GIN_CONFIG_FILE) or
           bool(_TRAX_RE.match(name)))

@@ -22,6 +22,7 @@ import re
 import sys
 
 from retrax import cli
+from retrax import run_layout
 from retrax.errors import deliberate
 from retrax.errors import Error
 from retrax.errors import one_line
@@ -131,15 +132,21 @@ def train_from_gin(config_files, bindings, output_dir=None):
     # The lock first: a live run's config.gin is not overwritten before its
     # lock refuses this one. The Loop's lock in this process takes it over.
     lock = ownership.RunLock(output_dir)
-    with atomic.atomic_write(os.path.join(output_dir, 'config.gin')) as f:
+    with atomic.atomic_write(os.path.join(output_dir,
+                                          run_layout.GIN_CONFIG_FILE)) as f:
       f.write(gin.config_str().encode())
   # The gin-configured `train` (registered by `retrax.trax_gin`): gin
   # supplies `model` and the rest, which the signature cannot show.
   try:
-    return trainer_lib.train(output_dir=output_dir)  # type: ignore[call-arg]
+    result = trainer_lib.train(output_dir=output_dir)  # type: ignore[call-arg]
   finally:
     if lock is not None:
       lock.release()  # A no-op once the Loop's lock took it over.
+  if lock is not None:  # As `retrax train` ends: where the run is, what next.
+    from retrax import jobs
+    from retrax.supervised import checkpointing
+    jobs.print_next_steps(output_dir, checkpointing.saved_step(output_dir))
+  return result
 
 
 # A launcher's rank variables: the process that writes the run directory

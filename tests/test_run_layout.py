@@ -15,7 +15,8 @@ _RETRAX = pathlib.Path(run_layout.__file__).parent
 _NAMES = {run_layout.LOCK_FILE, run_layout.CONFIG_FILE,
           run_layout.TOKENIZER_FILE, run_layout.MODEL_FILE,
           run_layout.METRICS_FILE, run_layout.RUN_FILES,
-          run_layout.HF_CONFIG_COPY, run_layout.EVENTS_PREFIX,
+          run_layout.HF_CONFIG_COPY, run_layout.GIN_CONFIG_FILE,
+          run_layout.EVENTS_PREFIX,
           run_layout.ROLLING_PREFIX, run_layout.PERMANENT_PREFIX,
           run_layout.MLFLOW_STORE}
 

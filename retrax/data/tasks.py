@@ -476,6 +476,24 @@ def _eval_windows(ids, length, batch_size):
     yield x, x, weights.copy()
 
 
+def text_eval_batches(path, length: int, batch_size: int,
+                      tokenizer=None) -> Iterator[Any]:
+  """Eval batches over all of a text file: consecutive windows of `length`
+  ids (cycling), ``(x, x, ones)`` as `text_lm_inputs`' eval stream.
+
+  Raises:
+    TextDataError: the file has fewer than `length` ids.
+  """
+  _check_positive(length=length, batch_size=batch_size)
+  tokenizer = tokenizer or TextTokenizer('bytes')
+  with open(path, 'rb') as f:
+    ids = tokenizer.encode(f.read().decode('utf-8', 'replace'))
+  if len(ids) < length:
+    raise TextDataError(f'{path} has {len(ids)} tokens, fewer than one row '
+                        f'of the model\'s length {length}; use a longer file.')
+  return _eval_windows(ids, length, batch_size)
+
+
 def text_lm_inputs(path, length: int, batch_size: int, tokenizer=None,
                    eval_fraction: float = 0.1, seed: int = 0) -> Inputs:
   """Language-model batches from one text file, evaluated on held-out text.

@@ -7,6 +7,7 @@ import pytest
 from retrax import cli
 from retrax import config as config_lib
 from retrax import jobs
+from retrax import run_commands
 
 # A TransformerLM on a 3-symbol duplication task: perfect after ~100 steps,
 # while a freshly initialised model scores about 1/3.
@@ -29,8 +30,8 @@ def trained_run(tmp_path_factory):
 def test_evaluate_returns_the_training_loops_accuracy(trained_run):
   config, train_acc = trained_run
   assert train_acc > 0.9  # the run has learned the task
-  first = jobs.evaluate(config, n_batches=4)
-  second = jobs.evaluate(config, n_batches=4)
+  first = run_commands.evaluate(config.train.output_dir, n_batches=4)
+  second = run_commands.evaluate(config.train.output_dir, n_batches=4)
   assert set(first) == {'WeightedCategoryCrossEntropy',
                         'WeightedCategoryAccuracy'}
   assert abs(first['WeightedCategoryAccuracy'] - train_acc) < 0.01
@@ -40,7 +41,7 @@ def test_evaluate_returns_the_training_loops_accuracy(trained_run):
 
 def test_eval_command_prints_the_same_numbers(trained_run, capsys):
   config, train_acc = trained_run
-  expected = jobs.evaluate(config, n_batches=3)
+  expected = run_commands.evaluate(config.train.output_dir, n_batches=3)
   for _ in range(2):
     assert cli.main(['eval', config.train.output_dir, '--batches', '3']) == 0
     text = capsys.readouterr().out

@@ -14,7 +14,10 @@ forward pass produced (e.g. LSH buckets) is replayed, not recomputed.
 Weights are stacked over heads (`w[h]` is head `h`'s), state over units with
 row `example * n_heads + head`. In `mode='predict'` (`incremental=True`) the
 state is `(mem_end, mem, per_unit_state)`: `mem` holds the last
-`predict_mem_len` inputs and `mem_end` how many are filled.
+`predict_mem_len` inputs and `mem_end` how many are filled. A state made for
+one example serves any batch: each example gets a copy of its rows (so row
+`i` of a batch computes what example `i` alone does), as `retrax.load_run`'s
+models, initialised at batch 1, are called with the user's batch.
 """
 
 import functools
@@ -95,6 +98,12 @@ def units_that_fit(batch_size, n_heads, unit_bytes, budget_bytes):
                  if batch_size % k == 0]
   fitting = [c for c in candidates if c * unit_bytes <= budget_bytes]
   return max(fitting, default=1)
+
+
+def repeat_rows(tree, n):
+  """Every leaf of `tree` (rows first) repeated `n` times along its rows."""
+  return jax.tree_util.tree_map(
+      lambda a: jnp.tile(a, (n,) + (1,) * (jnp.ndim(a) - 1)), tree)
 
 
 def _forward_of(layer_ref):
@@ -402,6 +411,8 @@ class EfficientAttentionBase(base.Layer):
       state, merge_rows = self._predict_state_rows(state, batch_size)
       inputs, state, q_start, new_mem, new_mem_end = self._use_predict_mem(
           inputs, state)
+    else:
+      state = self._units_for_batch(state, batch_size)
     outputs, new_state = [], []
     for example in range(batch_size):
       acc = jnp.zeros((seqlen, d_model), dtype=inputs[0].dtype)
@@ -426,6 +437,15 @@ class EfficientAttentionBase(base.Layer):
     self.state = tuple(new_state)
     return jnp.stack(outputs, axis=0)
 
+  def _units_for_batch(self, state, batch_size):
+    """The per-unit state for `batch_size` examples: one example's (`n_heads`
+    rows) is repeated for each; any other state is returned as it is."""
+    leaves = jax.tree_util.tree_leaves(state)
+    if batch_size > 1 and leaves and all(
+        jnp.ndim(a) and a.shape[0] == self._n_heads for a in leaves):
+      return repeat_rows(state, batch_size)
+    return state
+
   def _predict_state_rows(self, state, batch_size):
     """The predict-mode state rows a call of `batch_size` examples runs on.
 
@@ -433,7 +453,8 @@ class EfficientAttentionBase(base.Layer):
     `init_from_file` without a signature takes the file's (the training
     batch), and Trax then decodes a batch of 1 with it. A smaller batch runs
     on the first `batch_size` examples' rows, as in Trax (whose memory update
-    broadcasts a batch-1 input and whose loop reads example 0 only). Returns
+    broadcasts a batch-1 input and whose loop reads example 0 only); a
+    one-example state serves a larger batch, copied for each example. Returns
     `(state_for_the_call, merge)`; `merge(new_state)` writes the call's rows
     back into the full state, keeping its shape.
     """
@@ -447,6 +468,9 @@ class EfficientAttentionBase(base.Layer):
       state_batch = batch_size
     if state_batch == batch_size:
       return state, lambda new_state: new_state
+    if state_batch == 1:  # One example's state: a copy for each example.
+      return ((mem_end, repeat_rows(tuple(mem), batch_size),
+               repeat_rows(units, batch_size)), lambda new_state: new_state)
     if batch_size > state_batch:
       raise InputValueError(
           f'{self.name}: the predict-mode state holds {state_batch} '
@@ -637,6 +661,7 @@ class EfficientAttentionBase(base.Layer):
     if not self._incremental:
       fn = functools.partial(self.forward_unbatched, rng=rng,
                              update_state=update_state)
+      state = self._units_for_batch(state, inputs[0].shape[0])
       return fn, inputs, state, lambda new_state: new_state, None
     batch_size, seqlen = inputs[0].shape[:2]
     state, merge_rows = self._predict_state_rows(state, batch_size)

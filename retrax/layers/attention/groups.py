@@ -73,8 +73,8 @@ class Groups(NamedTuple):
             f'needs batch * n_heads = {self.n_units // layer.n_heads} * '
             f'{layer.n_heads} = {self.n_units} (one per example and head); '
             'initialize the layer with inputs of batch size '
-            f'{self.n_units // layer.n_heads} (a run: retrax.load_run('
-            f'directory, mode, batch_size={self.n_units // layer.n_heads})).')
+            f'{self.n_units // layer.n_heads} or 1 (a one-example state is '
+            'copied for each example).')
 
   def split_examples(self, a):  # [B, ...] -> [n_eg, E, ...]
     return a.reshape((self.n_example_groups, self.examples) + a.shape[1:])

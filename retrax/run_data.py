@@ -1,0 +1,92 @@
+"""The data a run directory records: where `retrax eval` and `sample` get batches.
+
+Every run holds its model (`model.json`) and checkpoints (`retrax.run_layout`
+lists the files); what it trained on is recorded by the program that made it:
+
+  run_config.json   `retrax train`: the duplication task or a text file
+                    (`jobs.build_inputs`)
+  config.gin        `python -m retrax.trainer`: the configured `train.inputs`
+                    (Trax's default `batcher` when unbound)
+  (nothing)         a `training.Loop` over the program's own streams, and the
+                    runs `retrax convert` writes: `eval --data text:FILE`
+                    names the data (`text_eval_stream`)
+
+Batches are Trax's `(inputs..., targets, weights)`: the model takes its
+`n_in` first items.
+"""
+
+import copy
+import os
+
+from retrax import config as config_lib
+from retrax.data import tasks
+from retrax.errors import one_line
+from retrax.errors import UserInputError
+from retrax.run_layout import GIN_CONFIG_FILE
+from retrax.run_layout import TOKENIZER_FILE
+
+
+class RunDataError(UserInputError):
+  """A run records no data to evaluate or prompt with, or its record is unusable."""
+
+
+def gin_inputs(directory):
+  """The `Inputs` of a gin run: its `config.gin`'s `train.inputs`.
+
+  gin's config is replaced by the run's (what `python -m retrax.trainer`
+  parsed): a config.gin is a program, as every gin file is; read only runs
+  you trust. Returns None when the run has no config.gin.
+  """
+  path = os.path.join(directory, GIN_CONFIG_FILE)
+  if not os.path.isfile(path):
+    return None
+  try:
+    import gin
+  except ImportError:
+    raise RunDataError(f'{path}: reading a gin run\'s data needs the '
+                       'gin-config package: pip install "retrax[gin]".'
+                       ) from None
+  from retrax import compat
+  from retrax.data import inputs as data_inputs
+  compat.install()  # config.gin imports `trax.*` and names Trax's functions.
+  gin.clear_config()  # No binding of another config may reach the run's.
+  try:
+    gin.parse_config_file(path)
+    try:
+      reference = gin.query_parameter('train.inputs')
+    except ValueError:  # Unbound: Trax's default, configured by the file.
+      inputs = data_inputs.batcher
+    else:
+      inputs = copy.deepcopy(reference)  # The configured function.
+    if callable(inputs) and not hasattr(inputs, 'eval_stream'):
+      inputs = inputs()
+  except (ValueError, SyntaxError, OSError, ImportError) as e:
+    raise RunDataError(f'{path}: {one_line(e)}') from None
+  if not hasattr(inputs, 'eval_stream'):
+    raise RunDataError(f'{path}: train.inputs gives a {type(inputs).__name__}'
+                       ', not an Inputs with an eval_stream.')
+  return inputs
+
+
+def tokenizer_file(directory):
+  """The `TextTokenizer` of the run's `tokenizer.model` (SentencePiece), or None."""
+  path = os.path.join(directory, TOKENIZER_FILE)
+  if os.path.isfile(path):
+    return config_lib.open_tokenizer('sentencepiece:' + path)
+  return None
+
+
+def text_eval_stream(data, length, batch_size, tokenizer=None):
+  """Batches of `length` ids walking all of text file `data` ('text:FILE')."""
+  if not data.startswith('text:'):
+    raise RunDataError(f'--data {data!r}: expected text:FILE (a UTF-8 text '
+                       'file to evaluate on).')
+  return tasks.text_eval_batches(data[len('text:'):], length, batch_size,
+                                 tokenizer)
+
+
+def no_data_error(directory):
+  """The error for a run that records no data and was given none."""
+  return RunDataError(
+      f'{directory} records no data (a Loop over a program\'s own streams, '
+      'or a converted run): name some with --data text:FILE.')
