@@ -38,17 +38,47 @@ Arms (one model size; vocab 256 bytes, dropout 0, FastGelu feed-forward):
 * `lsh-N`: `ReformerLM` with `LSHSelfAttention(n_hashes=N,
   chunk_len=--chunk_len)` (32 buckets at length 1024), trained and evaluated
   with N hashes; N = 1, 2, 4, 8.
+* `reversible-autodiff` (only when named in `--arms`): `reversible-full`
+  trained by plain autodiff (`reversible.plain_autodiff()`: activations
+  kept, no reconstruction). Its curve must overlap `reversible-full`'s: a
+  gap between the two would be the backward pass's, not the architecture's.
 
 So `separate-qk` (and `transformer`) vs `residual-full` is Figure 3 left
 (shared QK), `residual-full` vs `reversible-full` Figure 3 right, and
 `reversible-full` vs `lsh-N` Figure 4. Bits per byte = mean cross-entropy
 (nats) / ln 2 over every position of the eval windows (the first predicted
-from nothing). The script prints a table, a verdict on each claim as issue 43 reads it, at the
-last eval (shared QK and reversible within 0.02 bits/byte of their
-baselines, LSH-8 within 0.03 of full attention, LSH-1 worse than LSH-8),
-and each LSH arm's gap to full attention; `--json` and `--plot` (two
-panels: bits/byte vs steps and vs training seconds after step 1, i.e.
+from nothing). The script prints a table, a verdict on each claim as issue
+43 reads it, at the last eval (shared QK and reversible within 0.02
+bits/byte of their baselines, LSH-8 within 0.03 of full attention, LSH-1
+worse than LSH-8; with `reversible-autodiff`, reversible-full within 0.01
+of it), and each LSH arm's gap to full attention; `--json` and `--plot`
+(two panels: bits/byte vs steps and vs training seconds after step 1, i.e.
 without compilation and evaluation) write them out.
+
+`--seeds K` trains each arm with seeds `--seed` .. `--seed`+K-1 (weights
+and data order): the table and curves show the mean, the JSON keeps each
+run and the standard deviation at each eval, and a claim's difference is
+the mean over seeds of arm minus baseline (paired by seed) +- their
+standard deviation. `--lr separate=5e-3,shared=2e-3,lsh=2e-3` sets the
+peak learning rate per family (`separate`: transformer and separate-qk;
+`shared`: residual-full and the reversible arms; `lsh`) or per arm; the
+others get `--learning_rate`. `--run_dir DIR` checkpoints each arm and seed
+in `DIR/<arm>/seed<k>` at every eval with its measurements so far; the same
+command resumes there (the first step after a resume compiles and is kept
+out of the step times, as step 1 is). With `--max_minutes M` the run stops
+after the last eval that leaves time for the next stretch and exits with
+status 3: a device run in pieces is `until python ... --run_dir DIR
+--max_minutes 9; [ $? != 3 ]; do :; done`, or one call per piece.
+
+Separate QK does not stop learning because of its learning rate: at length
+256 (600 steps, batch 4) transformer and separate-qk end at 3.92-3.96
+bits/byte with peak rates 2e-3, 5e-3 and 1e-2 alike, next to the 3.77 bits
+of the corpus' byte-bigram entropy, where residual-full reaches 3.07-3.32.
+Masking a position's own key in separate-qk changes nothing (3.94);
+length-normalised shared keys with self-attention allowed keep most of
+shared QK's lead (3.52): at init, shared-QK attention already weighs
+positions by the similarity of their inputs, where separate-QK's random
+`W_q W_k^T` has to be learned out of a bigram plateau first (docs/benchmarks.md).
 
 Defaults: d_model 128 (ReformerLM: each half of its two-part residual
 stream), d_ff 512, 2 heads of 64, 2 layers, length 1024, batch 4, Adam with
@@ -80,13 +110,15 @@ Differences from the paper's setting: d_model 1024, d_ff 4096, 8 heads and
 sequences of 64K bytes (enwik8, 100 MB) or 12K pixels (imagenet64, Figure
 4's data) there, batch 8, Adafactor, many more steps on 8 accelerators;
 here a 2-layer model of 0.56-0.59M parameters, length 1024, Python's
-documentation (2.3 MB), 800 steps on a CPU, one seed per arm. As in the
-paper, the reversible arms train with the reconstructing backward pass
+documentation (2.3 MB), 800 steps on a CPU, one seed per arm (the
+README's run), in which the separate-QK arms had not left the bigram plateau.
+As in the paper, the reversible arms train with the reconstructing backward pass
 (`ReversibleSerial` recomputes each block's input from its output; no
 activations are stored).
 
     python benchmarks/real_text.py [--quick] [--arms transformer,lsh-2]
-        [--steps N] [--plot curves.png] [--json results.json]
+        [--steps N] [--seeds K] [--lr family=rate,...] [--run_dir DIR
+        [--max_minutes M]] [--plot curves.png] [--json results.json]
 """
 
 import argparse
@@ -114,15 +146,23 @@ from retrax import lr
 from retrax import models
 from retrax import optimizers
 from retrax import shapes
+from retrax.layers import reversible
 from retrax.supervised import training
 
 ARMS = ('transformer', 'separate-qk', 'residual-full', 'reversible-full',
-        'lsh-1', 'lsh-2', 'lsh-4', 'lsh-8')
+        'lsh-1', 'lsh-2', 'lsh-4', 'lsh-8', 'reversible-autodiff')
+# The README's arms; `reversible-autodiff` (the reconstruction check) on request.
+DEFAULT_ARMS = ARMS[:-1]
 ALIASES = {'transformer-shared-qk': 'residual-full'}
+# `--lr` sets a learning rate per family (or per arm).
+FAMILIES = {'separate': ('transformer', 'separate-qk'),
+            'shared': ('residual-full', 'reversible-full',
+                       'reversible-autodiff'),
+            'lsh': ('lsh-1', 'lsh-2', 'lsh-4', 'lsh-8')}
 DEFAULTS = dict(length=1024, batch=4, steps=800, d_model=128, d_ff=512,
-                n_heads=2, n_layers=2, chunk_len=64, learning_rate=2e-3,
+                n_heads=2, n_layers=2, chunk_len=64, learning_rate=2e-3, lr='',
                 warmup=100, eval_every=100, eval_windows=64, eval_share=0.05,
-                seed=0, arms=','.join(ARMS), plot='')
+                seed=0, seeds=1, arms=','.join(DEFAULT_ARMS), plot='')
 QUICK = dict(length=128, batch=2, steps=30, d_model=32, d_ff=64, n_heads=2,
              n_layers=1, chunk_len=16, warmup=5, eval_every=15,
              eval_windows=4, learning_rate=1e-2)
@@ -138,7 +178,11 @@ CLAIMS = (
     ('Fig. 4: LSH-8 within 0.03 of full attention', 'lsh-8',
      'reversible-full', lambda d: d <= 0.03),
     ('Fig. 4: LSH-1 worse than LSH-8', 'lsh-1', 'lsh-8', lambda d: d > 0),
+    ('reconstructing backward within 0.01 of plain autodiff',
+     'reversible-full', 'reversible-autodiff', lambda d: abs(d) <= 0.01),
 )
+# Exit status of a run that stopped at --max_minutes (run it again).
+UNFINISHED = 3
 # Test and site-package directories hold code, not documentation.
 _SKIPPED_DIRS = {'test', 'tests', 'idle_test', 'site-packages',
                  'dist-packages', '__pycache__'}
@@ -189,13 +233,34 @@ def split_corpus(corpus, cfg):
   return train, np.stack([held_out[s:s + cfg.length] for s in starts])
 
 
-def train_batches(train, cfg):
-  """Endless `(x, x, weights)` batches of seeded random crops of `train`."""
-  rng = np.random.RandomState(cfg.seed)
+def train_batches(train, cfg, seed=None):
+  """Endless `(x, x, weights)` batches of random crops of `train`, seeded by
+  `seed` (default `cfg.seed`)."""
+  rng = np.random.RandomState(cfg.seed if seed is None else seed)
   while True:
     starts = rng.randint(0, len(train) - cfg.length + 1, size=cfg.batch)
     x = np.stack([train[s:s + cfg.length] for s in starts]).astype(np.int32)
     yield x, x, np.ones(x.shape, np.float32)
+
+
+def learning_rates(cfg):
+  """`{arm: learning rate}` of every arm: `--lr`'s arm, else family, else
+  `--learning_rate`."""
+  rates = {}
+  for item in filter(None, cfg.lr.split(',')):
+    key, _, value = item.partition('=')
+    key = ALIASES.get(key.strip(), key.strip())
+    if key not in FAMILIES and key not in ARMS:
+      raise ValueError(f'--lr: {key!r} is neither a family '
+                       f'({", ".join(FAMILIES)}) nor an arm; got {cfg.lr!r}.')
+    try:
+      rates[key] = float(value)
+    except ValueError:
+      raise ValueError(f'--lr: {item!r} is not name=rate (e.g. '
+                       f'separate=5e-3); got {cfg.lr!r}.') from None
+  family = {arm: name for name, arms in FAMILIES.items() for arm in arms}
+  return {arm: rates.get(arm, rates.get(family[arm], cfg.learning_rate))
+          for arm in ARMS}
 
 
 def canonical(arm):
@@ -219,7 +284,7 @@ def build_model(arm, cfg, mode):
     return models.ConfigurableTransformerLM(attention_type=attention,
                                             ff_dropout=0.0, **common)
   d_head = cfg.d_model // cfg.n_heads
-  if arm == 'reversible-full':
+  if arm in ('reversible-full', 'reversible-autodiff'):
     attention = full
   else:
     attention = functools.partial(tl.LSHSelfAttention, chunk_len=cfg.chunk_len,
@@ -252,65 +317,160 @@ def evaluator(arm, cfg, eval_windows):
   return bits_per_byte
 
 
-def train(arm, cfg, train_bytes, eval_windows, log=print):
+class Unfinished(Exception):
+  """The run stopped at `--max_minutes`; the same command continues it."""
+
+
+def _write_json(path, value):
+  """Writes `value` to `path` whole or not at all (a temporary, then a rename)."""
+  with open(path + '.tmp', 'w') as f:
+    json.dump(value, f, indent=1)
+  os.replace(path + '.tmp', path)
+
+
+def _read_json(path, default=None):
+  if not os.path.exists(path):
+    return default
+  with open(path) as f:
+    return json.load(f)
+
+
+def _loop(arm, cfg, train_bytes, seed, run_dir):
+  """A `Loop` training `arm` with Adam at its learning rate (see `train`)."""
+  rate = learning_rates(cfg)[arm]
+  batches = train_batches(train_bytes, cfg, seed)
+  first = next(train_batches(train_bytes, cfg, seed))  # For shapes only.
+  task = training.TrainTask(
+      batches, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(rate),
+      lr_schedule=lr.warmup_and_rsqrt_decay(cfg.warmup, rate),
+      n_steps_per_checkpoint=None, sample_batch=first)
+  # Train loss: the mean since the last log, logged at each eval step. A
+  # resumed Loop skips the batches the checkpointed run took.
+  return training.Loop(build_model(arm, cfg, 'train'), task,
+                       output_dir=run_dir, random_seed=seed,
+                       progress_bar=False, log_every=cfg.eval_every,
+                       keep_checkpoints=1, write_trax_files=False)
+
+
+def train(arm, cfg, train_bytes, eval_windows, log=print, seed=None,
+          run_dir=None, deadline=None):
   """Trains `arm` for `cfg.steps` steps, evaluating every `cfg.eval_every`.
+
+  `seed` (default `cfg.seed`) seeds the weights and the data order. With
+  `run_dir`, the run checkpoints there at every eval (and step 1) with its
+  measurements so far, and resumes from it; with `deadline` (a `time.time()`)
+  it raises `Unfinished` after the last eval that leaves time for the next.
+  The reversible-autodiff arm is traced inside `plain_autodiff()`.
 
   Returns:
     {'curve': [(step, eval bits/byte, train bits/byte, seconds of training
      after step 1)], 'first_step_s': seconds of step 1 (compilation
-     included), 'step_s': median seconds per step after it, 'train_s' (all
-     steps), 'eval_s'}. Training seconds exclude evaluation; the curve's
-     also exclude step 1, so that compilation does not shift it.
+     included), 'resume_s': seconds of the first step after each resume
+     (compilation again), 'step_s': median seconds per step of the other
+     stretches, 'per_step': each one's, 'train_s' (all steps), 'eval_s'}.
+     Training seconds exclude evaluation; the curve's also exclude the
+     compiling steps, so that compilation does not shift it.
   """
-  batches = train_batches(train_bytes, cfg)
-  first = next(train_batches(train_bytes, cfg))  # For shapes only.
-  task = training.TrainTask(
-      batches, tl.WeightedCategoryCrossEntropy(),
-      optimizers.Adam(cfg.learning_rate),
-      lr_schedule=lr.warmup_and_rsqrt_decay(cfg.warmup, cfg.learning_rate),
-      n_steps_per_checkpoint=None, sample_batch=first)
-  # Train loss: the mean since the last log, logged at each eval step.
-  loop = training.Loop(build_model(arm, cfg, 'train'), task,
-                       random_seed=cfg.seed, progress_bar=False,
-                       log_every=cfg.eval_every)
+  seed = cfg.seed if seed is None else seed
+  progress_path = run_dir and os.path.join(run_dir, 'progress.json')
+  done = _read_json(progress_path, {}) if run_dir else {}
+  if done.get('step') == cfg.steps:
+    return done['result']
+  loop = _loop(arm, cfg, train_bytes, seed, run_dir)
+  result = done.get('result', dict(curve=[], first_step_s=None, per_step=[],
+                                   resume_s=[], train_s=0.0, eval_s=0.0))
+  if loop.step != done.get('step', 0):
+    raise ValueError(
+        f'{run_dir}: the checkpoint is at step {loop.step} but the '
+        f'measurements at step {done.get("step", 0)} (stopped between the '
+        f'two writes); delete {run_dir} to train {arm} afresh.')
   evaluate = evaluator(arm, cfg, eval_windows)
-  train_s, eval_s, per_step, curve = 0.0, 0.0, [], []
+  autodiff = (reversible.plain_autodiff if arm == 'reversible-autodiff'
+              else contextlib.nullcontext)
+  compiled = False
   while loop.step < cfg.steps:
-    # Step 1 alone, so that its compilation stays out of the step time.
-    n = 1 if loop.step == 0 else min(
+    # The first step of a process alone (step 1, or the first after a
+    # resume), so that its compilation stays out of the step time.
+    n = 1 if not compiled else min(
         cfg.eval_every - loop.step % cfg.eval_every, cfg.steps - loop.step)
-    start = time.time()
-    with contextlib.redirect_stdout(io.StringIO()):  # The Loop's own log.
+    stretch_start = start = time.time()
+    with autodiff(), contextlib.redirect_stdout(io.StringIO()):  # Its log.
       loop.run(n)
     seconds = time.time() - start
-    train_s += seconds
+    result['train_s'] += seconds
     if loop.step == 1:
-      first_step_s = seconds
+      result['first_step_s'] = seconds
+    elif not compiled:
+      result['resume_s'].append(seconds)
     else:
-      per_step.append(seconds / n)
-    if loop.step % cfg.eval_every and loop.step < cfg.steps:
-      continue
-    start = time.time()
-    bpb = evaluate(loop.model.weights)
-    eval_s += time.time() - start
-    loss = loop.history.get('train', 'metrics/WeightedCategoryCrossEntropy')
-    curve.append((loop.step, bpb, loss[-1][1] / math.log(2),
-                  train_s - first_step_s))
-    log(f'  {arm:>15s} step {loop.step:5d}: eval {bpb:.4f} bits/byte, train '
-        f'{curve[-1][2]:.4f} ({train_s:.0f} s training, {eval_s:.0f} s '
-        f'eval)')
-  return dict(curve=curve, first_step_s=first_step_s,
-              step_s=statistics.median(per_step) if per_step else None,
-              train_s=train_s, eval_s=eval_s)
+      result['per_step'].append(seconds / n)
+    compiled = True
+    if not loop.step % cfg.eval_every or loop.step == cfg.steps:
+      start = time.time()
+      bpb = evaluate(loop.model.weights)
+      result['eval_s'] += time.time() - start
+      loss = loop.history.get('train',
+                              'metrics/WeightedCategoryCrossEntropy')
+      result['curve'].append([loop.step, bpb, loss[-1][1] / math.log(2),
+                              result['train_s'] - result['first_step_s'] -
+                              sum(result['resume_s'])])
+      log(f'  {arm:>15s} seed {seed} step {loop.step:5d}: eval {bpb:.4f} '
+          f'bits/byte, train {result["curve"][-1][2]:.4f} '
+          f'({result["train_s"]:.0f} s training, {result["eval_s"]:.0f} s '
+          f'eval)')
+    result['step_s'] = (statistics.median(result['per_step'])
+                        if result['per_step'] else None)
+    if run_dir:
+      _write_json(progress_path, dict(step=loop.step, result=result))
+    # Stops if the next stretch of eval_every steps, as long as this one,
+    # would end past the deadline (step 1 is a stretch of its own).
+    if (deadline is not None and loop.step > 1 and loop.step < cfg.steps and
+        2 * time.time() - stretch_start > deadline):
+      raise Unfinished(f'{arm} seed {seed} at step {loop.step}')
+  return result
 
 
-def run(cfg, corpus=None, log=print):
-  """Trains every arm of `cfg.arms` on `corpus` (default: `build_corpus()`).
+def summarize(runs, rate, seeds):
+  """One arm's result over its seeds' `train` results.
+
+  One seed: that run's result. Several: the mean curve, `eval_sd` (the
+  standard deviation of eval bits/byte at each eval) and `runs`.
+  """
+  result = dict(runs[0]) if len(runs) == 1 else dict(
+      curve=[[statistics.mean(c) for c in zip(*points)]
+             for points in zip(*(r['curve'] for r in runs))],
+      eval_sd=[statistics.stdev(points) for points in zip(
+          *([c[1] for c in r['curve']] for r in runs))],
+      first_step_s=statistics.mean(r['first_step_s'] for r in runs),
+      step_s=statistics.median(r['step_s'] for r in runs),
+      train_s=statistics.mean(r['train_s'] for r in runs),
+      eval_s=statistics.mean(r['eval_s'] for r in runs), runs=runs)
+  result.pop('per_step', None)
+  result.pop('resume_s', None)
+  return dict(result, learning_rate=rate, seeds=seeds)
+
+
+def _run_config(cfg):
+  """What a run directory's results depend on (not which arms, nor where
+  the results go)."""
+  return {k: v for k, v in vars(cfg).items() if k not in ('arms', 'plot')}
+
+
+def run(cfg, corpus=None, log=print, run_dir=None, deadline=None):
+  """Trains every arm of `cfg.arms` for `cfg.seeds` seeds on `corpus`
+  (default: `build_corpus()`).
+
+  With `run_dir`, each arm and seed trains in `run_dir/<arm>/seed<k>` and
+  a rerun of the same config resumes there (see `train`).
 
   Returns a JSON-able dict: the config, the corpus (bytes, sha256, Python
-  version, train/eval sizes), per arm the result of `train`, and `claims`.
+  version, train/eval sizes), per arm `summarize` of its seeds, and
+  `claims`.
   """
   arms = list(dict.fromkeys(canonical(a) for a in cfg.arms.split(',')))
+  if cfg.seeds < 1:
+    raise ValueError(f'--seeds must be at least 1; got {cfg.seeds}.')
+  rates = learning_rates(cfg)
   corpus = build_corpus() if corpus is None else corpus
   train_bytes, eval_windows = split_corpus(corpus, cfg)
   info = dict(bytes=len(corpus), sha256=hashlib.sha256(corpus).hexdigest(),
@@ -321,9 +481,23 @@ def run(cfg, corpus=None, log=print):
       f'documentation (sha256 {info["sha256"][:16]}...), {info["train_bytes"]:,}'
       f' for training, eval on {len(eval_windows)} windows of the last '
       f'{info["eval_bytes"]:,}')
+  if run_dir:
+    os.makedirs(run_dir, exist_ok=True)
+    setting = dict(config=_run_config(cfg), corpus=info)
+    path = os.path.join(run_dir, 'config.json')
+    before = _read_json(path)
+    if before is None:
+      _write_json(path, setting)
+    elif before != setting:
+      raise ValueError(f'--run_dir {run_dir} holds a run of another config '
+                       f'or corpus: {before} vs now {setting}.')
   results = dict(config=vars(cfg), corpus=info, arms={})
+  seeds = [cfg.seed + k for k in range(cfg.seeds)]
   for arm in arms:
-    results['arms'][arm] = train(arm, cfg, train_bytes, eval_windows, log)
+    runs = [train(arm, cfg, train_bytes, eval_windows, log, seed,
+                  run_dir and os.path.join(run_dir, arm, f'seed{seed}'),
+                  deadline) for seed in seeds]
+    results['arms'][arm] = summarize(runs, rates[arm], seeds)
   results['claims'] = claims(results)
   return results
 
@@ -334,34 +508,59 @@ def format_table(results):
   steps = sorted({c[0] for curve in curves.values() for c in curve})
   shown = sorted({steps[len(steps) // 4], steps[len(steps) // 2], steps[-1]})
   lines = ['held-out bits per byte at step ' + ', '.join(map(str, shown)) +
-           '; median s/step after step 1; s of step 1 (compile); seconds of '
+           ' (the mean over seeds; sd: at the last step); learning rate; '
+           'median s/step after step 1; s of step 1 (compile); seconds of '
            'training and of evaluation',
-           f'{"arm":>15s} ' + ' '.join(f'{s:>7d}' for s in shown) +
-           f' {"s/step":>7s} {"step 1":>7s} {"train s":>8s} {"eval s":>7s}']
+           f'{"arm":>19s} ' + ' '.join(f'{s:>7d}' for s in shown) +
+           f' {"sd":>6s} {"seeds":>5s} {"lr":>7s} {"s/step":>7s} '
+           f'{"step 1":>7s} {"train s":>8s} {"eval s":>7s}']
   for arm, r in results['arms'].items():
     at = {c[0]: c[1] for c in r['curve']}
-    lines.append(f'{arm:>15s} ' + ' '.join(
+    sd = f'{r["eval_sd"][-1]:>6.4f}' if 'eval_sd' in r else f'{"-":>6s}'
+    rate = r.get('learning_rate',
+                 results.get('config', {}).get('learning_rate'))
+    rate = f'{rate:>7.1e}' if rate is not None else f'{"-":>7s}'
+    lines.append(f'{arm:>19s} ' + ' '.join(
         f'{at[s]:>7.4f}' if s in at else f'{"-":>7s}' for s in shown) +
-        f' {r["step_s"] or 0:>7.3f} {r["first_step_s"]:>7.1f} '
+        f' {sd} {len(r.get("seeds", [0])):>5d} {rate} '
+        f'{r["step_s"] or 0:>7.3f} {r["first_step_s"] or 0:>7.1f} '
         f'{r["train_s"]:>8.0f} {r["eval_s"]:>7.0f}')
   return '\n'.join(lines)
 
 
+def _finals(result):
+  """Last eval bits/byte of each seed's run of an arm."""
+  return [r['curve'][-1][1] for r in result.get('runs', [result])]
+
+
 def claims(results):
-  """`[{claim, arm, baseline, difference, holds}]` for the arms that ran."""
-  final = {arm: r['curve'][-1][1] for arm, r in results['arms'].items()}
-  return [dict(claim=claim, arm=arm, baseline=base,
-               difference=final[arm] - final[base],
-               holds=bool(test(final[arm] - final[base])))
-          for claim, arm, base, test in CLAIMS
-          if arm in final and base in final]
+  """`[{claim, arm, baseline, difference, sd, n_seeds, holds}]` for the arms
+  that ran: `difference` is the mean over seeds of arm minus baseline at the
+  last eval (paired by seed), `sd` their standard deviation (None for one
+  seed); the claim's test is applied to the mean."""
+  arms = results['arms']
+  found = []
+  for claim, arm, base, test in CLAIMS:
+    if arm not in arms or base not in arms:
+      continue
+    a, b = _finals(arms[arm]), _finals(arms[base])
+    paired = ([x - y for x, y in zip(a, b)] if len(a) == len(b) else
+              [statistics.mean(a) - statistics.mean(b)])
+    difference = statistics.mean(paired)
+    found.append(dict(claim=claim, arm=arm, baseline=base,
+                      difference=difference,
+                      sd=statistics.stdev(paired) if len(paired) > 1 else None,
+                      n_seeds=len(paired), holds=bool(test(difference))))
+  return found
 
 
 def format_claims(results):
   """The claims' verdicts, and every LSH arm's gap to full attention."""
   lines = [f'{c["claim"]}: {c["arm"]} - {c["baseline"]} = '
-           f'{c["difference"]:+.4f} bits/byte: '
-           f'{"holds" if c["holds"] else "does not hold"}'
+           f'{c["difference"]:+.4f}'
+           + (f' +- {c["sd"]:.4f} ({c["n_seeds"]} seeds)' if c.get('sd')
+              is not None else '') +
+           f' bits/byte: {"holds" if c["holds"] else "does not hold"}'
            for c in results['claims']]
   arms = results['arms']
   if 'reversible-full' in arms:
@@ -443,13 +642,22 @@ def parse_args(argv=None):
   parser.add_argument('--merge', default=None, metavar='A.json,B.json',
                       help='train nothing: merge the --json results of runs '
                       'of different arms (e.g. one per core) and report them')
+  parser.add_argument('--run_dir', default=None,
+                      help='checkpoint each arm and seed here at every eval; '
+                      'the same command resumes from it')
+  parser.add_argument('--max_minutes', type=float, default=None,
+                      help=f'with --run_dir: stop after the last eval that '
+                      f'leaves time for the next, exit status {UNFINISHED}')
   args = parser.parse_args(argv)
   for key, value in {**DEFAULTS, **(QUICK if args.quick else {})}.items():
     if getattr(args, key) is None:
       setattr(args, key, value)
+  if args.max_minutes is not None and not args.run_dir:
+    parser.error('--max_minutes needs --run_dir (where the next run resumes)')
   # What to do with the results is not part of the config they record.
-  options = dict(json=args.json, merge=args.merge)
-  del args.json, args.merge, args.quick
+  options = dict(json=args.json, merge=args.merge, run_dir=args.run_dir,
+                 max_minutes=args.max_minutes)
+  del args.json, args.merge, args.quick, args.run_dir, args.max_minutes
   return args, options
 
 
@@ -468,19 +676,35 @@ def report(results, plot_path, json_path):
 
 
 def main(argv=None):
+  """Runs (or merges) and reports; returns the exit status (`UNFINISHED`
+  when `--max_minutes` stopped the run)."""
+  start = time.time()
   cfg, options = parse_args(argv)
   if options['merge']:
     results = merge(options['merge'].split(','))
     report(results, cfg.plot, options['json'])
-    return
+    return 0
+  rates = learning_rates(cfg)
+  arms = [canonical(a) for a in cfg.arms.split(',')]
   print(f'jax {jax.__version__} on {jax.devices()[0].platform}; d_model '
         f'{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_heads} heads, {cfg.n_layers} '
         f'layers, length {cfg.length}, batch {cfg.batch}, {cfg.steps} steps, '
-        f'Adam warmup_and_rsqrt_decay({cfg.warmup}, {cfg.learning_rate}), LSH '
-        f'chunk_len {cfg.chunk_len}', flush=True)
-  results = run(cfg, log=functools.partial(print, flush=True))
+        f'{cfg.seeds} seed(s) from {cfg.seed}, Adam warmup_and_rsqrt_decay('
+        f'{cfg.warmup}, lr) with lr ' + ', '.join(
+            f'{arm} {rates[arm]:g}' for arm in dict.fromkeys(arms)) +
+        f'; LSH chunk_len {cfg.chunk_len}', flush=True)
+  deadline = (start + 60 * options['max_minutes']
+              if options['max_minutes'] is not None else None)
+  try:
+    results = run(cfg, log=functools.partial(print, flush=True),
+                  run_dir=options['run_dir'], deadline=deadline)
+  except Unfinished as e:
+    print(f'unfinished ({e}) after {options["max_minutes"]} minutes: run the '
+          f'same command again to continue from {options["run_dir"]}.')
+    return UNFINISHED
   report(results, cfg.plot, options['json'])
+  return 0
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(main())

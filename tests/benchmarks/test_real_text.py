@@ -135,8 +135,9 @@ def test_main_quick_writes_every_arm(tmp_path):
   real_text.main(['--quick', '--json', str(tmp_path / 'r.json'),
                   '--plot', str(tmp_path / 'r.png')])
   results = json.loads((tmp_path / 'r.json').read_text())
-  assert list(results['arms']) == list(real_text.ARMS)
-  assert len(results['claims']) == len(real_text.CLAIMS)
+  assert list(results['arms']) == list(real_text.DEFAULT_ARMS)
+  # All but the reconstruction check (its arm runs on request).
+  assert len(results['claims']) == len(real_text.CLAIMS) - 1
   assert all(1.0 < r['curve'][-1][1] < 6.0 for r in results['arms'].values())
   assert (tmp_path / 'r.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
@@ -191,3 +192,75 @@ def test_separate_qk_differs_from_residual_full_by_a_key_projection():
   # One d_model x d_model key matrix per layer (heads of d_model / n_heads).
   assert sizes['separate-qk'] - sizes['residual-full'] == (
       cfg.n_layers * cfg.d_model * cfg.d_model)
+
+
+def test_learning_rates_by_arm_then_family_then_default():
+  rates = real_text.learning_rates(quick_config(
+      learning_rate=1e-3, lr='separate=5e-3,lsh-2=4e-3,lsh=3e-3,'
+      'transformer-shared-qk=2e-3'))
+  assert rates == {'transformer': 5e-3, 'separate-qk': 5e-3,
+                   'residual-full': 2e-3, 'reversible-full': 1e-3,
+                   'reversible-autodiff': 1e-3, 'lsh-1': 3e-3, 'lsh-2': 4e-3,
+                   'lsh-4': 3e-3, 'lsh-8': 3e-3}
+  with pytest.raises(ValueError, match="--lr: 'lsh-3' is neither"):
+    real_text.learning_rates(quick_config(lr='lsh-3=1e-3'))
+  with pytest.raises(ValueError, match="--lr: 'shared' is not name=rate"):
+    real_text.learning_rates(quick_config(lr='shared'))
+
+
+def test_seeds_give_mean_curves_and_paired_claims():
+  def seed_run(*bpbs):
+    return dict(curve=[(100, bpbs[0], 5.0, 1.0), (200, bpbs[1], 4.0, 3.0)],
+                first_step_s=2.0, step_s=0.5, train_s=10.0, eval_s=1.0,
+                per_step=[0.5], resume_s=[])
+  residual = real_text.summarize([seed_run(4.0, 3.0), seed_run(4.2, 3.2)],
+                                 2e-3, [0, 1])
+  reversible = real_text.summarize([seed_run(4.1, 3.1), seed_run(4.1, 3.5)],
+                                   2e-3, [0, 1])
+  np.testing.assert_allclose(residual['curve'],
+                             [(100, 4.1, 5.0, 1.0), (200, 3.1, 4.0, 3.0)])
+  np.testing.assert_allclose(residual['eval_sd'], [0.2 / 2 ** 0.5] * 2)
+  assert residual['seeds'] == [0, 1] and len(residual['runs']) == 2
+  assert 'per_step' not in residual and residual['learning_rate'] == 2e-3
+  results = dict(arms={'residual-full': residual,
+                       'reversible-full': reversible})
+  (claim,) = results['claims'] = real_text.claims(results)
+  # Differences by seed: 0.1 and 0.3.
+  np.testing.assert_allclose([claim['difference'], claim['sd']],
+                             [0.2, 0.2 / 2 ** 0.5])
+  assert claim['n_seeds'] == 2 and not claim['holds']
+  assert '+0.2000 +- 0.1414 (2 seeds)' in real_text.format_claims(results)
+  one = real_text.summarize([seed_run(4.0, 3.0)], 1e-3, [0])
+  assert 'runs' not in one and one['curve'][-1][1] == 3.0
+
+
+@pytest.mark.slow  # ~25 s of CPU: three compilations of the training step.
+def test_a_run_stopped_at_its_deadline_resumes_where_it_stopped(tmp_path):
+  # Stopped after the first eval (no time left), then continued: the same
+  # curve as an uninterrupted run (weights, optimizer and data order
+  # resumed), and the second process's compilation kept out of the times.
+  corpus = real_text.__doc__.encode() * 10
+  cfg = quick_config(arms='residual-full')
+  quiet = lambda *_: None
+  whole = real_text.run(cfg, corpus, quiet)
+  run_dir = str(tmp_path / 'run')
+  with pytest.raises(real_text.Unfinished, match='residual-full seed 0 at '
+                     'step 15'):
+    real_text.run(cfg, corpus, quiet, run_dir=run_dir, deadline=0.0)
+  pieces = real_text.run(cfg, corpus, quiet, run_dir=run_dir)
+  curve, want = (r['arms']['residual-full']['curve'] for r in (pieces, whole))
+  assert [c[0] for c in curve] == [15, 30]
+  np.testing.assert_allclose([c[1:3] for c in curve],
+                             [c[1:3] for c in want], rtol=1e-5)
+  progress = json.loads((tmp_path / 'run' / 'residual-full' / 'seed0' /
+                         'progress.json').read_text())
+  assert progress['step'] == 30 and len(progress['result']['resume_s']) == 1
+  assert len(progress['result']['per_step']) == 2  # Steps 2-15 and 17-30.
+  # Finished: a rerun reads the results; another config is refused.
+  again = real_text.run(cfg, corpus, quiet, run_dir=run_dir)
+  assert again['arms'] == pieces['arms']
+  with pytest.raises(ValueError, match='holds a run of another config'):
+    real_text.run(quick_config(arms='residual-full', steps=45), corpus, quiet,
+                  run_dir=run_dir)
+  with pytest.raises(SystemExit):
+    real_text.parse_args(['--max_minutes', '5'])  # Without --run_dir.
