@@ -37,41 +37,15 @@ def _ok(code, *args):
   return out.stdout
 
 
-def test_every_configurable_trax_registers_is_registered():
+def test_registering_declares_every_trax_name_and_bindings_reach_them():
+  # `import retrax as trax`, no compat: importing retrax installs nothing,
+  # importing gin changes nothing, one explicit call registers every name
+  # Trax registers and rebinds nothing (references taken before it see the
+  # bindings too), and `import trax` stays unredirected.
   with open(os.path.join(_GIN_DIR, 'trax_configurables.txt')) as f:
     trax_names = [line for line in f.read().splitlines() if line[0] != '#']
   out = _ok('''
       import json, sys
-      import gin
-      import retrax
-      from retrax.data import tensorflow_only
-      retrax.trax_gin.register()
-      names = json.loads(sys.argv[1])
-      missing, stand_ins = [], []
-      for name in names:
-        found = gin.config._REGISTRY.get_match(name)
-        if found is None or found.selector != name:
-          missing.append(name)
-        elif (found.wrapped.__module__ == 'retrax.trax_gin' and
-              name != 'trax.fastmath.ops.backend'):
-          stand_ins.append(name.split('.')[-1])
-      print(json.dumps([missing, stand_ins,
-                        sorted(tensorflow_only.TF_ONLY_NAMES)]))
-  ''', json.dumps(trax_names))
-  missing, stand_ins, tf_only = json.loads(out)
-  assert len(trax_names) == 186 and not missing
-  # Only Trax's TensorFlow data functions that retrax lacks are stand-ins.
-  assert set(stand_ins) <= set(tf_only)
-  assert 'CreateMathQAInputs' in stand_ins and 'batcher' not in stand_ins
-
-
-def test_bindings_reach_public_names_defaults_and_classes():
-  # `import retrax as trax`, no compat: importing retrax installs nothing,
-  # importing gin changes nothing, one explicit call registers the names and
-  # rebinds nothing (references taken before it see the bindings too), and
-  # `import trax` stays unredirected.
-  _ok('''
-      import sys
       import numpy as np
       import retrax as trax
       from retrax import layers as tl
@@ -98,6 +72,14 @@ def test_bindings_reach_public_names_defaults_and_classes():
       assert spec(attention_type=tl.LSHSelfAttention) == lsh_spec
       trax.trax_gin.register()
       assert spec(attention_type=tl.LSHSelfAttention) == lsh_spec
+      missing, stand_ins = [], []
+      for name in json.loads(sys.argv[1]):
+        found = gin.config._REGISTRY.get_match(name)
+        if found is None or found.selector != name:
+          missing.append(name)
+        elif (found.wrapped.__module__ == 'retrax.trax_gin' and
+              name != 'trax.fastmath.ops.backend'):
+          stand_ins.append(name.split('.')[-1])
       assert not retrax_finders() and 'trax' not in sys.modules
       changed = sorted(f'{m}.{n}' for (m, n), v in public.items()
                        if getattr(sys.modules[m], n) is not v)
@@ -152,18 +134,28 @@ def test_bindings_reach_public_names_defaults_and_classes():
       assert (trax.data.lm1b_preprocess is tf_inputs.lm1b_preprocess is
               preprocessing.lm1b_preprocess)
       assert trax.supervised.train is trax.supervised.trainer_lib.train
-  ''')
+      from retrax.data import tensorflow_only
+      print(json.dumps([missing, stand_ins,
+                        sorted(tensorflow_only.TF_ONLY_NAMES)]))
+  ''', json.dumps(trax_names))
+  missing, stand_ins, tf_only = json.loads(out.splitlines()[-1])
+  assert len(trax_names) == 186 and not missing
+  # Only Trax's TensorFlow data functions that retrax lacks are stand-ins.
+  assert set(stand_ins) <= set(tf_only)
+  assert 'CreateMathQAInputs' in stand_ins and 'batcher' not in stand_ins
 
 
-def test_positional_arguments_win_over_bindings_as_in_trax():
+def test_under_compat_positional_arguments_win_and_mode_is_not_bindable():
+  # gin imported before `compat.install()`, which registers at once.
   # retrax's models and attention layers are decorated (`*args, **kwargs`);
   # gin still sees their parameters (Trax's decoding_test leaves
   # `TransformerLM.vocab_size = 13` bound, then calls TransformerLM(10)).
   _ok('''
       import gin
       import pytest
-      import retrax as trax
-      trax.trax_gin.register()
+      from retrax import compat
+      compat.install()
+      import trax
       gin.parse_config("""
           TransformerLM.vocab_size = 13
           TransformerLM.d_model = 16
@@ -184,16 +176,6 @@ def test_positional_arguments_win_over_bindings_as_in_trax():
                       'CausalAttention.no_such = 1'):
         with pytest.raises(ValueError, match='no_such'):
           gin.parse_config(binding)
-  ''')
-
-
-def test_mode_is_not_bindable_and_tensorflow_names_say_what_to_use():
-  _ok('''
-      import gin
-      import pytest
-      from retrax import compat
-      compat.install()
-      import trax
       with pytest.raises(ValueError, match='mode'):
         gin.parse_config('LSHSelfAttention.mode = "predict"')
       # Parses, as in Trax; the call says what to use instead.
