@@ -23,6 +23,17 @@ from retrax.layers.attention import ops
 from retrax.validation import ArgumentValueError
 
 
+@pytest.fixture(autouse=True)
+def _full_precision_matmuls():
+  """Float32 dots at full precision, in the kernel and in XLA alike.
+
+  A TPU's default rounds float32 dot operands to bfloat16 (CPUs do not), so
+  on the chip too the comparisons below hold to float32 rounding.
+  """
+  with jax.default_matmul_precision('highest'):
+    yield
+
+
 def numpy_chunked_attention(q, k, v, q_info, kv_info, before, after, causal,
                             exclude_self, masked, keep=None):
   """Float64 chunked attention: `(out [N, C, V], lse [N, C])`.
@@ -354,9 +365,9 @@ def test_implementation_argument_and_environment_variable(monkeypatch):
 
 def test_kernel_matmuls_take_the_precision_xla_dots_get():
   assert chunked_kernel.matmul_precision(on_tpu=False) is None
-  assert chunked_kernel.matmul_precision(on_tpu=True) == 'bfloat16'
-  with jax.default_matmul_precision('highest'):
-    assert chunked_kernel.matmul_precision(on_tpu=True) == 'float32'
+  assert chunked_kernel.matmul_precision(on_tpu=True) == 'float32'  # fixture
+  with jax.default_matmul_precision(None):  # JAX's default
+    assert chunked_kernel.matmul_precision(on_tpu=True) == 'bfloat16'
   with precision.matmul_precision('bfloat16'):
     assert chunked_kernel.matmul_precision(on_tpu=False) == 'bfloat16'
 
