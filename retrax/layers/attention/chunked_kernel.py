@@ -14,7 +14,7 @@ VMEM (as flash attention does) and writes `dq`, `dk`, `dv`.
 Layout. Queries, keys and values are `[N, C, d]` (chunked, sorted if LSH);
 per-position vectors (position infos, log-normaliser, its cotangent) are
 rows `[N, 1, C]`. One grid step takes `G` consecutive chunks (a divisor of
-`N`, at most `MAX_BLOCK_CHUNKS` and `rows_per_step // C`): blocks `(G, C,
+`N` sized by `block_chunks`: up to 1024 query rows): blocks `(G, C,
 d)` of queries, keys and values, plus the `n_chunks_before` chunks before
 the block and the `n_chunks_after` after it as separate one-chunk blocks
 (the neighbours, fetched by index maps modulo `N`). Every block's last two
@@ -131,10 +131,11 @@ class Config(NamedTuple):
 def matmul_precision(on_tpu):
   """`Config.matmul_dtype` that gives the kernel's matmuls XLA's precision.
 
-  Under the bfloat16 policy 'bfloat16'. Otherwise, on a TPU, XLA's float32
-  dots take one bfloat16 pass unless `jax.default_matmul_precision` asks
-  for more: 'bfloat16' then, else 'float32' (full precision). Off a TPU
-  (interpreted) None: XLA's own dots compute the interpreted kernel.
+  'bfloat16' under the bfloat16 policy. Otherwise, on a TPU, 'bfloat16'
+  under JAX's default precision (XLA's float32 dots take one bfloat16
+  pass there) and 'float32' (full precision) when
+  `jax.default_matmul_precision` asks for more. Off a TPU None: the
+  interpreted kernel's dots are XLA's own.
   """
   if precision.matmul_dtype() == 'bfloat16':
     return 'bfloat16'
