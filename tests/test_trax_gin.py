@@ -98,6 +98,14 @@ def test_registering_declares_every_trax_name_and_bindings_reach_them():
       assert causal is not tl.CausalAttention  # gin's configured function.
       assert spec(attention_type=causal)['kwargs']['attention_type'] == {
           'layer': 'CausalAttention', 'kwargs': {'max_inference_length': 64}}
+      # A model that compares a layer argument with retrax's function sees
+      # through gin's (HourglassLM's relative attention).
+      relative = gin.get_configurable('trax.layers.RelativeAttentionWrapper')
+      hourglass = dict(d_model=8, d_ff=8, n_heads=2, vanilla_layers=(1, 1),
+                       hierarchy='1@2')
+      assert (str(models.HourglassLM(8, vanilla_attn_type=relative,
+                                     **hourglass)) ==
+              str(models.HourglassLM(8, **hourglass)))
       gin.clear_config()
       gin.parse_config("""
           LSHSelfAttention.n_hashes = 3
