@@ -43,7 +43,9 @@ def _build(kind, depth, d_model, d_ff):
       def half():
         return tl.Serial(tl.Select([1, 0, 1]), *ff(), tl.Add())
       layers += [half(), tl.Swap(), half(), tl.Swap()]
-  return rv.ReversibleSerial(layers) if kind == 'reversible' else tl.Serial(layers)
+  if kind == 'reversible':  # Declared copies of one block: held stacked, scanned.
+    return rv.ReversibleSerial(layers, repeats=depth)
+  return tl.Serial(layers)
 
 
 def _rss_kib(field):

@@ -40,6 +40,7 @@ from retrax.layers.errors import LayerError as LayerError
 from retrax.layers.errors import in_sublayer as in_sublayer
 from retrax.layers.errors import input_error as input_error
 from retrax.layers.stack import check_arity
+from retrax.layers.stacked import StackedRow
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature
 from retrax.validation import ArgumentTypeError
@@ -64,13 +65,6 @@ class Layer:
 
   _mode = None
   _max_len: Optional[int] = None
-  # What this layer keeps besides its configuration: weights, state, key and
-  # bookkeeping (name, caller, printing, init cache, path names). `same_layer`
-  # ignores these when it compares layers; a subclass that keeps caches of
-  # its own extends its parent's set (`Parent.runtime_attributes | {...}`).
-  runtime_attributes = frozenset({
-      '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
-      '_path_element_fn', '_name', '_sublayers_to_print'})
 
   def __init__(self, n_in: int = 1, n_out: int = 1, name: Optional[str] = None,
                sublayers_to_print: Optional[Sequence[int]] = None,
@@ -110,7 +104,7 @@ class Layer:
 
   def __call__(self, x, weights=None, state=None, rng=None):
     """Runs the layer eagerly on `x` with its own weights; updates `self.state`."""
-    weights = self.weights if weights is None else weights
+    weights = self.stacked_weights if weights is None else weights
     rng = self.rng if rng is None else rng
     if state is not None:
       self.state = state
@@ -198,8 +192,37 @@ class Layer:
   def weights(self):
     """Weights: a tree of arrays; for a combinator, a tuple with one entry per sublayer."""
     if not self.sublayers:
-      return self._weights
+      w = self._weights
+      # Rows of an enclosing stacked block (`ReversibleSerial`): sliced out.
+      return w.get() if isinstance(w, StackedRow) else w
     return self._gather_from_sublayers('weights', self._weights)
+
+  @property
+  def stacked_weights(self):
+    """The weights as held: `weights`, but repeated blocks stay one `StackedLayers`.
+
+    A `ReversibleSerial` of declared repeated blocks holds their weights
+    stacked (one copy, scanned over); `weights` shows them per layer, as
+    Trax does, by slicing that stack. This tree is what the training step
+    passes to `jax.jit` (no slicing, no restacking); setting `weights` to it
+    takes it back without a copy.
+    """
+    if not self.sublayers or type(self).weights is not _LAYER_WEIGHTS:
+      return self.weights
+    return self._gather_from_sublayers('stacked_weights', self._weights)
+
+  @property
+  def _held_weights(self):
+    """Exactly what this layer and its sublayers hold, to put back as it was.
+
+    As `stacked_weights`, except that a layer inside a stacked block gives
+    its `StackedRow` (not a slice): saving and restoring it copies nothing.
+    """
+    if not self.sublayers:
+      return self._weights
+    if type(self).weights is not _LAYER_WEIGHTS:
+      return self.weights
+    return self._gather_from_sublayers('_held_weights', self._weights)
 
   @weights.setter
   def weights(self, weights):
@@ -324,7 +347,7 @@ class Layer:
 
   def weights_and_state_signature(self, input_signature, unsafe=False):
     """Returns the `(weights, state)` signature `init` would produce, without computing it."""
-    rng, state, weights = self.rng, self.state, self.weights
+    rng, state, weights = self.rng, self.state, self._held_weights
     try:
       return fastmath.abstract_eval(lambda s: self.init(s))(
           signature(input_signature))
@@ -346,7 +369,7 @@ class Layer:
     combinators) the weights stay set on the object so that a shared layer's
     later uses see them.
     """
-    old_weights, old_state, old_rng = self.weights, self.state, self._rng
+    old_weights, old_state, old_rng = self._held_weights, self.state, self._rng
     try:
       check_arity(self, x, self.n_in, 'pure_fn')
       self._rng = rng
@@ -390,7 +413,8 @@ class Layer:
   def _forward_abstract(self, input_signature):
     """Shapes and dtypes of `(outputs, state)` for an input signature."""
     rng_sig = ShapeDtype((2,), np.uint32)
-    weights_sig = fastmath.nested_map(_abstract, self.weights)
+    # jax's map keeps a stacked block stacked (no slicing of its arrays).
+    weights_sig = jax.tree_util.tree_map(_abstract, self.stacked_weights)
     state_sig = fastmath.nested_map(_abstract, self.state)
     try:
       return fastmath.abstract_eval(self.pure_fn)(
@@ -406,7 +430,7 @@ class Layer:
 
     The layer's own weights, state and rng are put back afterwards.
     """
-    old = self.weights, self.state, self._rng
+    old = self._held_weights, self.state, self._rng
     self.weights, self.state, self._rng = weights, state, rng
     try:
       out = self.forward(inputs)
@@ -432,7 +456,7 @@ class Layer:
       return (x_grad, w_grad, zero_cotangent(state), zero_cotangent(rng))
 
     f.defvjp(f_fwd, f_bwd)
-    return f(x, self.weights, self.state, self._rng)
+    return f(x, self.stacked_weights, self.state, self._rng)
 
   # --- files ----------------------------------------------------------------
 
@@ -456,6 +480,11 @@ class Layer:
     """Writes weights (and state) in Trax's single-file layout, atomically."""
     from retrax.checkpoints import layer_io  # On first use (init_from_file).
     layer_io.save_layer_to_file(self, file_name, weights_only, input_signature)
+
+
+# `Layer`'s own `weights` property: a subclass that replaces it (`Accelerate`)
+# holds its weights its own way, and `stacked_weights` is then `weights`.
+_LAYER_WEIGHTS = vars(Layer)['weights']
 
 
 def unflatten_weights_and_state(flat_weights, flat_state,

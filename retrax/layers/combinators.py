@@ -61,8 +61,9 @@ class Serial(base.Layer):
     if not self.sublayers:
       return xs
     rngs = split_rngs(self.rng, self._n_layers)
-    outputs, self.state = run_layers(self, self.sublayers, xs, self.weights,
-                                     self.state, rngs)
+    # Held weights: a stacked block below is passed on as it is, not sliced.
+    outputs, self.state = run_layers(self, self.sublayers, xs,
+                                     self.stacked_weights, self.state, rngs)
     return outputs
 
   def init_weights_and_state(self, input_signature):
@@ -94,7 +95,7 @@ class Parallel(base.Layer):
     rngs = split_rngs(self.rng, self._n_layers)
     outputs, new_state = [], []
     for i, (layer, x, w, s, r) in enumerate(zip(
-        self.sublayers, sub_inputs, self.weights, self.state, rngs)):
+        self.sublayers, sub_inputs, self.stacked_weights, self.state, rngs)):
       with in_sublayer(self, i):
         out, s = layer.pure_fn(x, w, s, r, use_cache=True)
       if layer.n_out == 1:

@@ -115,6 +115,33 @@ class StackedLayers(tuple):
     return items
 
 
+class StackedRow:
+  """The weights of one layer inside a stacked block, held as rows of the stack.
+
+  A stacked `ReversibleSerial` gives each weighted layer below it one of
+  these instead of arrays of its own, so the stack is the only copy of the
+  weights; `get()` slices the layer's rows out (made when read, not kept).
+
+  Attributes:
+    stacked: the `StackedLayers` the rows belong to.
+    index: which of its `n` per-layer trees holds them.
+    path: the sublayer indices from that tree down to this layer's weights.
+  """
+
+  __slots__ = ('stacked', 'index', 'path')
+
+  def __init__(self, stacked, index, path):
+    self.stacked, self.index, self.path = stacked, index, path
+
+  def get(self):
+    """This layer's weights: one row of each stacked leaf."""
+    tree = self.stacked.groups[self.index % self.stacked.period]
+    for k in self.path:
+      tree = tree[k]
+    row = self.index // self.stacked.period
+    return jax.tree_util.tree_map(lambda x: _row(x, row), tree)
+
+
 def _flatten(stacked):
   return stacked.groups, stacked.n
 
@@ -164,6 +191,17 @@ def stack_groups(trees, period):
   return tuple(jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
                                       *trees[j::period])
                for j in range(period))
+
+
+def per_layer(tree):
+  """`tree` with each `StackedLayers` in it as the plain tuple of its per-layer trees.
+
+  Trax's tree of the same weights (`Layer.weights` of a model whose
+  `stacked_weights` is `tree`); the rows are sliced out (copies).
+  """
+  return jax.tree_util.tree_map(
+      lambda x: tuple(x) if isinstance(x, StackedLayers) else x, tree,
+      is_leaf=lambda x: isinstance(x, StackedLayers))
 
 
 def stack_layers(trees, period):

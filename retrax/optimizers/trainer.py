@@ -63,7 +63,8 @@ class Trainer:
     self._n_devices = self._mesh.n_devices
     self._adasum = adasum
     if optimizer.slots is None:
-      optimizer.tree_init(model_with_loss.weights)
+      # Slots like the weights the step updates: stacked blocks stay stacked.
+      optimizer.tree_init(model_with_loss.stacked_weights)
     self._slots = optimizer.slots
     self._opt_params = dict(optimizer.opt_params)
     self._checked_signature = None
@@ -149,7 +150,8 @@ class Trainer:
       opt_base.set_learning_rate(self._opt_params, learning_rate)
     mesh = self._mesh
     model = self._model_with_loss
-    weights, state = mesh.replicate(model.weights), mesh.replicate(model.state)
+    weights = mesh.replicate(model.stacked_weights)
+    state = mesh.replicate(model.state)
     self._check_loss_shape(batch, weights, state, rng)
     new_weights, new_slots, new_state, stats = self._update(
         weights, mesh.replicate(self._slots), state, mesh.put_batch(batch),

@@ -184,7 +184,7 @@ def _chunked_forward_fn(model, loss_layer, chunk_size):
 
   def forward(weights, state, batch, rng):
     (model_w, loss_w), (model_s, loss_s) = weights, state
-    saved = model.weights, model.state
+    saved = model.stacked_weights, model.state
     try:
       model_rng, loss_rng = fastmath.random.split(rng, 2)
       rngs = fastmath.random.split(model_rng, len(subs))
@@ -266,7 +266,7 @@ def _auto_chunked_forward_fn(model, loss_layer, forward):
             shape + (1,), _head_width(head)) == 1):
       return forward(weights, state, batch, rng)  # Short (or not per position).
     (model_w, loss_w), (model_s, loss_s) = weights, state
-    saved = model.weights, model.state
+    saved = model.stacked_weights, model.state
     try:
       model_rng, loss_rng = fastmath.random.split(rng, 2)
       rngs = fastmath.random.split(model_rng, len(subs))

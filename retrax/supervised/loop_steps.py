@@ -153,7 +153,7 @@ class Evaluator:
         shapes.signature(tuple(eval_task.sample_batch)))))
     model_with_metrics = combinators.Serial(eval_model, ends)
     self._step_fn = engine.EvalStep(model_with_metrics, parallel)
-    self._metric_weights = parallel.replicate(model_with_metrics.weights[1])
+    self._metric_weights = parallel.replicate(model_with_metrics.stacked_weights[1])
     self._metric_state = parallel.replicate(model_with_metrics.state[1])
     self._task, self._parallel, self._checker = eval_task, parallel, checker
 

@@ -83,7 +83,7 @@ def init_task(model: base.Layer, task: TrainTask,
   batch_signature = devices.global_signature(
       shapes.signature(tuple(task.sample_batch)))
   loss_layer.init(model.output_signature(batch_signature))
-  weights = (model.weights, loss_layer.weights)
+  weights = (model.stacked_weights, loss_layer.weights)
   slots, opt_params = task.optimizer.tree_init(weights)
   step_fn = engine.TrainStep(
       model, loss_layer, task.optimizer, parallel, loss_chunk_size, adasum,
@@ -119,7 +119,7 @@ def _is_empty(x):
 
 
 def _is_uninitialized(model):
-  return all(_is_empty(layer.weights) for layer in model.walk())
+  return all(_is_empty(layer.stacked_weights) for layer in model.walk())
 
 
 def init_state(model: base.Layer, eval_model: base.Layer,
@@ -144,7 +144,7 @@ def init_state(model: base.Layer, eval_model: base.Layer,
                                 adasum) for t in tasks]
   replicate = parallel.replicate
   train_state = TrainState(
-      0, parallel.place_weights(model.weights), replicate(model.state),
+      0, parallel.place_weights(model.stacked_weights), replicate(model.state),
       replicate(eval_model.state), tuple(s for _, s in steps_and_states),
       rng)
   _hold_placed(model, eval_model, tasks, train_state)

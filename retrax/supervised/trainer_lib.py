@@ -32,6 +32,7 @@ from retrax import optimizers as trax_opt
 from retrax.configurable import configurable
 from retrax.data import inputs as data_inputs
 from retrax.layers import base
+from retrax.layers import stacked
 from retrax.shapes import ShapeDtype  # Trax programs use trainer_lib.ShapeDtype.
 from retrax.supervised import history as trax_history
 from retrax.supervised import metrics_log
@@ -290,7 +291,8 @@ class Trainer:
 
   @property
   def model_weights(self):
-    return self._loop.train_state.weights
+    # Trax's tree: the step's stacked blocks shown per layer.
+    return stacked.per_layer(self._loop.train_state.weights)
 
   @model_weights.setter
   def model_weights(self, weights):

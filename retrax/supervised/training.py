@@ -267,8 +267,9 @@ class Loop(loop_internals.TraxLoopInternals):
     """Replaces the trained model's weights and/or state."""
     if weights is not None:
       self._model.weights = weights
+      # As the step takes them: Trax's per-layer tree in, stacked blocks out.
       self._train_state = self._train_state._replace(
-          weights=self._parallel.place_weights(weights))
+          weights=self._parallel.place_weights(self._model.stacked_weights))
     if state is not None:
       self._model.state = state
       self._train_state = self._train_state._replace(

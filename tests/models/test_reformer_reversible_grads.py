@@ -95,7 +95,7 @@ def _check_against_plain_autodiff(attention, n_layers, n_steps, tolerance,
   x = _copy_batch(0)
   weights, state = model.init(signature(x), rng=jax.random.PRNGKey(1))
   # The layers repeat: their weights are held stacked and scanned over.
-  assert isinstance(model.sublayers[5].weights, StackedLayers)
+  assert isinstance(model.sublayers[5].stacked_weights, StackedLayers)
   rng = jax.random.PRNGKey(2)
   assert {'ReversibleSerial', 'ReversibleHalfResidual',
           attention.func.__name__} <= _layers_with_own_backward(model)

@@ -28,7 +28,8 @@ it (plain `jax.grad` of the forward pass: the reference it must equal).
 
 Modules: `layer` (the `ReversibleLayer` base class and `plain_autodiff`), `residual`
 (`ReversibleHalfResidual`), `serial` (`ReversibleSerial` and its custom
-gradient; `repeats` finds the repeated block it runs as one `lax.scan`) and
+gradient; `repeats` checks the repeated blocks a model declares, which it
+runs as one `lax.scan`) and
 `stack_ops` (`ReversibleSelect`, `ReversibleSwap` and the other weightless
 reversible layers).
 """

@@ -115,7 +115,7 @@ class ReversibleLayer(base.Layer):
   def _resolve(self, weights, state, new_state, rng):
     """Fills in the defaults of `reverse`/`reverse_and_grad` arguments."""
     if _is_empty_tuple(weights):
-      weights = self.weights
+      weights = self.stacked_weights
     if _is_empty_tuple(state):
       state = self.state
     if _is_empty_tuple(new_state):
@@ -149,7 +149,7 @@ class ReversibleLayer(base.Layer):
     f.defvjp(f_fwd, f_bwd)
     # `self.rng`, not `self._rng`: a None key becomes the layer's own key
     # here, so that forward and backward both see the same one.
-    return f(x, self.weights, self.state, self.rng)
+    return f(x, self.stacked_weights, self.state, self.rng)
 
 
 def _as_like(grad, output):

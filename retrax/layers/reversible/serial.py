@@ -1,19 +1,20 @@
 """`ReversibleSerial`: a `Serial` of reversible layers whose backward pass stores no activations."""
 
 import jax
+import numpy as np
 
-from retrax import fastmath
-from retrax.fastmath import numpy as jnp
 from retrax.fastmath.tree import is_weights_cache_marker
+from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers.base import in_sublayer
-from retrax.layers.reversible.repeats import repeat_period
 from retrax.layers.reversible.layer import ReversibleLayer
+from retrax.layers.reversible.repeats import declared_period
 from retrax.layers.stacked import stack_groups
 from retrax.layers.stacked import stack_layers
 from retrax.layers.stacked import stackable
 from retrax.layers.stacked import StackedLayers
+from retrax.layers.stacked import StackedRow
 from retrax.layers.stacked import tree_spec
 from retrax.layers.stacked import unstack_groups
 from retrax.layers.stack import check_arity
@@ -24,7 +25,7 @@ from retrax.layers.stack import split_rngs
 from retrax.validation import ArgumentValueError
 
 # `base.Layer`'s `weights` property (the sublayers' weights), whose getter and
-# setter the override below calls. Taken from the class dict: mypy types a
+# setter the overrides below call. Taken from the class dict: mypy types a
 # property with a setter as an overloaded function, with no `fget`/`fset`.
 _LAYER_WEIGHTS = vars(base.Layer)['weights']
 
@@ -37,25 +38,26 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   input from its output (`reverse_and_grad`) and accumulating the weight
   gradients, so memory does not grow with depth.
 
-  Layers that repeat (a block of `p` layers, `>= 2` times) keep their
-  weights stacked once, as a `StackedLayers` (a tuple of the per-layer
-  trees to Trax-order code, `p` stacked trees to JAX), and run as one
-  `lax.scan` over them: no copy of the weights or their gradients per
-  block. The sublayers hold per-layer views of the last concrete weights
-  set here.
+  `repeats=k` declares the layers `k` copies of one block, built by the same
+  code with the same configuration (the model builders do: ReformerLM,
+  Reformer, Terraformer); see `repeats.declared_period`. The copies' weights
+  are then held stacked once, as a `StackedLayers` (`stacked_weights`; what
+  the training step passes to `jax.jit`), and run as one `lax.scan` over
+  them: no copy of the weights or their gradients per block, and the block
+  compiled once. `weights` is Trax's per-layer tree, sliced from the stack
+  when read, and each weighted layer below holds a `StackedRow` (its rows
+  of the stack) rather than arrays of its own: the stack is the one copy.
+  A layer below given weights of its own (a per-layer trainer) is taken
+  back into the stack at the next read.
   """
 
-  # Caches of its mode and block length, and the stacked weights it owns.
-  runtime_attributes = cb.Serial.runtime_attributes | {
-      '_predict_mode', '_period', '_own_weights', '_spread', '_spread_ids'}
-
-  def __init__(self, *layers):
+  def __init__(self, *layers, repeats=None):
     super().__init__(*layers)
     self._predict_mode = None
-    self._period = False  # Not yet known (see `_repeat_period`).
-    self._own_weights = None  # Set only when weights are held stacked.
-    self._spread = None  # The StackedLayers whose views the sublayers hold.
-    self._spread_ids = ()  # ids of those views' arrays.
+    self._period = declared_period(self.sublayers, repeats)
+    self._stacked = None  # The concrete StackedLayers held, or None.
+    self._traced = None  # Weights set under tracing (for this layer's run).
+    self._rows = ()  # (layer below, the StackedRow it holds) pairs.
     for i, layer in enumerate(self.sublayers):
       if not isinstance(layer, ReversibleLayer):
         raise ArgumentValueError(
@@ -66,17 +68,14 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
 
   @property
   def weights(self):
-    """The per-layer weights: a `StackedLayers` when the layers repeat, else a tuple."""
-    own = getattr(self, '_own_weights', None)
-    if own is None:
-      return _LAYER_WEIGHTS.fget(self)
-    if own is self._spread:
-      per_layer = _LAYER_WEIGHTS.fget(self)
-      if _leaf_ids(per_layer) != self._spread_ids:
-        # A sublayer got new weights directly (e.g. a per-layer trainer).
-        self.weights = per_layer
-        return self._own_weights
-    return own
+    """The per-layer weights (Trax's tree), sliced from the stack if held stacked.
+
+    Under tracing, the weights this layer was given (its own run reads them).
+    """
+    held = self.stacked_weights
+    if self._traced is None and isinstance(held, StackedLayers):
+      return tuple(held)
+    return held
 
   @weights.setter
   def weights(self, weights):
@@ -84,70 +83,138 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
       return
     if _has_tracer(weights):
       # Under tracing, only this layer's scan or loop reads them.
-      self._own_weights = weights
+      self._traced = weights
       return
-    weights = self._stacked_if_repeated(weights)
-    if not isinstance(weights, StackedLayers):
-      self._own_weights = self._spread = None
+    self._traced = None
+    stacked = self._stacked_if_repeated(weights)
+    if stacked is None:
+      self._stacked, self._rows = None, ()
       _LAYER_WEIGHTS.fset(self, weights)
-      return
-    self._own_weights = weights
-    # Spread again if the sublayers hold something else meanwhile: a traced
-    # run (`use_cache`) leaves its tracers on them.
-    if (weights is not self._spread or
-        _leaf_ids(_LAYER_WEIGHTS.fget(self)) != self._spread_ids):
-      _LAYER_WEIGHTS.fset(self, tuple(weights))
-      self._spread = weights
-      self._spread_ids = _leaf_ids(_LAYER_WEIGHTS.fget(self))
+    else:
+      self._stacked = stacked
+      self._hold_rows()
+
+  @property
+  def stacked_weights(self):
+    """The weights as held: one `StackedLayers` for declared repeats, else per layer."""
+    if self._traced is not None:
+      return self._traced
+    if self._stacked is not None and any(layer._weights is not row
+                                         for layer, row in self._rows):
+      # A layer below was given weights of its own: stack them in.
+      self.weights = _LAYER_WEIGHTS.fget(self)
+    if self._stacked is not None:
+      return self._stacked
+    return self._gather_from_sublayers('stacked_weights', self._weights)
+
+  @property
+  def _held_weights(self):
+    if self._traced is None and self._stacked is None:
+      return self._gather_from_sublayers('_held_weights', self._weights)
+    return self.stacked_weights
 
   def _stacked_if_repeated(self, weights):
-    """`weights` as a `StackedLayers` if the layers repeat and the arrays stack."""
-    if (isinstance(weights, StackedLayers) or
-        not isinstance(weights, (list, tuple)) or
-        len(weights) != len(self.sublayers)):
-      return weights
-    period = self._repeat_period()
-    if period is None or not jax.tree_util.tree_leaves(
-        weights) or not stackable(weights, period, floats=True):
-      return weights
+    """`weights` as a concrete `StackedLayers` of the declared block, or None.
+
+    None (held per layer) unless repeats were declared, every leaf is a
+    float array, the copies' trees match, and every weighted layer below
+    can hold rows of the stack.
+    """
+    n, period = len(self.sublayers), self._period
+    if period is None:
+      return None
+    if isinstance(weights, StackedLayers):
+      ok = (weights.n == n and
+            all(isinstance(x, (np.ndarray, jax.Array))
+                for x in jax.tree_util.tree_leaves(weights)) and
+            stackable(weights, period, floats=True))
+      return weights if ok and self._row_paths(weights) is not None else None
+    if (not isinstance(weights, (list, tuple)) or len(weights) != n or
+        not jax.tree_util.tree_leaves(weights) or
+        not stackable(weights, period, floats=True) or
+        self._row_paths(weights) is None):
+      return None
     return stack_layers(tuple(weights), period)
 
-  def _repeat_period(self):
-    if self._period is False:
-      self._period = repeat_period(self.sublayers)
-    return self._period
+  def _row_paths(self, weights):
+    """`(layer, i, path)` for each weighted layer below, or None if one cannot hold rows.
+
+    `path` leads from layer `i`'s tree in `weights` to the layer's own
+    weights. A layer that keeps its weights its own way (overriding
+    `weights`) cannot hold a `StackedRow`.
+    """
+    found = []
+
+    def walk(layer, tree, i, path):
+      if not jax.tree_util.tree_leaves(tree):
+        return True  # Weightless, or a shared layer's cache marker.
+      if type(layer).weights is not _LAYER_WEIGHTS:
+        return False
+      if not layer.sublayers:
+        found.append((layer, i, path))
+        return True
+      return all(walk(sub, tree[k], i, path + (k,))
+                 for k, sub in enumerate(layer.sublayers))
+    groups = weights.groups if isinstance(weights, StackedLayers) else None
+    for i, layer in enumerate(self.sublayers):
+      tree = groups[i % len(groups)] if groups is not None else weights[i]
+      if not walk(layer, tree, i, ()):
+        return None
+    return found
+
+  def _hold_rows(self):
+    """Points each weighted layer below at its rows of the held stack."""
+    rows = []
+    for layer, i, path in self._row_paths(self._stacked):
+      row = StackedRow(self._stacked, i, path)
+      layer._weights = row
+      rows.append((layer, row))
+    self._rows = tuple(rows)
+
+  def _put_rows_back(self):
+    """After a run: the layers below hold their rows again, not the run's weights.
+
+    Combinators run their sublayers with `use_cache`, which leaves the
+    weights of the run (traced ones, under `jax.jit`) on them.
+    """
+    for layer, row in self._rows:
+      layer._weights = row
 
   def forward(self, xs):
     """Runs the layers in order, each one's work tied to its inputs (see `tie_to`).
 
-    Under tracing, a run of identical blocks becomes one `lax.scan` over
-    their stacked weights (see `_scan_period`).
+    Under tracing, declared repeats become one `lax.scan` over their stacked
+    weights (see `_scan_period`).
     """
     if not self.sublayers:
       return xs
+    weights = self.stacked_weights
     rngs = split_rngs(self.rng, len(self.sublayers))
-    period = self._scan_period(xs, self.weights, (self.state,), rngs)
-    if period:
-      outputs, states = jax.lax.scan(
-          self._block_fn(period), xs,
-          _groups(period, self.weights, self.state, rngs))
-      self.state = unstack_groups(states, len(self.sublayers) // period)
+    try:
+      period = self._scan_period(xs, weights, (self.state,), rngs)
+      if period:
+        outputs, states = jax.lax.scan(
+            self._block_fn(period), xs,
+            _groups(period, weights, self.state, rngs))
+        self.state = unstack_groups(states, len(self.sublayers) // period)
+        return outputs
+      prepare = None if self._decodes() else (
+          lambda w, r, stack: tie_to((w, r), stack))
+      outputs, self.state = run_layers(self, self.sublayers, xs, weights,
+                                       self.state, rngs, prepare=prepare)
       return outputs
-    prepare = None if self._decodes() else (
-        lambda w, r, stack: tie_to((w, r), stack))
-    outputs, self.state = run_layers(self, self.sublayers, xs, self.weights,
-                                     self.state, rngs, prepare=prepare)
-    return outputs
+    finally:
+      self._put_rows_back()
 
   def _scan_period(self, stack, weights, states, rngs):
     """The block length to scan over, or None to run the layers in a loop.
 
-    Scans when tracing (not decoding) a stack of `>= 2` copies of one block
-    (`repeats.repeat_period`) whose weights, states and keys stack, and the
+    Scans when tracing (not decoding) `>= 2` declared copies of one block
+    (`repeats.declared_period`) whose weights, states and keys stack, and the
     block maps the stack to a stack of the same shapes and dtypes. Compile
     time then stays flat in depth.
     """
-    period = self._repeat_period()
+    period = self._period
     if (period is None or self._decodes() or rngs[0] is None or
         not any(isinstance(x, jax.core.Tracer) for x in
                 jax.tree_util.tree_leaves((stack, weights, rngs))) or
@@ -185,7 +252,15 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     n = len(self.sublayers)
     if not n:
       return output, (grad, ())
-    rngs = split_rngs(rng, n)
+    try:
+      return self._walk_back_blocks(output, grad, weights, state, new_state,
+                                    split_rngs(rng, n))
+    finally:
+      self._put_rows_back()
+
+  def _walk_back_blocks(self, output, grad, weights, state, new_state, rngs):
+    """`_walk_back` of the layers: one scan over declared repeats, else a loop."""
+    n = len(self.sublayers)
     period = self._scan_period(output, weights, (state, new_state), rngs)
     if not period:
       stack, (stack_ct, weights_ct) = _walk_back_layers(
@@ -255,10 +330,6 @@ def _groups(period, *per_layer):
   Weights held as a `StackedLayers` of this period are used as they are.
   """
   return tuple(stack_groups(trees, period) for trees in per_layer)
-
-
-def _leaf_ids(tree):
-  return [id(x) for x in fastmath.tree_leaves(tree)]
 
 
 def _has_tracer(tree):

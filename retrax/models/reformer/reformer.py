@@ -63,6 +63,18 @@ def _attention_types(attention_type, n_layers):
   return [types[i % len(types)] for i in range(n_layers)]
 
 
+def _repeats(n_layers, attention_type=None):
+  """How many copies of one block `n_layers` blocks are (None for none).
+
+  The blocks differ only by their attention type, cycled through a list of
+  them (see `_attention_types`); declaring it lets `ReversibleSerial` hold
+  their weights stacked and scan over them.
+  """
+  n_types = (len(attention_type) if isinstance(attention_type, (list, tuple))
+             else 1)
+  return n_layers // n_types or None
+
+
 @registry.register
 def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
                d_attention_value=64, n_layers=6, n_heads=8, dropout=0.1,
@@ -172,7 +184,8 @@ def ReformerLM(vocab_size, d_model=512, d_ff=2048, d_attention_key=64,
       tl.ShiftRight(mode=mode) if shift_right else [],
       positional_embedder,
       tl.Dup(),
-      tl.ReversibleSerial(decoder_blocks),
+      tl.ReversibleSerial(decoder_blocks,
+                          repeats=_repeats(n_layers, attention_type)),
       tl.Concatenate(),
       tl.LayerNorm(),
       tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
@@ -222,7 +235,8 @@ def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,
           x, (x.shape[0], x.shape[1] // shorten_factor, -1)), n_out=1),
       tl.Dense(d_model),
       tl.Dup(),
-      tl.ReversibleSerial(decoder_blocks),
+      tl.ReversibleSerial(decoder_blocks,
+                          repeats=_repeats(n_layers, attention_type)),
       tl.Select([0], n_in=2),
       tl.LayerNorm(),
       tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
@@ -321,8 +335,10 @@ def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
                    ff_activation, ff_dropout, mode=mode, ff_use_sru=ff_use_sru,
                    ff_chunk_size=ff_chunk_size, ff_sparsity=ff_sparsity)
       for _ in range(n_encoder_layers)]
-  encoder: tl.Layer = tl.Serial([in_encoder, tl.Dup(), tl.ReversibleSerial(encoder_blocks),
-                       _XYAvg(), tl.LayerNorm()])
+  encoder: tl.Layer = tl.Serial([
+      in_encoder, tl.Dup(),
+      tl.ReversibleSerial(encoder_blocks, repeats=_repeats(n_encoder_layers)),
+      _XYAvg(), tl.LayerNorm()])
   if mode == 'predict':
     encoder = tl.Cache(encoder)
   encoder_decoder_blocks = [
@@ -338,7 +354,8 @@ def Reformer(input_vocab_size, output_vocab_size=None, d_model=512, d_ff=2048,
       tl.ShiftRight(mode=mode),
       out_encoder,                                             # vec_d vec_e mask .....
       tl.Dup(),
-      tl.ReversibleSerial(encoder_decoder_blocks),
+      tl.ReversibleSerial(encoder_decoder_blocks,
+                          repeats=_repeats(n_decoder_layers)),
       _XYAvg(),
       tl.LayerNorm(),
       tl.Select([0], n_in=3),                                  # vec_d .....

@@ -159,7 +159,7 @@ def _encoder(blocks, d_model, n_layers_forget, forget_dense,
   """`vec_e mask_e ... -> vec_e mask_e ...` (two halves if reversible)."""
   layers = [tl.ReversibleSelect([0, 0]),
             _ReversibleSerialForget(blocks, d_model, n_layers_forget,
-                                    forget_dense)]
+                                    forget_dense, block_period=1)]
   if not reversible_encoder:
     layers += [_XYAvg(), tl.Dense(d_model, use_bfloat16=use_bfloat16),
                tl.LayerNorm()]
@@ -269,12 +269,17 @@ def ConfigurableTerraformer(
   sru_scan_cell = (tl.ScanSRUCell if portal_mask is None else
                    functools.partial(tl.ScanSRUCell,
                                      monkey_patched_mask=portal_mask))
+  decoder_types = _portal_attention_types(encoder_decoder_attention_type,
+                                          portal_mask)
   decoder = _ReversibleSerialForget(_decoder_blocks(
-      _portal_attention_types(encoder_decoder_attention_type, portal_mask),
-      n_decoder_layers, sizes, half_before_layer, double_after_layer,
+      decoder_types, n_decoder_layers, sizes, half_before_layer,
+      double_after_layer,
       dict(n_heads=n_heads, n_attention_layers=n_decoder_attention_layers,
            sru_scan_cell=sru_scan_cell, **block_args)),
-      d_model2, n_layers_forget, forget_dense)
+      d_model2, n_layers_forget, forget_dense,
+      # Widths that halve or double make the blocks differ.
+      block_period=(None if half_before_layer or double_after_layer
+                    else len(decoder_types)))
   loss = _loss_layer(output_arg, output_vocab_size, d_model2,
                      (loss_sparsity_type, loss_sparsity, loss_d_lowrank,
                       loss_sparsity_prob), use_bfloat16, mode)
@@ -331,24 +336,35 @@ def _XYAvg():
   return tl.Fn('XYAvg', lambda x, y: (x + y) / 2.0)
 
 
-def _ReversibleSerialForget(layers, d_model, n_layers, forget_dense=True):
+def _ReversibleSerialForget(layers, d_model, n_layers, forget_dense=True,
+                            block_period=None):
   """`ReversibleSerial(layers)`, with a forget layer after every `n_layers`.
 
   The forget layer averages the two halves and (with `forget_dense`) maps
   them through `Dense(d_model)` before duplicating; it is not reversible, so
-  the reversible parts around it store their outputs.
+  the reversible parts around it store their outputs. `layers` are blocks;
+  with `block_period` p, every p consecutive blocks are a copy of the first
+  p (their attention types cycle), which each `ReversibleSerial` declares
+  (`repeats`) where its blocks are whole copies.
   """
   if not n_layers or len(layers) <= n_layers + 1:
-    return tl.ReversibleSerial(layers)
+    return _ReversibleRepeats(layers, block_period)
   if forget_dense:
     forget = tl.Serial(_XYAvg(), tl.Dense(d_model), tl.Dup())
   else:
     forget = tl.Select([0, 1])
   return tl.Serial(
-      tl.ReversibleSerial(layers[:n_layers]),
+      _ReversibleRepeats(layers[:n_layers], block_period),
       forget,
       _ReversibleSerialForget(layers[n_layers:], d_model, n_layers,
-                              forget_dense))
+                              forget_dense, block_period))
+
+
+def _ReversibleRepeats(blocks, block_period):
+  """`ReversibleSerial(blocks)`, declared copies of its first `block_period` blocks."""
+  whole = block_period and blocks and len(blocks) % block_period == 0
+  return tl.ReversibleSerial(
+      blocks, repeats=len(blocks) // block_period if whole else None)
 
 
 class _PortalInput(tl.Layer):

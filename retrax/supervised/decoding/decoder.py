@@ -124,7 +124,7 @@ class Decoder:
       return state, 0, np.zeros((prefix.shape[0], vocab), np.float32)
     model = self.model
     log_probs, state = self.call(self.program(('first_step',), first_step),
-                                 accelerate, model.weights, state,
+                                 accelerate, model.stacked_weights, state,
                                  jnp.asarray(prefix[:, :1]), enc, model.rng)
     return state, 1, log_probs
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from retrax.models import registry
 from retrax.supervised.decoding import inspection
 from retrax.supervised.decoding.decoder import decoder_for
 from retrax.supervised.decoding.decoder import log_probs_of as log_probs_of
@@ -167,15 +168,15 @@ def _predict_program(capacity, sample, eos_id):
   return run
 
 
-def _eval_program(capacity, sample, eos_id, eval_length):
+def _eval_program(capacity, sample, eos_id, eval_length, lag):
   """`autoregressive_sample` in eval mode: per token, the whole sequence is rerun.
 
-  The sequence is zero-padded to `eval_length`.
+  The sequence is zero-padded to `eval_length`; `lag` as `_eval_prefix`'s.
   """
   def run(model_ref, weights, state, prefix, enc, rng, key, max_length):
     def at(buf, state, pos):  # Log-probs of the token at `pos`.
       logits, state = step(model_ref, weights, state, buf, enc, rng)
-      return log_probs_of(lax.dynamic_index_in_dim(logits, pos, axis=1,
+      return log_probs_of(lax.dynamic_index_in_dim(logits, pos - lag, axis=1,
                                                    keepdims=False)), state
 
     def advance(carry, tok):
@@ -299,14 +300,25 @@ def autoregressive_sample_stream(model, inputs=None, batch_size=1,
                  accelerate, eval_mode, eval_min_length, budget)
 
 
+def _eval_prefix(model, prefix):
+  """`(the tokens eval mode reruns, lag)`. Trax's language models put the
+  start symbol back themselves (ShiftRight): they rerun the prefix without
+  it, and their logits at position n are for token n (lag 0). A model that
+  does not shift (HF's convention, `registry.shifts_right`) reruns all of
+  it, and its logits at n - 1 are for token n (lag 1)."""
+  if registry.shifts_right(model):
+    return prefix[:, 1:], 0
+  return prefix, 1
+
+
 def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
             eval_min_length, budget):
   """The stream's generator; each token updates `model.state`."""
   first, feed, eval_step = programs
   decoder = decoder_for(model)
   call = decoder.call
-  weights, rng = model.weights, model.rng
-  known = prefix[:, 1:]  # Eval mode: the model's ShiftRight adds the start.
+  weights, rng = model.stacked_weights, model.rng
+  known, lag = _eval_prefix(model, prefix)
   free, where = budget
   n_fed, index, tok = prefix.shape[1], 0, None
   while True:
@@ -314,7 +326,7 @@ def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
       n = known.shape[1]
       buf = np.pad(known, ((0, 0), (0, pow2(max(eval_min_length, n + 1)) - n)))
       tok, state = call(eval_step, accelerate, weights, state, buf, enc, rng,
-                        key, np.int32(n), np.int32(index))
+                        key, np.int32(n - lag), np.int32(index))
     elif index == 0:
       state, args = start(decoder, state, prefix, enc, accelerate)
       tok, state = call(first, accelerate, weights, state, *args, enc, rng,
@@ -358,10 +370,10 @@ def autoregressive_sample(model: Any, inputs: Any = None, batch_size: int = 1,
   capacity = pow2(max_length)  # The loop bound is traced; see `_generate`.
   config = (float(temperature), top_k, top_p, eos_id, capacity)
   if eval_mode:
-    prefix = prefix[:, 1:]  # The model's ShiftRight adds the start symbol.
+    prefix, lag = _eval_prefix(model, prefix)
     length = pow2(max(eval_min_length, prefix.shape[1] + max_length))
     state, args = model.state, (jnp.asarray(prefix),)
-    run = _eval_program(capacity, sample, eos_id, length)
+    run = _eval_program(capacity, sample, eos_id, length, lag)
   else:
     length = None
     inspection.check_positions(model, prefix.shape[1], max_length)
@@ -369,7 +381,7 @@ def autoregressive_sample(model: Any, inputs: Any = None, batch_size: int = 1,
                         enc, accelerate)
     run = _predict_program(capacity, sample, eos_id)
   program = decoder.program(('sample', length) + config, run)
-  out, n_gen, state = decoder.call(program, accelerate, model.weights, state,
+  out, n_gen, state = decoder.call(program, accelerate, model.stacked_weights, state,
                                    *args, enc, model.rng, base_key(rng),
                                    jnp.int32(max_length))
   model.state = state

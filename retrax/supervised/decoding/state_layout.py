@@ -63,7 +63,7 @@ def abstract_step(model, batch, enc, apply):
   state0 = structs(state0)
   logits, state1 = jax.eval_shape(
       lambda w, s, t, e, r: apply(model, w, s, t, e, r),
-      model.weights, state0, structs(tokens), structs(enc_sig), model.rng)
+      model.stacked_weights, state0, structs(tokens), structs(enc_sig), model.rng)
   return state0, state1, logits.shape[-1]
 
 

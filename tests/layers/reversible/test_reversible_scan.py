@@ -1,20 +1,15 @@
-"""Repeated blocks of a `ReversibleSerial` run as one `lax.scan`.
+"""Declared repeated blocks of a `ReversibleSerial` run as one `lax.scan`.
 
 References: the plain residual network of `test_reversible` (autodiff, no
 scan), the inputs for reconstruction, and the loop path of the same layers
-(`repeat_period` patched to find nothing) for the state and the HLO size.
+(not declared repeated) for the state and the HLO size.
 """
 
-import functools
-
 import jax
-import jax.numpy as jnp
 import pytest
 
-from retrax.layers import core
-from retrax.layers.reversible import repeats
 from retrax.layers import reversible as rv
-from retrax.layers.reversible import serial as reversible_serial
+from retrax.layers.stacked import stackable
 from retrax.shapes import signature
 
 from test_reversible import assert_grads_equal_plain
@@ -32,28 +27,27 @@ def _uses_scan(model, x, weights, state, rng):
 
 @pytest.mark.parametrize('dropout', [None, 0.3])
 def test_scanned_blocks_have_the_plain_networks_values_and_grads(dropout):
-  model = rv.ReversibleSerial(rev_blocks(3, dropout=dropout))
-  # Both halves of a block are the same feed-forward: the period is 2.
-  assert repeats.repeat_period(model.sublayers) == 2
+  # Both halves of a block are the same feed-forward: 6 copies of 2 layers.
+  model = rv.ReversibleSerial(rev_blocks(3, dropout=dropout), repeats=6)
   x = random_pair(11)
   weights, state = model.init(signature(x), rng=jax.random.PRNGKey(12))
   rng = jax.random.PRNGKey(13)
+  # Trax's per-layer tree and the held stacked one both run as a scan.
   assert _uses_scan(model, x, weights, state, rng)
+  assert _uses_scan(model, x, model.stacked_weights, state, rng)
   assert_grads_equal_plain(model, x, weights, state, rng)
 
 
 def test_scanned_reverse_recovers_inputs_and_state_matches_the_loop():
-  model = rv.ReversibleSerial(rev_blocks(4, dropout=0.2))
+  model = rv.ReversibleSerial(rev_blocks(4, dropout=0.2), repeats=4)
   x = random_pair(14, shape=(2, 5, 8))
   weights, state = model.init(signature(x), rng=jax.random.PRNGKey(15))
   rng = jax.random.PRNGKey(16)
   y, new_state = jax.jit(model.pure_fn)(x, weights, state, rng)
   back = jax.jit(lambda y: model.reverse(y, weights, state, new_state, rng))(y)
   assert_trees_close(back, x, rtol=1e-4, atol=1e-5)
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(reversible_serial, 'repeat_period', lambda layers: None)
-    loop = rv.ReversibleSerial(rev_blocks(4, dropout=0.2))
-    y_loop, state_loop = jax.jit(loop.pure_fn)(x, weights, state, rng)
+  loop = rv.ReversibleSerial(rev_blocks(4, dropout=0.2))
+  y_loop, state_loop = jax.jit(loop.pure_fn)(x, weights, state, rng)
   assert_trees_close(y, y_loop)
   assert (jax.tree_util.tree_structure(new_state) ==
           jax.tree_util.tree_structure(state_loop))
@@ -61,15 +55,14 @@ def test_scanned_reverse_recovers_inputs_and_state_matches_the_loop():
 
 def _matmuls(n_blocks, scan=True):
   """Matmuls in the program of the gradient of `n_blocks` blocks, as JAX lowers it."""
-  with pytest.MonkeyPatch.context() as patch:
-    if not scan:
-      patch.setattr(reversible_serial, 'repeat_period', lambda layers: None)
-    model = rv.ReversibleSerial(rev_blocks(n_blocks, dropout=0.1))
-    x = random_pair(17)
-    weights, state = model.init(signature(x), rng=jax.random.PRNGKey(18))
-    grad = jax.grad(lambda w: loss_of(model.pure_fn(
-        x, w, state, jax.random.PRNGKey(19))[0]))
-    return jax.jit(grad).lower(weights).as_text().count('dot_general')
+  model = rv.ReversibleSerial(rev_blocks(n_blocks, dropout=0.1),
+                              repeats=n_blocks if scan else None)
+  x = random_pair(17)
+  _, state = model.init(signature(x), rng=jax.random.PRNGKey(18))
+  grad = jax.grad(lambda w: loss_of(model.pure_fn(
+      x, w, state, jax.random.PRNGKey(19))[0]))
+  return jax.jit(grad).lower(model.stacked_weights).as_text().count(
+      'dot_general')
 
 
 def test_program_holds_one_copy_of_the_block():
@@ -77,25 +70,10 @@ def test_program_holds_one_copy_of_the_block():
   assert _matmuls(6, scan=False) > 2.5 * _matmuls(2, scan=False)
 
 
-def test_repeat_period_compares_configuration_not_weights():
-  def block(d_ff=16, dropout=None):
-    return [rv.ReversibleHalfResidual(*ff(d_ff=d_ff, dropout=dropout)),
-            rv.ReversibleSwap()]
-  assert repeats.repeat_period(block() + block() + block()) == 2
-  assert repeats.repeat_period(block() + block(d_ff=32)) is None
-  assert repeats.repeat_period(block(dropout=0.1) + block(dropout=0.2)) is None
-  assert repeats.repeat_period(block()) is None
-  partial_tanh = functools.partial(jnp.tanh)
-  assert repeats.same_layer(core.Fn('F', partial_tanh),
-                            core.Fn('F', partial_tanh))
-  assert not repeats.same_layer(core.Fn('F', jnp.tanh), core.Fn('F', jnp.sin))
-
-
 def test_a_layer_used_twice_is_not_scanned():
   half = rv.ReversibleHalfResidual(*ff())
-  model = rv.ReversibleSerial([half, rv.ReversibleSwap()] * 2)
+  model = rv.ReversibleSerial([half, rv.ReversibleSwap()] * 2, repeats=2)
   x = random_pair(20)
   weights, state = model.init(signature(x), rng=jax.random.PRNGKey(21))
-  assert repeats.repeat_period(model.sublayers) == 2
-  assert not repeats.stackable(weights, 2, floats=True)  # cache markers
+  assert not stackable(weights, 2, floats=True)  # cache markers
   assert not _uses_scan(model, x, weights, state, jax.random.PRNGKey(22))
