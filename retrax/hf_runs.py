@@ -17,10 +17,10 @@ A converted run keeps HF's input convention: its ReformerLM is built with
 `shift_right=False` (recorded in `model.json`), so `load_run(OUT).model(x)`
 gives HF's `model(x).logits`, position t predicting token t+1. Trax's
 ReformerLM (`shift_right=True`, every run trained in retrax) shifts its
-inputs right instead: position t predicts token t. `shifts_right`,
-`scored_outputs` and `decoding_start` tell the jobs how to score and decode
-a run of either convention, and `convention_note` is the line `retrax
-convert` prints about it.
+inputs right instead: position t predicts token t. `scored_outputs` and
+`decoding_start` tell the jobs how to score and decode a run of either
+convention (`models.registry.shifts_right` tells which), and
+`convention_note` is the line `retrax convert` prints about it.
 
 This module builds models and writes runs, so it sits beside the jobs, above
 `checkpoints/` (which reads and writes HF's files) and `models/` (where
@@ -185,15 +185,6 @@ def run_to_hf(src, dst, force=False):
   return dst
 
 
-def shifts_right(model):
-  """Whether `model` shifts its tokens right (Trax's convention: position t
-  of its output predicts token t). False for a ReformerLM built with
-  `shift_right=False`, as `retrax convert` builds HF's: position t predicts
-  token t+1."""
-  spec = registry.constructor_of(model)
-  return not (spec and spec['kwargs'].get('shift_right') is False)
-
-
 def scored_outputs(model, logits, targets, weights):
   """`(logits, targets, weights)` to score a language-model batch with.
 
@@ -203,7 +194,7 @@ def scored_outputs(model, logits, targets, weights):
   HF's `model(x, labels=x).loss`; for Trax's, everything as given. Slices
   only, so it can run inside `jax.jit`.
   """
-  if shifts_right(model):
+  if registry.shifts_right(model):
     return logits, targets, weights
   return logits[:, :-1], targets[:, 1:], weights[:, 1:]
 
@@ -217,7 +208,8 @@ def decoding_start(model, prompt, start_id=0):
   its `generate` does (its first token in the start symbol's place). With no
   prompt both start from `start_id`.
   """
-  if shifts_right(model) or prompt is None or np.shape(prompt)[1] == 0:
+  if (registry.shifts_right(model) or prompt is None or
+      np.shape(prompt)[1] == 0):
     return start_id, prompt
   prompt = np.asarray(prompt)
   return prompt[:, :1], (prompt[:, 1:] if prompt.shape[1] > 1 else None)

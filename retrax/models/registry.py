@@ -137,6 +137,16 @@ def constructor_of(model) -> Optional[dict]:
     return None
 
 
+def shifts_right(model) -> bool:
+  """Whether language model `model` shifts its tokens right itself (Trax's
+  convention: output position t predicts token t from the tokens before it).
+  False only for a model built with `shift_right=False` (a ReformerLM as
+  `retrax convert` builds HF's: position t predicts token t+1).
+  """
+  spec = constructor_of(model)
+  return not (spec and spec['kwargs'].get('shift_right') is False)
+
+
 def build(name, kwargs, mode, where):
   """The model `MODELS[name](**kwargs, mode=mode)` from its JSON form.
 

@@ -360,7 +360,7 @@ def test_converted_runs_give_hf_logits_and_loss_for_hf_inputs(
   with open(os.path.join(run_dir, 'model.json')) as f:
     assert json.load(f)['kwargs']['shift_right'] is False
   model, call = _eval_model(run_dir)
-  assert not hf_runs.shifts_right(model)
+  assert not registry.shifts_right(model)
   ids = hf['ids'].astype(np.int32)  # HF's inputs as they are, no shift.
   logits = np.asarray(call(ids, model.state)[0])
   assert _relative_error(logits, hf['logits']) <= 1e-5  # Measured: 2e-6.
@@ -382,7 +382,7 @@ def test_trax_convention_keeps_trax_s_shift(stored_hf):
   model.init(retrax.shapes.ShapeDtype(ids.shape, np.int32))
   # The same weights; Trax's tree has the ShiftRight's empty entry first.
   model.weights = model.weights[:1] + tuple(converted.weights)
-  assert hf_runs.shifts_right(model)
+  assert registry.shifts_right(model)
   logits = np.asarray(jax.jit(model.pure_fn)(ids, model.weights, model.state,
                                              model.rng)[0])
   assert _relative_error(logits, hf['shifted_logits']) <= 1e-5
@@ -420,16 +420,25 @@ def _mean_over_pairs(a, b, fn):
                   if a is not b or i != j])
 
 
-def test_greedy_sampling_continues_a_prompt_as_hf_generate(stored_hf):
+@pytest.mark.parametrize('mode', ['predict', 'eval'])
+def test_greedy_sampling_continues_a_prompt_as_hf_generate(stored_hf, mode):
+  """Fast decoding, and eval mode's rerun of the whole sequence per token."""
   run_dir, hf = stored_hf['local_plain']
-  model = retrax.load_run(run_dir, mode='predict', batch_size=2).model
+  model = retrax.load_run(run_dir, mode=mode, batch_size=2).model
   prompt = hf['prompt'].astype(np.int32)
   start, rest = hf_runs.decoding_start(model, prompt)
   np.testing.assert_array_equal(start, prompt[:, :1])  # No start symbol.
   out = decoding.autoregressive_sample(
       model, batch_size=2, temperature=0.0, start_id=start, prompt=rest,
-      eos_id=None, max_length=hf['generated'].shape[1])
+      eos_id=None, max_length=hf['generated'].shape[1],
+      eval_mode=mode == 'eval')
   np.testing.assert_array_equal(out, hf['generated'])
+  if mode == 'eval':  # The stream reruns the sequence its own way.
+    stream = decoding.autoregressive_sample_stream(
+        model, batch_size=2, temperature=0.0, start_id=start, prompt=rest,
+        eval_mode=True)
+    np.testing.assert_array_equal(
+        np.stack([next(stream) for _ in range(out.shape[1])], axis=1), out)
 
 
 def test_convert_says_which_convention_the_logits_follow(tmp_path, capsys):
