@@ -13,12 +13,14 @@ with 143 or 130 (see `retrax.supervised.interrupts`).
 
 import argparse
 import errno
+import os
 import platform
 import signal
 import sys
 
 import retrax
 from retrax import config as config_lib
+from retrax import run_layout
 from retrax import suggest
 from retrax.errors import deliberate
 from retrax.errors import Error
@@ -196,6 +198,12 @@ def cmd_convert(args):
     print(hf_runs.convert(args.src, args.dst, to=args.to, force=args.force))
     print(hf_runs.convention_note(args.src, args.to))
     return
+  if os.path.isfile(os.path.join(args.src, run_layout.GIN_CONFIG_FILE)):
+    from retrax import trax_runs  # A run of Trax's trainer: builds a model.
+    if trax_runs.is_trax_run(args.src):
+      print(trax_runs.convert(args.src, args.dst, to=args.to,
+                              force=args.force))
+      return
   print(convert.convert(args.src, args.dst, to=args.to, force=args.force))
 
 

@@ -368,10 +368,13 @@ def load_run(directory: Union[str, os.PathLike], mode: str = 'predict',
              batch_size: int = 1, seed: Optional[int] = None) -> Run:
   """Rebuilds a run's model in `mode` and loads its latest weights.
 
-  The model takes any batch size: a state made for `batch_size` 1 (the
-  default; LSH attention's hashing keys, decoding caches) is copied for each
+  In eval mode the model takes any batch: a state made for one example (the
+  default `batch_size`; LSH attention's hashing keys) is copied for each
   example of a larger batch, so row `i` of a batch gives what example `i`
-  gives alone.
+  gives alone. To predict, `decoding.autoregressive_sample` (and `retrax
+  sample`) decodes any batch from that state too; a model you call yourself
+  one position at a time takes `batch_size` examples (LSH attention
+  models: any number, from one).
 
   Args:
     directory: a run directory (`retrax train --output_dir`, `python -m

@@ -263,7 +263,7 @@ def print_samples(directory, n=None, temperature=None, prompt=None,
     print(f'{n_ok}/{len(rows)} outputs equal their targets at {words}')
     return
   outs, tokenizer = sample_free(directory, n or 1, temperature, prompt,
-                                     max_length)
+                                max_length)
   print(f'{len(outs)} sample(s) at {words}, continuing '
         f'{"the prompt given" if prompt is not None else "the start symbol"}:')
   for i, out in enumerate(outs):

@@ -30,38 +30,54 @@ class RunDataError(UserInputError):
   """A run records no data to evaluate or prompt with, or its record is unusable."""
 
 
-def gin_inputs(directory):
-  """The `Inputs` of a gin run: its `config.gin`'s `train.inputs`.
+def parse_gin_file(path):
+  """Parses a run's `config.gin` into gin's config (replacing it: no binding
+  of another config may reach the run's); returns the gin module.
 
-  gin's config is replaced by the run's (what `python -m retrax.trainer`
-  parsed): a config.gin is a program, as every gin file is; read only runs
-  you trust. Returns None when the run has no config.gin.
+  A config.gin is a program, as every gin file is (its imports run
+  modules): read only runs you trust.
   """
-  path = os.path.join(directory, GIN_CONFIG_FILE)
-  if not os.path.isfile(path):
-    return None
   try:
     import gin
   except ImportError:
-    raise RunDataError(f'{path}: reading a gin run\'s data needs the '
-                       'gin-config package: pip install "retrax[gin]".'
-                       ) from None
+    raise RunDataError(f'{path}: reading a gin run needs the gin-config '
+                       'package: pip install "retrax[gin]".') from None
   from retrax import compat
-  from retrax.data import inputs as data_inputs
   compat.install()  # config.gin imports `trax.*` and names Trax's functions.
-  gin.clear_config()  # No binding of another config may reach the run's.
+  gin.clear_config()
   try:
     gin.parse_config_file(path)
-    try:
-      reference = gin.query_parameter('train.inputs')
-    except ValueError:  # Unbound: Trax's default, configured by the file.
-      inputs = data_inputs.batcher
-    else:
-      inputs = copy.deepcopy(reference)  # The configured function.
-    if callable(inputs) and not hasattr(inputs, 'eval_stream'):
-      inputs = inputs()
   except (ValueError, SyntaxError, OSError, ImportError) as e:
     raise RunDataError(f'{path}: {one_line(e)}') from None
+  return gin
+
+
+def gin_configured(gin, path, name):
+  """The function gin binds to `name` (e.g. 'train.model'), or None."""
+  try:
+    reference = gin.query_parameter(name)
+  except ValueError:
+    return None
+  if not callable(reference) and not hasattr(reference, 'configurable'):
+    raise RunDataError(f'{path}: {name} is {reference!r:.60}, not a '
+                       'configurable reference (@name).')
+  return copy.deepcopy(reference)  # The configured function itself.
+
+
+def gin_inputs(directory):
+  """The `Inputs` of a gin run: its `config.gin`'s `train.inputs` (Trax's
+  default `batcher` where unbound), or None without a config.gin."""
+  path = os.path.join(directory, GIN_CONFIG_FILE)
+  if not os.path.isfile(path):
+    return None
+  gin = parse_gin_file(path)
+  from retrax.data import inputs as data_inputs
+  inputs = gin_configured(gin, path, 'train.inputs') or data_inputs.batcher
+  try:
+    if callable(inputs) and not hasattr(inputs, 'eval_stream'):
+      inputs = inputs()
+  except (ValueError, OSError, ImportError) as e:
+    raise RunDataError(f'{path}: train.inputs: {one_line(e)}') from None
   if not hasattr(inputs, 'eval_stream'):
     raise RunDataError(f'{path}: train.inputs gives a {type(inputs).__name__}'
                        ', not an Inputs with an eval_stream.')

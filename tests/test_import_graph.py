@@ -111,7 +111,8 @@ LEVELS = (
     ('model_spec', 'models', 'optimizers', 'lr'),
     ('data',),
     ('supervised',),
-    ('config', 'jobs', 'hf_runs', 'run_data', 'run_commands', 'plot',
+    ('config', 'jobs', 'hf_runs', 'run_data', 'run_commands', 'trax_runs',
+     'plot',
      'bench', 'trainer', 'cli',
      '__main__', 'trax_gin', 'compat', 'tf_numpy', 'test_utils', ''),
 )

@@ -3,12 +3,13 @@
 `retrax train`, and `python -m retrax.trainer` on configs laid out as Trax's
 `reformer_copy.gin` and `terraformer_copy.gin` are (tests/fixtures/gin), end
 with the same lines and leave runs that `retrax sample`, `eval`, `plot` and
-`retrax.load_run` read (the Loop's and converted runs:
-tests/test_run_contract.py).
+`retrax.load_run` read; so does `retrax convert` of a Trax trainer's run
+directory (the Loop's and Hugging Face's runs: tests/test_run_contract.py).
 """
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -128,6 +129,27 @@ def _samples(text):
   return rows
 
 
+# A run of Trax's trainer (its checkpoint files and config.gin, as
+# `python -m trax.trainer` leaves them; here the gin run's own Trax files)
+# converted to a retrax run: the same model and weights, and its data.
+_CONVERTED = '''
+import sys
+import numpy as np
+import retrax
+from retrax import cli
+trax_dir, run_dir = sys.argv[1:]
+print('RC convert', cli.main(['convert', trax_dir, run_dir]), flush=True)
+for argv in (['sample', run_dir, '-n', '1'], ['eval', run_dir, '--batches',
+             '1']):
+  print('RC', argv[0], cli.main(argv), flush=True)
+x = np.random.default_rng(0).integers(1, 9, (2, 16)).astype(np.int32)
+gin_run = retrax.load_run(trax_dir + '/../run', mode='eval', seed=0)
+converted = retrax.load_run(run_dir, mode='eval', seed=0)
+print('SAME', np.array_equal(np.asarray(gin_run.model(x)),
+                             np.asarray(converted.model(x))))
+'''
+
+
 @pytest.mark.slow
 def test_a_reformer_copy_gin_run_with_every_command(tmp_path):
   text = _gin_run(tmp_path, 'copy_lsh.gin')
@@ -136,6 +158,22 @@ def test_a_reformer_copy_gin_run_with_every_command(tmp_path):
     # is as long as `w`.
     assert given[0] == '0' and given[-1] == '0'
     assert len(out) == len(target) == len(given) - 2
+
+  trax_dir = tmp_path / 'trax_run'
+  trax_dir.mkdir()
+  for name in os.listdir(tmp_path / 'run'):
+    if name.startswith('model.') or name == 'config.gin':
+      shutil.copy(tmp_path / 'run' / name, trax_dir / name)
+  out = subprocess.run(
+      [sys.executable, '-c', _CONVERTED, str(trax_dir),
+       str(tmp_path / 'converted')], cwd=_ROOT, capture_output=True,
+      text=True, timeout=900, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  for name in ('convert', 'sample', 'eval'):
+    assert f'RC {name} 0' in out.stdout, (out.stdout[-3000:], out.stderr)
+  assert 'SAME True' in out.stdout
+  assert sorted(os.listdir(tmp_path / 'converted')) == [
+      'config.gin', 'model.json', 'model_000000002']
 
 
 @pytest.mark.slow
