@@ -207,7 +207,7 @@ def _blog_loop_tokens_per_s(model, initial_state, source, batch, n_tokens,
   state, position, walls, cpus = initial_state, 0, [], []
   for target in np.linspace(0, n_tokens - 1, loop_tokens).astype(int):
     for _ in range(target - position):
-      _, state = advance(x, model.weights, state, model.rng)
+      _, state = advance(x, model.stacked_weights, state, model.rng)
     position = target
     best = (np.inf, np.inf)
     for _ in range(repeats):

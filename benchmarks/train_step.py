@@ -136,7 +136,7 @@ def lm_steps_per_second(name, make_model, length, n_steps):
   compile_time = time.time() - start
   start, cpu = time.time(), time.process_time()
   loop.run(n_steps)
-  jax.block_until_ready(loop.model.weights)
+  jax.block_until_ready(loop.model.stacked_weights)  # No per-layer slicing.
   elapsed, cpu = time.time() - start, time.process_time() - cpu
   print(f'{name:34s} L={length:5d}: {n_steps / elapsed:8.3f} steps/s '
         f'({elapsed / n_steps * 1000:9.1f} ms/step, {cpu / n_steps:7.2f} '

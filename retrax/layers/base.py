@@ -197,6 +197,16 @@ class Layer:
       return w.get() if isinstance(w, StackedRow) else w
     return self._gather_from_sublayers('weights', self._weights)
 
+  @weights.setter
+  def weights(self, weights):
+    if _is_weights_marker(weights):
+      return
+    if not self.sublayers:
+      self._weights = weights
+      return
+    self._weights = self._spread_to_sublayers('weights', 'weight', weights,
+                                              _is_weights_marker)
+
   @property
   def stacked_weights(self):
     """The weights as held: `weights`, but repeated blocks stay one `StackedLayers`.
@@ -223,16 +233,6 @@ class Layer:
     if type(self).weights is not _LAYER_WEIGHTS:
       return self.weights
     return self._gather_from_sublayers('_held_weights', self._weights)
-
-  @weights.setter
-  def weights(self, weights):
-    if _is_weights_marker(weights):
-      return
-    if not self.sublayers:
-      self._weights = weights
-      return
-    self._weights = self._spread_to_sublayers('weights', 'weight', weights,
-                                              _is_weights_marker)
 
   @property
   def state(self):

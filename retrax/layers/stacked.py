@@ -17,6 +17,7 @@ slots) walks the same leaves in the same order as for the plain per-layer
 tuple, and `weights[i]` is layer `i`'s weights as before.
 """
 
+import copy
 import operator
 
 import jax
@@ -103,6 +104,10 @@ class StackedLayers(tuple):
   def __reduce__(self):
     return (tuple, (tuple(self),))
 
+  def __deepcopy__(self, memo):
+    # Stays stacked (`__reduce__`, for pickles, gives the per-layer tuple).
+    return StackedLayers(copy.deepcopy(self.groups, memo), self.n)
+
   def rebuild(self, items):
     """A tree like this one from `n` per-layer `items` (Trax-order rebuilding).
 
@@ -135,10 +140,17 @@ class StackedRow:
 
   def get(self):
     """This layer's weights: one row of each stacked leaf."""
-    tree = self.stacked.groups[self.index % self.stacked.period]
+    stacked = self.stacked
+    if not isinstance(stacked, StackedLayers):
+      # Unpickled: `StackedLayers` pickles as its per-layer tuple.
+      tree = stacked[self.index]
+      for k in self.path:
+        tree = tree[k]
+      return tree
+    tree = stacked.groups[self.index % stacked.period]
     for k in self.path:
       tree = tree[k]
-    row = self.index // self.stacked.period
+    row = self.index // stacked.period
     return jax.tree_util.tree_map(lambda x: _row(x, row), tree)
 
 

@@ -1,5 +1,7 @@
 """`ReversibleSerial`: a `Serial` of reversible layers whose backward pass stores no activations."""
 
+from typing import Tuple
+
 import jax
 import numpy as np
 
@@ -57,7 +59,8 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     self._period = declared_period(self.sublayers, repeats)
     self._stacked = None  # The concrete StackedLayers held, or None.
     self._traced = None  # Weights set under tracing (for this layer's run).
-    self._rows = ()  # (layer below, the StackedRow it holds) pairs.
+    # (layer below, the StackedRow it holds) pairs.
+    self._rows: Tuple[Tuple[base.Layer, StackedRow], ...] = ()
     for i, layer in enumerate(self.sublayers):
       if not isinstance(layer, ReversibleLayer):
         raise ArgumentValueError(

@@ -7,6 +7,8 @@ a plain per-layer tuple (stacked inside the program, the copies this layout
 removes) for memory.
 """
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +21,7 @@ from retrax.layers.attention import efficient as efficient_attention
 from retrax.layers import core
 from retrax.layers import reversible as rv
 from retrax.layers.reversible import repeats
+from retrax.layers.stacked import per_layer
 from retrax.layers.stacked import StackedLayers
 from retrax.layers.stacked import StackedRow
 from retrax.shapes import ShapeDtype
@@ -68,6 +71,11 @@ def test_weights_are_stacked_once_and_shown_as_trax_per_layer_tree():
   assert_trees_close(w, w_loop, rtol=0, atol=0)
   assert_trees_close(fastmath.tree_flatten(held), fastmath.tree_flatten(w),
                      rtol=0, atol=0)
+  # A step's stacked tree shown as Trax's (Trainer.model_weights).
+  nested = (held, [held])
+  assert (jax.tree_util.tree_structure(per_layer(nested)) ==
+          jax.tree_util.tree_structure((w, [w])))
+  assert_trees_close(per_layer(nested), (w, [w]), rtol=0, atol=0)
   # The stack is the one copy: the layers below hold rows of it.
   leaves = _weighted_leaf_layers(stacked)
   assert len(leaves) == 6 * 3  # LayerNorm, Dense, Dense per half-residual.
@@ -116,6 +124,18 @@ def test_trax_tree_set_into_the_model_is_stacked_and_read_back():
   stacked.weights = tuple(new)
   assert_trees_close(stacked.weights[2], new[2], rtol=0, atol=0)
   assert_trees_close(stacked.weights[0], trax_tree[0], rtol=0, atol=0)
+
+
+def test_a_deep_copy_holds_a_stack_of_its_own():
+  stacked, loop, x = _pair(2)
+  clone = copy.deepcopy(stacked)
+  assert isinstance(clone.stacked_weights, StackedLayers)
+  assert clone.stacked_weights is not stacked.stacked_weights
+  assert_trees_close(clone.weights, loop.weights, rtol=0, atol=0)
+  dense = clone.sublayers[2].sublayers[0].sublayers[1]
+  assert isinstance(dense._weights, StackedRow)
+  assert dense._weights.stacked is clone.stacked_weights
+  assert_trees_close(dense.weights, loop.weights[2][0][1], rtol=0, atol=0)
 
 
 def test_trax_files_keep_the_per_layer_leaf_order(tmp_path):
