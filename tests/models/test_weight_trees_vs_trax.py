@@ -16,8 +16,10 @@ import jax
 import numpy as np
 import pytest
 
+from retrax import layers as tl
 from retrax import models
 from retrax import shapes
+from retrax.layers.stacked import StackedLayers
 
 FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, 'fixtures',
                        'weight_trees', 'weight_trees.json')
@@ -49,6 +51,8 @@ def build(name):
 # Models whose init alone takes seconds on a 2-core CPU (convolutions, many
 # layers) and that hold no stacked reversible blocks, whose trees no layout
 # of retrax's own replaces: run with the slow tests.
+REVERSIBLE = {'ConfigurableTerraformer', 'Reformer', 'ReformerLM',
+              'ReformerShortenLM'}
 SLOW = {'AtariCnn', 'AtariCnnBody', 'BERT', 'FrameStackMLP', 'HourglassLM',
         'NeuralGPU', 'Resnet50', 'WideResnet'}
 
@@ -57,7 +61,15 @@ SLOW = {'AtariCnn', 'AtariCnnBody', 'BERT', 'FrameStackMLP', 'HourglassLM',
     pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name
     for name in sorted(TRAX)])
 def test_weights_tree_is_trax(name):
-  weights = build(name).weights
+  model = build(name)
+  weights = model.weights
   got = [leaf_name(x) for x in jax.tree_util.tree_leaves(weights)]
   assert got == TRAX[name]['leaves']
   assert describe(weights) == TRAX[name]['tree']
+  # The reversible models' builders declare their repeated blocks: each
+  # reversible stack holds its weights stacked once.
+  stacks = [layer for layer in model.walk()
+            if isinstance(layer, tl.ReversibleSerial)]
+  assert bool(stacks) == (name in REVERSIBLE)
+  assert all(isinstance(layer.stacked_weights, StackedLayers)
+             for layer in stacks)
