@@ -97,7 +97,7 @@ def test_bfloat16_matmuls_train_and_the_policy_ends_with_the_run(
     (['train', '--set', 'steps=many'], 'steps'),
     (['train', '--config', '/nonexistent.toml'], 'does not exist'),
     (['train', '--data', 'text:/nonexistent'], 'does not exist'),
-    (['sample', '/nonexistent-run'], 'not a retrax run directory'),
+    (['sample', '/nonexistent-run'], "'/nonexistent-run' does not exist"),
     (['train', '--set', 'length=30'], 'multiple of chunk_len'),
     (['train', '--matmul_dtype', 'fp16'], "matmul_dtype must be 'float32'"),
 ])
