@@ -417,9 +417,20 @@ def test_errors_are_clear():
     layer.pure_fn(jnp.zeros((1, 6, D_MODEL)), _weights(), _state(1, 6, 1),
                   jax.random.PRNGKey(0))
   with pytest.raises(LayerError, match='initialize the layer with inputs of '
-                     'batch size 2'):
-    layer.pure_fn(jnp.zeros((2, 8, D_MODEL)), _weights(), _state(1, 8, 1),
+                     'batch size 2 or 1'):
+    layer.pure_fn(jnp.zeros((2, 8, D_MODEL)), _weights(), _state(3, 8, 1),
                   jax.random.PRNGKey(0))
+
+
+def test_a_one_example_state_serves_any_batch_row_by_row():
+  # What a run loaded for eval (`retrax.load_run`, batch 1) is called with.
+  layer = _layer(chunk_len=4, n_hashes=2, n_buckets=4)
+  x = _normal(4, (3, 8, D_MODEL))
+  rng = jax.random.PRNGKey(0)
+  batch, _ = layer.pure_fn(x, _weights(), _state(1, 8, 2), rng)
+  for i in range(3):
+    alone, _ = layer.pure_fn(x[i:i + 1], _weights(), _state(1, 8, 2), rng)
+    np.testing.assert_allclose(batch[i], alone[0], rtol=1e-6, atol=1e-6)
 
 
 def test_eager_predict_equals_jitted_and_compiles_once():
