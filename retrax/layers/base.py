@@ -261,8 +261,9 @@ class Layer:
     if not isinstance(tree, (list, tuple)) or len(tree) != len(self.sublayers):
       got = len(tree) if isinstance(tree, (list, tuple)) else type(tree)
       raise InputValueError(
-          f'{self._name}: the {what} tree must hold one entry per sublayer '
-          f'({len(self.sublayers)}); got {got}.')
+          f'{self._name}: Number of {what} elements ({got}) does not equal '
+          f'the number of sublayers ({len(self.sublayers)}); give one entry '
+          f'per sublayer.')  # Trax's wording, which its tests match.
     for sublayer, x in zip(self.sublayers, tree):
       setattr(sublayer, attr, x)
     return [x if is_marker(x) else None for x in tree]
