@@ -222,7 +222,7 @@ class Layer:
     return self._gather_from_sublayers('stacked_weights', self._weights)
 
   @property
-  def _held_weights(self):
+  def held_weights(self):
     """Exactly what this layer and its sublayers hold, to put back as it was.
 
     As `stacked_weights`, except that a layer inside a stacked block gives
@@ -232,7 +232,7 @@ class Layer:
       return self._weights
     if type(self).weights is not _LAYER_WEIGHTS:
       return self.weights
-    return self._gather_from_sublayers('_held_weights', self._weights)
+    return self._gather_from_sublayers('held_weights', self._weights)
 
   @property
   def state(self):
@@ -348,7 +348,7 @@ class Layer:
 
   def weights_and_state_signature(self, input_signature, unsafe=False):
     """Returns the `(weights, state)` signature `init` would produce, without computing it."""
-    rng, state, weights = self.rng, self.state, self._held_weights
+    rng, state, weights = self.rng, self.state, self.held_weights
     try:
       return fastmath.abstract_eval(lambda s: self.init(s))(
           signature(input_signature))
@@ -370,7 +370,7 @@ class Layer:
     combinators) the weights stay set on the object so that a shared layer's
     later uses see them.
     """
-    old_weights, old_state, old_rng = self._held_weights, self.state, self._rng
+    old_weights, old_state, old_rng = self.held_weights, self.state, self._rng
     try:
       check_arity(self, x, self.n_in, 'pure_fn')
       self._rng = rng
@@ -431,7 +431,7 @@ class Layer:
 
     The layer's own weights, state and rng are put back afterwards.
     """
-    old = self._held_weights, self.state, self._rng
+    old = self.held_weights, self.state, self._rng
     self.weights, self.state, self._rng = weights, state, rng
     try:
       out = self.forward(inputs)

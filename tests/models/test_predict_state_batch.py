@@ -49,10 +49,12 @@ def test_batch1_on_batch4_state_equals_batch1_layer(use_reference_code):
 
 
 def test_batch_larger_than_state_is_a_clear_error():
-  layer = _attention(1)
-  with pytest.raises(Exception, match=r'holds 1 example\(s\) but the input has '
-                     r'batch size 2'):
-    layer(np.zeros((2, 1, D_MODEL), np.float32))
+  # A one-example state serves any batch (copied per example); a state of
+  # two examples cannot serve three.
+  layer = _attention(2)
+  with pytest.raises(Exception, match=r'holds 2 example\(s\) but the input has '
+                     r'batch size 3'):
+    layer(np.zeros((3, 1, D_MODEL), np.float32))
 
 
 def test_reformer_lm_predict_from_training_batch_state():

@@ -102,7 +102,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     """The weights as held: one `StackedLayers` for declared repeats, else per layer."""
     if self._traced is not None:
       return self._traced
-    if self._stacked is not None and any(layer._weights is not row
+    if self._stacked is not None and any(layer.held_weights is not row
                                          for layer, row in self._rows):
       # A layer below was given weights of its own: stack them in.
       self.weights = _LAYER_WEIGHTS.fget(self)
@@ -111,9 +111,9 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     return self._gather_from_sublayers('stacked_weights', self._weights)
 
   @property
-  def _held_weights(self):
+  def held_weights(self):
     if self._traced is None and self._stacked is None:
-      return self._gather_from_sublayers('_held_weights', self._weights)
+      return self._gather_from_sublayers('held_weights', self._weights)
     return self.stacked_weights
 
   def _stacked_if_repeated(self, weights):
@@ -170,7 +170,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     rows = []
     for layer, i, path in self._row_paths(self._stacked):
       row = StackedRow(self._stacked, i, path)
-      layer._weights = row
+      layer.weights = row
       rows.append((layer, row))
     self._rows = tuple(rows)
 
@@ -181,7 +181,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     weights of the run (traced ones, under `jax.jit`) on them.
     """
     for layer, row in self._rows:
-      layer._weights = row
+      layer.weights = row
 
   def forward(self, xs):
     """Runs the layers in order, each one's work tied to its inputs (see `tie_to`).
