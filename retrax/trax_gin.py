@@ -103,11 +103,3 @@ def register(gin=None):
     gin.external_configurable(_tensorflow_only(name), name, module='trax.data')
   configurable.register(gin)
 
-
-def trax_configurable_names():
-  """`(gin module, name)` of every name `register` makes configurable."""
-  for module in _DECLARING_MODULES:
-    importlib.import_module(module)
-  return (configurable.declared_names() +
-          [('trax.data', name) for name in _TENSORFLOW_ONLY] +
-          [('trax.fastmath.ops', 'backend')])
