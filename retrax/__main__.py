@@ -1,7 +1,7 @@
-"""`python -m retrax` runs the CLI."""
+"""`python -m retrax` runs the CLI (`retrax.app.cli`)."""
 
 import sys
 
-from retrax.cli import main
+from retrax.app.cli import main
 
 sys.exit(main())

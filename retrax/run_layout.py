@@ -6,7 +6,7 @@ convert`) holds only these entries; every module that writes or looks for
 one of them takes its name from here. Whoever wrote it, a run holds
 `model.json` and a checkpoint recording its input signature, which is all
 `retrax.load_run`, `retrax sample` and `retrax eval` need; its data is
-recorded by `run_config.json` or `config.gin` (`retrax.run_data`; other runs
+recorded by `run_config.json` or `config.gin` (`retrax.runs.data`; other runs
 take `eval --data`), and `metrics.jsonl` is what `retrax plot` draws:
 
   retrax.lock       LOCK_FILE: one writer at a time (`checkpoints.ownership`)

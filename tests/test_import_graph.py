@@ -108,13 +108,12 @@ LEVELS = (
     ('fastmath',),
     ('checkpoints',),
     ('layers',),
-    ('model_spec', 'models', 'optimizers', 'lr'),
+    ('models', 'optimizers', 'lr'),
     ('data',),
+    ('trax_gin', 'compat'),
     ('supervised',),
-    ('config', 'jobs', 'hf_runs', 'run_data', 'run_commands', 'trax_runs',
-     'plot',
-     'bench', 'trainer', 'cli',
-     '__main__', 'trax_gin', 'compat', 'tf_numpy', 'test_utils', ''),
+    ('runs',),
+    ('app', 'trainer', '__main__', 'tf_numpy', 'test_utils', ''),
 )
 
 

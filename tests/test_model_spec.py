@@ -14,7 +14,7 @@ import json
 import pytest
 
 from retrax import layers as tl
-from retrax import model_spec
+from retrax.models import model_spec
 from retrax import models
 from retrax.models import registry
 

@@ -102,7 +102,7 @@ def test_no_module_reads_another_modules_private_attributes():
 def test_checkpoints_import_no_layers():
   """`retrax.checkpoints` sits below `retrax.layers` (whose `init_from_file`
   calls `checkpoints.layer_io`): no module of it imports layers, models or
-  training (the Hugging Face conversion that builds runs is `retrax.hf_runs`)."""
+  training (the Hugging Face conversion that builds runs is `retrax.app.hf_runs`)."""
   found = []
   for path in sorted((ROOT / 'checkpoints').rglob('*.py')):
     for node in ast.walk(ast.parse(path.read_text())):

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from retrax import cli
-from retrax import plot
+from retrax.app import cli
+from retrax.app import plot
 from retrax.supervised import metrics_log
 
 
@@ -96,7 +96,7 @@ def test_cli_plots_several_runs(tmp_path, pyplot, capsys, monkeypatch):
 def test_without_matplotlib_one_line_naming_the_fix(tmp_path):
   run = _run(tmp_path / 'r')
   code = ('import sys; sys.modules["matplotlib"] = None\n'  # Not installed.
-          'from retrax import cli\n'
+          'from retrax.app import cli\n'
           f'sys.exit(cli.main(["plot", {str(run)!r}]))\n')
   proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
                         text=True, timeout=300)

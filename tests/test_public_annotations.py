@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-from retrax import jobs
+from retrax.app import jobs
 from retrax.supervised import tasks
 from retrax.supervised import train_state
 from retrax.supervised import training

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import retrax
-from retrax import cli
+from retrax.app import cli
 from retrax import layers as tl
 from retrax import models
 from retrax import optimizers
-from retrax import run_commands
+from retrax.app import run_commands
 from retrax import shapes
 from retrax.checkpoints import native
 from retrax.checkpoints.tree import tree_leaves

@@ -8,7 +8,7 @@ import ast
 import os
 import pathlib
 
-from retrax import cli
+from retrax.app import cli
 from retrax import run_layout
 
 _RETRAX = pathlib.Path(run_layout.__file__).parent

@@ -243,7 +243,7 @@ def test_a_live_runs_config_gin_is_kept_when_its_lock_refuses(tmp_path):
   (out_dir / 'config.gin').write_text('# the live run\'s bindings\n')
   lock = ownership.RunLock(str(out_dir))  # A live run: this process.
   try:
-    out = _python('import sys; from retrax import trainer; '
+    out = _python('import sys; from retrax.app import trainer; '
                   'sys.exit(trainer.main(sys.argv[1:]))',
                   f'--config_file={os.path.join(_GIN_DIR, "copy_lsh.gin")}',
                   f'--output_dir={out_dir}')
@@ -276,7 +276,7 @@ def test_includes_and_errors_of_the_trainer(tmp_path):
   bad_value.write_text(f"include '{copy_lsh}'\nReformerLM.n_layers = -1\n")
   cases[str(bad_value)] = 'n_layers'
   for path, message in cases.items():
-    out = _python('import sys; from retrax import trainer; '
+    out = _python('import sys; from retrax.app import trainer; '
                   'sys.exit(trainer.main(sys.argv[1:]))',
                   f'--config_file={path}', f'--output_dir={tmp_path / "o"}')
     assert out.returncode == 2, out.stderr[-3000:]
@@ -294,7 +294,7 @@ def test_includes_and_errors_of_the_trainer(tmp_path):
   # An include is found beside the including file; bindings override.
   _ok('''
       import sys
-      from retrax import trainer
+      from retrax.app import trainer
       gin = trainer.parse_gin_configs([sys.argv[1]], ['train.steps = 3'])
       assert gin.query_parameter('ReformerLM.n_layers') == 1
       assert gin.query_parameter('ReformerLM.d_model') == 32

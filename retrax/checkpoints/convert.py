@@ -2,7 +2,7 @@
 
 `retrax convert SRC DST [--to native|trax|hf]` calls `convert`; Hugging
 Face's Reformer directories (to and from retrax runs, which build models)
-are `retrax.hf_runs`' (the CLI sends them there).
+are `retrax.app.hf_runs`' (the CLI sends them there).
 
 Trax -> native writes the trees `weights`, `state`, `eval_state` (flat lists
 in Trax's order), `trax_slots` (Trax's flat optimizer slots per task) and
@@ -105,7 +105,7 @@ def _not_a_checkpoint(src):
 
 def checked_paths(src, dst):
   """`(src, dst)` as local paths, `src` existing: what every `retrax
-  convert` checks first (here and in `retrax.hf_runs.convert`)."""
+  convert` checks first (here and in `retrax.app.hf_runs.convert`)."""
   src = local_paths.check_local(os.fspath(src), 'convert: source')
   dst = local_paths.check_local(os.fspath(dst), 'convert: destination')
   if not os.path.exists(src):
@@ -128,13 +128,13 @@ def convert(src, dst, to=None, force=False):
 
   Raises:
     CheckpointFormatError: `src` is not a checkpoint; a Hugging Face
-      directory (or `to='hf'`) is `retrax.hf_runs.convert`'s.
+      directory (or `to='hf'`) is `retrax.app.hf_runs.convert`'s.
   """
   src, dst = checked_paths(src, dst)
   if to == 'hf' or hf_files.is_hf_directory(src):
     # Those conversions build models and runs, above this package.
     raise CheckpointFormatError(
-        f'{src}: Hugging Face conversions are retrax.hf_runs.convert\'s (or '
+        f'{src}: Hugging Face conversions are retrax.app.hf_runs.convert\'s (or '
         'run retrax convert).')
   source = 'native' if native.is_native_checkpoint(src) else 'trax'
   if source == 'trax' and os.path.isdir(src):

@@ -1,7 +1,7 @@
 """Where a conversion may write: a new path or an empty directory, or `force`.
 
 `retrax convert` (`convert.py`) and the Hugging Face conversion
-(`retrax.hf_runs`) both check their destination here before writing, so that
+(`retrax.app.hf_runs`) both check their destination here before writing, so that
 no file a user holds is replaced unless they ask for it.
 """
 

@@ -5,7 +5,7 @@ A directory of `save_pretrained` holds HF's `config.json` and its weights:
 `model.safetensors.index.json`, or `pytorch_model.bin`. safetensors files
 are read and written with the `safetensors` package's numpy API (bfloat16
 through ml_dtypes); `pytorch_model.bin` (a pickle) needs torch.
-`retrax.hf_runs` converts such directories (HF's Reformer) into retrax runs
+`retrax.app.hf_runs` converts such directories (HF's Reformer) into retrax runs
 and back; this module knows only the files.
 """
 

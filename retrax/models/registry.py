@@ -27,7 +27,7 @@ import numpy as np
 
 from retrax import configurable
 from retrax import layers as tl
-from retrax import model_spec
+from retrax.models import model_spec
 from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import read_json
 from retrax.run_layout import MODEL_FILE

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from retrax import cli
+from retrax.app import cli
 from retrax.checkpoints import convert
 from retrax.checkpoints import native
 from retrax.checkpoints import read_trax_checkpoint

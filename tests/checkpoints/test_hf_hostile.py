@@ -14,8 +14,8 @@ import types
 
 import pytest
 
-from retrax import cli
-from retrax import hf_runs
+from retrax.app import cli
+from retrax.app import hf_runs
 from retrax.checkpoints import hf_files
 from retrax.models.reformer import hf_reformer
 

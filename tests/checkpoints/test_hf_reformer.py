@@ -24,8 +24,8 @@ import pytest
 import safetensors.numpy as st_numpy
 
 import retrax
-from retrax import cli
-from retrax import hf_runs
+from retrax.app import cli
+from retrax.app import hf_runs
 from retrax import layers as tl
 from retrax import models
 from retrax.models import registry

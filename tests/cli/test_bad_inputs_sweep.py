@@ -5,9 +5,9 @@ and a model too big for the machine's memory, refused before it is built."""
 
 import pytest
 
-from retrax import cli
-from retrax import config as config_lib
-from retrax import jobs
+from retrax.app import cli
+from retrax.runs import config as config_lib
+from retrax.app import jobs
 
 _TINY = ['--steps', '1', '--quiet', '--no-sample', '--set', 'd_model=16',
          '--set', 'd_ff=32', '--set', 'n_layers=1', '--set', 'd_head=8']

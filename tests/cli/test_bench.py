@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from retrax import bench
+from retrax.app import bench
 
 
 def test_data_bench_line():

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from retrax import cli
-from retrax import config as config_lib
+from retrax.app import cli
+from retrax.runs import config as config_lib
 
 TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
         '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=4',
@@ -141,7 +141,7 @@ def test_info(capsys):
 
 
 def test_trainer_entry_point(tmp_path, capsys):
-  from retrax import trainer
+  from retrax.app import trainer
   path = tmp_path / 'c.toml'
   path.write_text('steps = 2\nd_model = 16\nd_ff = 32\nn_layers = 1\n'
                   'd_head = 8\nbatch_size = 4\nn_samples = 0\n')

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import retrax
-from retrax import cli
+from retrax.app import cli
 from retrax import errors
 from retrax.checkpoints import errors as checkpoint_errors
 from retrax import validation

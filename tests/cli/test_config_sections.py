@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from retrax import cli
-from retrax import config as config_lib
-from retrax import jobs
+from retrax.app import cli
+from retrax.runs import config as config_lib
+from retrax.app import jobs
 
 # The flat layout of run_config.json written before the config had sections.
 _OLD_RUN_CONFIG = {

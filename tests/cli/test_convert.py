@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from retrax import cli
+from retrax.app import cli
 from retrax.checkpoints import convert
 from retrax.checkpoints import native
 from retrax.checkpoints.trax_format import read_trax_checkpoint

@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from retrax import checkpoints
-from retrax import cli
+from retrax.app import cli
 
 
 def _error(argv, capsys):

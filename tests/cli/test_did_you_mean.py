@@ -4,8 +4,8 @@ import difflib
 
 import pytest
 
-from retrax import cli
-from retrax import config as config_lib
+from retrax.app import cli
+from retrax.runs import config as config_lib
 from retrax import suggest
 
 

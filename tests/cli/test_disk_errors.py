@@ -17,7 +17,7 @@ import pytest
 import safetensors
 import safetensors.numpy
 
-from retrax import cli
+from retrax.app import cli
 from retrax.checkpoints import native
 from retrax.supervised import metrics_log
 from tests.cli.test_cli_errors import _one_line  # The CLI's one-line check.

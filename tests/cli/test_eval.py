@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from retrax import cli
-from retrax import config as config_lib
-from retrax import jobs
-from retrax import run_commands
+from retrax.app import cli
+from retrax.runs import config as config_lib
+from retrax.app import jobs
+from retrax.app import run_commands
 
 # A TransformerLM on a 3-symbol duplication task: perfect after ~100 steps,
 # while a freshly initialised model scores about 1/3.

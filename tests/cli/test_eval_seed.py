@@ -2,7 +2,7 @@
 (issue 29, item 6): an LSH run draws its hash rotations from the key, which
 was fresh on each call."""
 
-from retrax import cli
+from retrax.app import cli
 
 _LSH_RUN = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
             '--set', 'd_head=8', '--set', 'batch_size=4', '--set',

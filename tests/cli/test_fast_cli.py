@@ -14,7 +14,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # Runs `cli.main(argv)` for each argv and prints whether JAX was imported.
 _PROBE = '''
 import sys
-from retrax import cli
+from retrax.app import cli
 for argv in {argvs!r}:
   try:
     rc = cli.main(argv)
@@ -64,7 +64,7 @@ def test_python_m_retrax_version_is_fast_and_imports_no_jax():
       f'retrax {retrax.__version__}\n')
   imported = [line.rsplit('|', 1)[-1].strip()
               for line in result.stderr.splitlines() if '|' in line]
-  assert 'retrax.cli' in imported  # -X importtime did report the imports.
+  assert 'retrax.app.cli' in imported  # -X importtime did report the imports.
   assert not [m for m in imported if m == 'jax' or m.startswith('jax.')]
   # CPU seconds, not wall time: robust to a busy machine. Importing JAX alone
   # takes over 1 s of CPU here; the CLI's own imports take about 0.1 s.
@@ -74,7 +74,7 @@ def test_python_m_retrax_version_is_fast_and_imports_no_jax():
 
 @pytest.mark.parametrize('argv', [['--version'], ['train', '--help']])
 def test_in_process_answers_are_unchanged(argv, capsys):
-  from retrax import cli
+  from retrax.app import cli
   with pytest.raises(SystemExit) as info:
     cli.main(argv)
   assert info.value.code == 0

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from retrax import cli
+from retrax.app import cli
 
 _RUN = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
         '--set', 'd_head=8', '--set', 'batch_size=4', '--set', 'eval_every=2',

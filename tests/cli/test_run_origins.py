@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import retrax
-from retrax import cli
+from retrax.app import cli
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -68,7 +68,7 @@ _COMMANDS = '''
 import sys
 import numpy as np
 import retrax
-from retrax import cli
+from retrax.app import cli
 from retrax.supervised import decoding
 run_dir = sys.argv[1]
 for argv in (['sample', run_dir, '-n', '2'], ['eval', run_dir, '--batches',
@@ -136,7 +136,7 @@ _CONVERTED = '''
 import sys
 import numpy as np
 import retrax
-from retrax import cli
+from retrax.app import cli
 trax_dir, run_dir = sys.argv[1:]
 print('RC convert', cli.main(['convert', trax_dir, run_dir]), flush=True)
 for argv in (['sample', run_dir, '-n', '1'], ['eval', run_dir, '--batches',

@@ -9,9 +9,9 @@ import pytest
 
 import retrax
 from retrax import checkpoints
-from retrax import cli
-from retrax import config as config_lib
-from retrax import jobs
+from retrax.app import cli
+from retrax.runs import config as config_lib
+from retrax.app import jobs
 from retrax.data import tasks
 
 TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',

@@ -6,7 +6,7 @@ import os
 import sys
 
 from retrax import checkpoints
-from retrax import cli
+from retrax.app import cli
 
 _save = checkpoints.save_native_sharded
 _saves = []

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import resume_worker
-from retrax import cli
+from retrax.app import cli
 from retrax.checkpoints import native
 from retrax.checkpoints.errors import CheckpointError
 

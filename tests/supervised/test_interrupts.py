@@ -182,7 +182,7 @@ _TINY = ['--set', 'model=TransformerLM', '--set', 'd_model=16', '--set',
 
 def test_ctrl_c_in_retrax_train_exits_130_with_one_line(tmp_path):
   out = str(tmp_path / 'run')
-  cmd = [sys.executable, '-m', 'retrax.cli', 'train', '--output_dir', out,
+  cmd = [sys.executable, '-m', 'retrax', 'train', '--output_dir', out,
          '--steps', '100000', *_TINY]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=_env())

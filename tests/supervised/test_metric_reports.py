@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import supervised_toys as toys
-from retrax import cli
+from retrax.app import cli
 from retrax import optimizers
 from retrax.errors import MissingPackageError
 from retrax.errors import UserInputError

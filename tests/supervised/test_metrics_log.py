@@ -99,7 +99,7 @@ def test_history_api_and_json_round_trip():
 
 def test_plot_metrics_writes_a_png(tmp_path):
   pytest.importorskip('matplotlib')
-  from retrax import plot
+  from retrax.app import plot
   writer = metrics_log.JsonlWriter(str(tmp_path / 'metrics.jsonl'))
   for step in (1, 10, 20):
     writer.write(step, 'train', 'metrics/loss', 1.0 / step)

@@ -18,7 +18,7 @@ import pytest
 
 import resume_worker
 import supervised_toys as toys
-from retrax import cli
+from retrax.app import cli
 from retrax import run_layout
 from retrax.checkpoints import native
 from retrax.checkpoints import ownership

@@ -15,7 +15,7 @@ import pytest
 
 import resume_worker
 import supervised_toys as toys
-from retrax import cli
+from retrax.app import cli
 from retrax import optimizers
 from retrax.checkpoints import CheckpointError
 from retrax.checkpoints import CheckpointFormatError

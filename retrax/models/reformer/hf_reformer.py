@@ -17,7 +17,7 @@ tensor is one retrax weight, reshaped:
 one line, what ReformerLM does not compute), `hf_config` goes back from a
 run's `model.json`, and `weight_layout` lists the tensors in retrax's flat
 weight order with the reshape of each (`to_retrax`, `to_hf`: exact inverses,
-so a round trip is bit for bit). `retrax.hf_runs` converts directories with
+so a round trip is bit for bit). `retrax.app.hf_runs` converts directories with
 it (`retrax convert`).
 
 HF's model does not shift its inputs right as Trax's ReformerLM does, so

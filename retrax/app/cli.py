@@ -19,7 +19,7 @@ import signal
 import sys
 
 import retrax
-from retrax import config as config_lib
+from retrax.runs import config as config_lib
 from retrax import run_layout
 from retrax import suggest
 from retrax.errors import deliberate
@@ -165,7 +165,7 @@ def _join_cluster(args):
 
 
 def cmd_train(args):
-  from retrax import jobs
+  from retrax.app import jobs
   chief = _join_cluster(args)
   config = _load_config(args)
   loop = jobs.train(config, quiet=args.quiet, mesh=args.mesh)
@@ -178,14 +178,14 @@ def cmd_train(args):
 
 
 def cmd_sample(args):
-  from retrax import run_commands
+  from retrax.app import run_commands
   run_commands.print_samples(args.output_dir, n=args.n,
                              temperature=args.temperature, prompt=args.prompt,
                              max_length=args.max_length)
 
 
 def cmd_eval(args):
-  from retrax import run_commands
+  from retrax.app import run_commands
   run_commands.print_eval(args.output_dir, n_batches=args.batches,
                           seed=args.seed, data=args.data)
 
@@ -194,12 +194,12 @@ def cmd_convert(args):
   from retrax.checkpoints import convert
   from retrax.checkpoints import hf_files
   if args.to == 'hf' or hf_files.is_hf_directory(args.src):
-    from retrax import hf_runs  # It builds models: imported only for HF.
+    from retrax.app import hf_runs  # It builds models: imported only for HF.
     print(hf_runs.convert(args.src, args.dst, to=args.to, force=args.force))
     print(hf_runs.convention_note(args.src, args.to))
     return
   if os.path.isfile(os.path.join(args.src, run_layout.GIN_CONFIG_FILE)):
-    from retrax import trax_runs  # A run of Trax's trainer: builds a model.
+    from retrax.app import trax_runs  # A run of Trax's trainer: builds a model.
     if trax_runs.is_trax_run(args.src):
       print(trax_runs.convert(args.src, args.dst, to=args.to,
                               force=args.force))
@@ -208,13 +208,13 @@ def cmd_convert(args):
 
 
 def cmd_plot(args):
-  from retrax import plot
+  from retrax.app import plot
   print(plot.plot_metrics(args.output_dirs, args.out,
                           log_loss=not args.linear))
 
 
 def cmd_bench(args):
-  from retrax import bench
+  from retrax.app import bench
   bench.main(quick=args.quick)
 
 
@@ -459,6 +459,3 @@ def main(argv=None):
     return interrupts.EXIT_CODES[signal.SIGINT]
   return rc or 0
 
-
-if __name__ == '__main__':
-  sys.exit(main())

@@ -27,9 +27,9 @@ import jax
 import numpy as np
 
 import retrax
-from retrax import config as config_lib
+from retrax.runs import config as config_lib
 from retrax import data
-from retrax import jobs
+from retrax.app import jobs
 from retrax import layers as tl
 from retrax import models
 from retrax import optimizers

@@ -12,7 +12,7 @@ imports, as training did: convert only runs you trust.
 
 import os
 
-from retrax import run_data
+from retrax.runs import data as run_data
 from retrax.checkpoints import convert as ckpt_convert
 from retrax.checkpoints import destination
 from retrax.checkpoints.atomic import atomic_write

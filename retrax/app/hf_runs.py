@@ -33,7 +33,7 @@ import os
 
 import numpy as np
 
-from retrax import model_spec
+from retrax.models import model_spec
 from retrax import models
 from retrax.checkpoints import destination
 from retrax.checkpoints import hf_files

@@ -10,7 +10,7 @@ local directory::
 It reads ``model.json`` (the constructor every run records: `retrax
 train`, `python -m retrax.trainer`, a `training.Loop`, `retrax convert`; see
 `retrax.models.registry`) or, for old runs of `retrax train`, the run's
-config. `retrax eval` and `sample` of any run are `retrax.run_commands`'.
+config. `retrax eval` and `sample` of any run are `retrax.app.run_commands`'.
 
 The default job trains a small ReformerLM with LSH attention on the Reformer
 paper's duplication task (`0 w 0 w`) and then shows sampled copies.
@@ -27,7 +27,7 @@ from typing import Any, Optional, Union
 import jax
 import numpy as np
 
-from retrax import config as config_lib
+from retrax.runs import config as config_lib
 from retrax import data
 from retrax import layers as tl
 from retrax import lr
@@ -42,7 +42,7 @@ from retrax.data import tasks
 from retrax.errors import read_json
 from retrax.fastmath import precision
 from retrax.models import registry
-from retrax import run_data
+from retrax.runs import data as run_data
 from retrax.run_layout import CONFIG_FILE
 from retrax.run_layout import MODEL_FILE
 from retrax.run_layout import TOKENIZER_FILE

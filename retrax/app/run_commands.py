@@ -1,7 +1,7 @@
 """`retrax eval` and `retrax sample` of a run directory, whatever made it.
 
 The model comes from `jobs.load_run` (every run records `model.json`); the
-data from what the run records (`retrax.run_data`): a `retrax train` run's
+data from what the run records (`retrax.runs.data`): a `retrax train` run's
 config, a gin run's `config.gin`, or `--data text:FILE` for runs that record
 none. Batches are Trax's `(inputs..., targets, weights)`: the model takes
 its `n_in` first items and the metrics its outputs, then the rest (as a
@@ -14,11 +14,11 @@ import random
 import jax
 import numpy as np
 
-from retrax import config as config_lib
-from retrax import hf_runs
-from retrax import jobs
+from retrax.runs import config as config_lib
+from retrax.app import hf_runs
+from retrax.app import jobs
 from retrax import layers as tl
-from retrax import run_data
+from retrax.runs import data as run_data
 from retrax.fastmath import xla_cpu
 from retrax.run_layout import CONFIG_FILE
 from retrax.run_layout import GIN_CONFIG_FILE

@@ -1,6 +1,6 @@
 """Plots training runs' metrics (`output_dir/metrics.jsonl`) to a PNG.
 
-    from retrax import plot
+    from retrax.app import plot
     plot.plot_metrics('~/train_dir')          # -> '~/train_dir/metrics.png'
     plot.plot_metrics(['runs/a', 'runs/b'])   # -> './a_vs_b.png', compared
 

@@ -18,7 +18,7 @@ Batches are Trax's `(inputs..., targets, weights)`: the model takes its
 import copy
 import os
 
-from retrax import config as config_lib
+from retrax.runs import config as config_lib
 from retrax.data import tasks
 from retrax.errors import one_line
 from retrax.errors import UserInputError

@@ -1,0 +1,2 @@
+"""A run directory read back: the settings (`config`) and data (`data`) it
+records."""
