@@ -23,7 +23,7 @@ def __getattr__(name):
   if name in _SUBPACKAGES:  # `retrax.layers`, `from retrax import lr`, ...
     return importlib.import_module(f'retrax.{name}')
   if name == 'load_run':  # A run directory's model with its weights.
-    return importlib.import_module('retrax.app.jobs').load_run
+    return importlib.import_module('retrax.runs.loading').load_run
   raise AttributeError(f'module retrax has no attribute {name!r}')
 
 

@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-from retrax.app import jobs
+from retrax.runs import loading
 from retrax.supervised import tasks
 from retrax.supervised import train_state
 from retrax.supervised import training
@@ -30,7 +30,7 @@ def _methods(cls):
 _FUNCTIONS = [
     *_methods(training.Loop), *_methods(tasks.TrainTask),
     *_methods(tasks.EvalTask), *_methods(tasks.TrainTask.__mro__[1]),
-    ('load_run', jobs.load_run),
+    ('load_run', loading.load_run),
     *[(f'train_state.{name}', getattr(train_state, name)) for name in (
         'replicate', 'place_task', 'init_task', 'init_state', 'new_rng',
         'train_step')],

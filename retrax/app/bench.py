@@ -26,17 +26,17 @@ from typing import Any, Callable, List
 import jax
 import numpy as np
 
-import retrax
-from retrax.runs import config as config_lib
 from retrax import data
-from retrax.app import jobs
 from retrax import layers as tl
 from retrax import models
 from retrax import optimizers
 from retrax import shapes
 from retrax.data import tasks
+from retrax.runs import config as config_lib
+from retrax.runs import loading
 from retrax.supervised import decoding
 from retrax.supervised import training
+import retrax
 
 
 def _timed(fn, repeats):
@@ -57,7 +57,7 @@ def _loop(model, length, batch_size, vocab_size):
 
 
 def _default_model(mode):
-  return jobs.build_model(config_lib.RunConfig(), mode)
+  return loading.build_model(config_lib.RunConfig(), mode)
 
 
 def bench_train(quick):

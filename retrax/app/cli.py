@@ -18,14 +18,14 @@ import platform
 import signal
 import sys
 
-import retrax
-from retrax.runs import config as config_lib
 from retrax import run_layout
 from retrax import suggest
 from retrax.errors import deliberate
 from retrax.errors import Error
 from retrax.errors import one_line
 from retrax.errors import UserInputError
+import retrax
+from retrax.runs import config as config_lib
 
 # Only what parsing needs is imported here: `--version`, `--help` and argument
 # errors answer without importing JAX; each command imports what it uses.

@@ -33,7 +33,6 @@ import os
 
 import numpy as np
 
-from retrax.models import model_spec
 from retrax import models
 from retrax.checkpoints import destination
 from retrax.checkpoints import hf_files
@@ -43,6 +42,7 @@ from retrax.checkpoints.convert import checked_paths
 from retrax.checkpoints.hf_files import HFReformerError
 from retrax.checkpoints.tree import tree_leaves
 from retrax.errors import read_json
+from retrax.models import model_spec
 from retrax.models import registry
 from retrax.models.reformer import hf_reformer
 from retrax.run_layout import HF_CONFIG_COPY

@@ -14,10 +14,10 @@ import collections
 import math
 import os
 
+from retrax import run_layout
 from retrax.checkpoints.atomic import atomic_write
 from retrax.errors import missing_package
 from retrax.supervised import metrics_log
-from retrax import run_layout
 from retrax.validation import ArgumentValueError
 
 _LOSS_WORDS = ('loss', 'crossentropy', 'perplexity')

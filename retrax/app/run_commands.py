@@ -1,6 +1,6 @@
 """`retrax eval` and `retrax sample` of a run directory, whatever made it.
 
-The model comes from `jobs.load_run` (every run records `model.json`); the
+The model comes from `retrax.load_run` (every run records `model.json`); the
 data from what the run records (`retrax.runs.data`): a `retrax train` run's
 config, a gin run's `config.gin`, or `--data text:FILE` for runs that record
 none. Batches are Trax's `(inputs..., targets, weights)`: the model takes
@@ -14,14 +14,15 @@ import random
 import jax
 import numpy as np
 
-from retrax.runs import config as config_lib
+from retrax import layers as tl
 from retrax.app import hf_runs
 from retrax.app import jobs
-from retrax import layers as tl
-from retrax.runs import data as run_data
 from retrax.fastmath import xla_cpu
 from retrax.run_layout import CONFIG_FILE
 from retrax.run_layout import GIN_CONFIG_FILE
+from retrax.runs import config as config_lib
+from retrax.runs import data as run_data
+from retrax.runs import loading
 from retrax.supervised import decoding
 
 EVAL_METRICS = ('WeightedCategoryCrossEntropy', 'WeightedCategoryAccuracy')
@@ -31,7 +32,7 @@ _TEXT_BATCH = 8  # Rows of a --data text file's eval batches.
 def _config(directory):
   """The `RunConfig` of a `retrax train` run, else None."""
   if os.path.exists(os.path.join(directory, CONFIG_FILE)):
-    return jobs.config_of_run(directory)
+    return loading.config_of_run(directory)
   return None
 
 
@@ -87,7 +88,7 @@ def evaluate(directory, n_batches=8, seed=0, data=None):
         f'the number of eval batches must be an int >= 1; got {n_batches!r}')
   directory = os.fspath(directory)
   config = _config(directory)
-  run = jobs.load_run(directory, 'eval', seed=seed)
+  run = loading.load_run(directory, 'eval', seed=seed)
   if data is None:
     stream = _recorded_stream(directory, config, seed)
   else:
@@ -186,7 +187,7 @@ def _decode(run, source, prompt, n_new, temperature, seed):
 def sample_recorded(directory, n=4, temperature=0.0, seed=0, config=None):
   """`(prompt, output, target)` for the first `n` examples of the run's eval
   data: each continued (one at a time) for as many tokens as its target."""
-  run = jobs.load_run(directory, 'predict')
+  run = loading.load_run(directory, 'predict')
   batch = next(_recorded_stream(directory, config, seed))
   rows = []
   for row in range(min(n, len(np.asarray(batch[0])))):
@@ -213,7 +214,7 @@ def sample_free(directory, n=1, temperature=0.0, prompt=None, max_length=None,
                 seed=0):
   """`n` continuations of `prompt` (text with the run's tokenizer, else ids;
   None: from the start symbol alone). An encoder-decoder translates it."""
-  run = jobs.load_run(directory, 'predict')
+  run = loading.load_run(directory, 'predict')
   ids = _parse_prompt(run, prompt) if prompt is not None else np.zeros(
       (0,), np.int32)
   length = _length(run)

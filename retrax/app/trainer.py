@@ -21,8 +21,8 @@ import os
 import re
 import sys
 
-from retrax.app import cli
 from retrax import run_layout
+from retrax.app import cli
 from retrax.errors import deliberate
 from retrax.errors import Error
 from retrax.errors import one_line

@@ -12,13 +12,13 @@ imports, as training did: convert only runs you trust.
 
 import os
 
-from retrax.runs import data as run_data
 from retrax.checkpoints import convert as ckpt_convert
 from retrax.checkpoints import destination
 from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints.errors import malformed_is_format_error
 from retrax.models import registry
 from retrax.run_layout import GIN_CONFIG_FILE
+from retrax.runs import data as run_data
 from retrax.supervised import checkpointing
 
 

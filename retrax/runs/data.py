@@ -18,12 +18,12 @@ Batches are Trax's `(inputs..., targets, weights)`: the model takes its
 import copy
 import os
 
-from retrax.runs import config as config_lib
 from retrax.data import tasks
 from retrax.errors import one_line
 from retrax.errors import UserInputError
 from retrax.run_layout import GIN_CONFIG_FILE
 from retrax.run_layout import TOKENIZER_FILE
+from retrax.runs import config as config_lib
 
 
 class RunDataError(UserInputError):

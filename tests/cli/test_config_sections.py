@@ -5,8 +5,9 @@ import json
 import pytest
 
 from retrax.app import cli
-from retrax.runs import config as config_lib
 from retrax.app import jobs
+from retrax.runs import config as config_lib
+from retrax.runs import loading
 
 # The flat layout of run_config.json written before the config had sections.
 _OLD_RUN_CONFIG = {
@@ -34,7 +35,7 @@ def test_every_key_has_one_section_field_and_default():
 
 def test_old_run_config_json_is_read(tmp_path):
   (tmp_path / jobs.CONFIG_FILE).write_text(json.dumps(_OLD_RUN_CONFIG))
-  config = jobs.config_of_run(str(tmp_path))
+  config = loading.config_of_run(str(tmp_path))
   assert config.model == config_lib.ModelConfig(
       name='TransformerLM', attention='full', vocab_size=32, length=16,
       d_model=24, d_ff=32, n_layers=1, n_heads=2, d_head=8, n_hashes=2,
@@ -50,11 +51,11 @@ def test_old_run_config_json_is_read(tmp_path):
 
 def test_missing_keys_take_defaults_unknown_keys_are_errors(tmp_path):
   (tmp_path / jobs.CONFIG_FILE).write_text(json.dumps({'d_model': 16}))
-  config = jobs.config_of_run(str(tmp_path))
+  config = loading.config_of_run(str(tmp_path))
   assert config.model.d_model == 16 and config.model.d_ff == 128
   (tmp_path / jobs.CONFIG_FILE).write_text(json.dumps({'d_modle': 16}))
   with pytest.raises(config_lib.ConfigError, match='d_modle'):
-    jobs.config_of_run(str(tmp_path))
+    loading.config_of_run(str(tmp_path))
 
 
 def test_toml_tables_and_dotted_keys(tmp_path):

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from retrax.app import cli
-from retrax.runs import config as config_lib
 from retrax.app import jobs
+from retrax.runs import config as config_lib
+from retrax.runs import loading
 from retrax.supervised import decoding
 
 TINY = ['--set', 'd_model=16', '--set', 'd_ff=32', '--set', 'n_layers=1',
@@ -59,7 +60,7 @@ def _samples(out):
 def test_end_of_run_samples_differ_at_the_printed_temperature(
     text_run, temperature, monkeypatch, capsys):
   path, out = text_run
-  config = jobs.config_of_run(out).replace(n_samples=3)
+  config = loading.config_of_run(out).replace(n_samples=3)
   if temperature is not None:
     config = config.replace(temperature=temperature)
   used = _recording(monkeypatch)
@@ -80,8 +81,8 @@ def test_end_of_run_samples_differ_at_the_printed_temperature(
 
 def test_held_out_prompts_come_from_the_held_out_part(text_run):
   path, out = text_run
-  config = jobs.config_of_run(out)
-  tokenizer = jobs.tokenizer_of_run(config)
+  config = loading.config_of_run(out)
+  tokenizer = loading.tokenizer_of_run(config)
   prompts = jobs.held_out_prompts(config, tokenizer, 4)
   assert prompts.shape == (4, config.model.length // 4)
   data = path.read_bytes()
@@ -121,8 +122,8 @@ def _blocks(out):
 
 def test_samples_mark_where_the_prompt_ends(text_run, capsys):
   path, out = text_run
-  config = jobs.config_of_run(out).replace(n_samples=2)
-  tokenizer = jobs.tokenizer_of_run(config)
+  config = loading.config_of_run(out).replace(n_samples=2)
+  tokenizer = loading.tokenizer_of_run(config)
   prompts = [tokenizer.decode(p)
              for p in jobs.held_out_prompts(config, tokenizer, 2)]
   capsys.readouterr()
