@@ -24,10 +24,10 @@ Bindings reach a declared name however it is reached: a function through
 any import path or a model's default argument (its wrapper looks gin up), a
 class wherever it is built (gin configures it in place). Trax's TensorFlow
 data functions that retrax does not provide (T5, BERT and MathQA inputs) are
-registered too, so their configs parse; calling one raises
-`TensorFlowOnlyError`, saying what to use instead. gin's `backend.name`
-(module `trax.fastmath.ops`) chooses the default fastmath backend, as in
-Trax.
+declared as stand-ins (`retrax.data.tensorflow_only`), so their configs
+parse; calling one raises `TensorFlowOnlyError`, saying what to use instead.
+gin's `backend.name` (`fastmath.backend`, module `trax.fastmath.ops`)
+chooses the default fastmath backend, as in Trax.
 """
 
 import importlib
@@ -38,37 +38,9 @@ from retrax.errors import UserInputError
 # The modules whose definitions declare Trax's names: importing them
 # declares every one (`trax.layers`, ... are imported lazily otherwise).
 _DECLARING_MODULES = (
-    'retrax.layers', 'retrax.models', 'retrax.optimizers', 'retrax.lr',
-    'retrax.supervised.trainer_lib', 'retrax.supervised.training',
+    'retrax.fastmath', 'retrax.layers', 'retrax.models', 'retrax.optimizers',
+    'retrax.lr', 'retrax.supervised.trainer_lib', 'retrax.supervised.training',
     'retrax.data')
-
-# Trax's `trax.data` configurables that need TensorFlow: retrax reads TFDS
-# without it (`retrax.data`); these are stand-ins that say so when called.
-_TENSORFLOW_ONLY = '''
-    BertGlueEvalStream BertGlueTrainStream BertNextSentencePredictionInputs
-    CorpusToRandomChunks CreateAnnotatedDropInputs CreateAquaInputs
-    CreateBertInputs CreateDropInputs CreateMathQAInputs T5GlueEvalStream
-    T5GlueEvalStreamsParallel T5GlueEvalTasks T5GlueTrainStream
-    T5GlueTrainStreamsParallel c4_bare_preprocess_fn
-    generic_text_dataset_preprocess_fn get_t5_preprocessor_by_name
-    mask_random_tokens'''.split()
-
-
-def _backend_name(name=None):
-  """The name gin binds to `backend.name` (None: none bound)."""
-  return name
-
-
-def _tensorflow_only(name):
-  """A stand-in for Trax's TensorFlow function `name`: raises when called."""
-  from retrax.data import tensorflow_only
-
-  def stand_in(*args, **kwargs):
-    del args, kwargs
-    raise tensorflow_only.error(name)
-  stand_in.__name__ = stand_in.__qualname__ = name
-  stand_in.__doc__ = f'Trax\'s `trax.data.{name}`, which needs TensorFlow.'
-  return stand_in
 
 
 def _import_gin():
@@ -96,10 +68,5 @@ def register(gin=None):
   gin = _import_gin() if gin is None else gin
   for module in _DECLARING_MODULES:
     importlib.import_module(module)
-  from retrax.fastmath.backend import set_default_source
-  set_default_source(gin.external_configurable(
-      _backend_name, name='backend', module='trax.fastmath.ops'))
-  for name in _TENSORFLOW_ONLY:
-    gin.external_configurable(_tensorflow_only(name), name, module='trax.data')
   configurable.register(gin)
 

@@ -1,5 +1,5 @@
 """gin's `backend.name` selects the default backend under retrax.compat (as
-Trax's gin-configurable `fastmath.backend` did); `set_default_source`."""
+Trax's gin-configurable `fastmath.backend` did)."""
 
 import importlib.util
 import os
@@ -7,12 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-import jax.numpy as jnp
-import numpy as onp
 import pytest
 
-from retrax import fastmath
-from retrax.fastmath.backend import set_default_source
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,6 +35,13 @@ _PROGRAM = textwrap.dedent('''
     assert fastmath.backend_name() == 'numpy'
     gin.clear_config()
     assert fastmath.backend_name() == 'jax'
+    gin.parse_config("backend.name = 'no-such-backend'")
+    try:
+      fastmath.backend_name()
+      raise AssertionError('an unknown backend name was accepted')
+    except ValueError as e:
+      assert "'no-such-backend'" in str(e), e
+    gin.clear_config()
     print('ok')
 ''')
 
@@ -51,28 +54,3 @@ def test_gin_backend_name_under_compat():
                        check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.strip().endswith('ok')
-
-
-def test_default_source_is_used_only_when_no_backend_is_set():
-  names = ['numpy']
-  set_default_source(lambda: names[0])
-  try:
-    assert fastmath.backend_name() == 'numpy'
-    assert fastmath.backend()['np'] is onp
-    assert fastmath.numpy.sum is onp.sum
-    with fastmath.use_backend('jax'):
-      assert fastmath.backend()['np'] is jnp
-    names[0] = None  # the source has no opinion: JAX
-    assert fastmath.backend_name() == 'jax'
-    names[0] = 'no-such-backend'
-    with pytest.raises(ValueError, match='no-such-backend'):
-      fastmath.backend_name()
-  finally:
-    set_default_source(None)
-  assert fastmath.backend_name() == 'jax'
-  assert fastmath.backend('numpy')['np'] is onp  # explicit name, nothing set
-
-
-def test_default_source_must_be_callable():
-  with pytest.raises(TypeError, match='callable'):
-    set_default_source('numpy')

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as onp
 
-from retrax.validation import ArgumentTypeError
+from retrax.configurable import bound_arguments
+from retrax.configurable import configurable
 from retrax.validation import ArgumentValueError
 
 
@@ -96,30 +97,12 @@ def use_backend(name):
     _override = old
 
 
-_default_source = None  # set by set_default_source
-
-
-def set_default_source(source):
-  """Consults `source()` for the backend's name when none is set or overridden.
-
-  `source` takes no arguments and returns a name, a `Backend` or None (then
-  JAX); None removes it. A hook for configuration systems: `retrax.compat`
-  installs one reading gin's `backend.name`, as Trax's gin-configurable
-  `backend()` did.
-  """
-  global _default_source
-  if source is not None and not callable(source):
-    raise ArgumentTypeError(f'set_default_source: source must be callable or None; '
-                            f'got {source!r}.')
-  _default_source = source
-
-
 def current():
-  """The `Backend` in use now (override, else default, else the default
-  source's, else JAX)."""
+  """The `Backend` in use now (override, else default, else gin's
+  `backend.name` once Trax's gin names are registered, else JAX)."""
   b = _override or _default
-  if b is None and _default_source is not None:
-    name = _default_source()
+  if b is None:
+    name = bound_arguments(backend).get('name')
     b = None if name is None else _parse(name)
   return b or Backend.JAX
 
@@ -139,11 +122,13 @@ def is_backend(backend_):
   return current() == _parse(backend_)
 
 
+@configurable('trax.fastmath.ops')
 def backend(name=None):
   """Trax's backend dict (`'np'` and `'name'`) of the backend in use.
 
   As in Trax, `name` only matters when no backend was set or overridden;
-  None means the backend in use (with no default source: JAX).
+  None means the backend in use (gin's `backend.name`, else JAX). Trax's gin
+  configs bind `backend.name` to choose the default backend.
   """
   b = current() if (_override or _default or name is None) else _parse(name)
   return {'np': onp if b == Backend.NUMPY else jnp, 'name': b.value}
