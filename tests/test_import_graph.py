@@ -105,12 +105,12 @@ def test_no_module_circles():
 LEVELS = (
     ('errors', 'validation', 'run_layout', 'local_paths', 'suggest',
      'shapes', 'configurable'),
+    ('trax_gin', 'compat'),
     ('fastmath',),
     ('checkpoints',),
     ('layers',),
     ('models', 'optimizers', 'lr'),
     ('data',),
-    ('trax_gin', 'compat'),
     ('supervised',),
     ('runs',),
     ('app', 'trainer', '__main__', 'tf_numpy', 'test_utils', ''),
@@ -127,12 +127,22 @@ def level(module):
                        'LEVELS; place it there (and in docs/architecture.md).')
 
 
+def upward(graph):
+  """The edges of `graph` from a module to one of a higher level."""
+  return sorted(f'{a} -> {b}' for a, targets in graph.items()
+                for b in targets if level(b) > level(a))
+
+
 def test_imports_run_only_downwards():
-  upward = sorted(f'{a} -> {b}' for a, targets in import_graph().items()
-                  for b in targets if level(b) > level(a))
-  assert upward == []
+  assert upward(import_graph()) == []
 
 
 def test_the_level_check_sees_an_upward_import():
   assert level('retrax.models.registry') > level('retrax.layers.base')
-  assert level('retrax.trax_gin') > level('retrax.models.registry')
+  assert (level('retrax.app.cli') > level('retrax.runs.loading') >
+          level('retrax.supervised.training'))
+  assert upward({'retrax.trax_gin': {'retrax.data.tensorflow_only'},
+                 'retrax.runs.loading': {'retrax.app.jobs'},
+                 'retrax.app.jobs': {'retrax.runs.loading'}}) == [
+                     'retrax.runs.loading -> retrax.app.jobs',
+                     'retrax.trax_gin -> retrax.data.tensorflow_only']
