@@ -20,24 +20,13 @@ from retrax import layers as tl
 from retrax import models
 from retrax import shapes
 from retrax.layers.stacked import StackedLayers
+from tests.fixtures.weight_trees.tree_description import describe
+from tests.fixtures.weight_trees.tree_description import leaf_name
 
 FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, 'fixtures',
                        'weight_trees', 'weight_trees.json')
 with open(FIXTURE) as f:
   TRAX = json.load(f)
-
-
-def leaf_name(x):
-  return f'{np.dtype(x.dtype).name}{list(np.shape(x))}'
-
-
-def describe(tree):
-  """As the fixture script: containers as lists/dicts, leaves as names."""
-  if isinstance(tree, (tuple, list)):
-    return [describe(t) for t in tree]
-  if isinstance(tree, dict):
-    return {str(k): describe(v) for k, v in tree.items()}
-  return leaf_name(tree)
 
 
 def build(name):
