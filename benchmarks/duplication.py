@@ -160,7 +160,8 @@ def _stage_loop(attention, cfg, length, n_steps, stage, weights):
       eval_model=build_model(attention, cfg, 'eval', length),
       eval_tasks=monitor,
       eval_at=lambda step: step % cfg.log_every == 0 or step == n_steps,
-      random_seed=cfg.seed + stage, progress_bar=False)
+      random_seed=cfg.seed + stage,
+      options=training.LoopOptions(progress_bar=False))
   if weights is not None:  # Weights do not depend on the length.
     loop.update_weights_and_state(weights=weights)
   return loop

@@ -349,8 +349,9 @@ def _loop(arm, cfg, train_bytes, seed, run_dir):
   # resumed Loop skips the batches the checkpointed run took.
   return training.Loop(build_model(arm, cfg, 'train'), task,
                        output_dir=run_dir, random_seed=seed,
-                       progress_bar=False, log_every=cfg.eval_every,
-                       keep_checkpoints=1, write_trax_files=False)
+                       options=training.LoopOptions(
+                           progress_bar=False, log_every=cfg.eval_every,
+                           keep_checkpoints=1, write_trax_files=False))
 
 
 def train(arm, cfg, train_bytes, eval_windows, log=print, seed=None,

@@ -48,8 +48,9 @@ def _worker(mesh, steps, tiny):
                                n_heads=4, max_len=length, dropout=0.0)
   task = training.TrainTask(batches(), tl.WeightedCategoryCrossEntropy(),
                             optimizers.Adam(1e-3))
-  loop = training.Loop(model, task, random_seed=0, progress_bar=False,
-                       mesh=mesh)
+  loop = training.Loop(model, task, random_seed=0,
+                       options=training.LoopOptions(progress_bar=False,
+                                                    mesh=mesh))
   state = loop.train_state
   per_device, total = sharding.bytes_per_device(
       (state.weights, [t.slots for t in state.tasks]))

@@ -29,7 +29,8 @@ def _train(model, out):
   task = training.TrainTask(_batches(), tl.WeightedCategoryCrossEntropy(),
                             optimizers.Adam(1e-2), n_steps_per_checkpoint=2)
   loop = training.Loop(model, [task], output_dir=out, random_seed=0,
-                       progress_bar=False, write_trax_files=False)
+                       options=training.LoopOptions(progress_bar=False,
+                                                    write_trax_files=False))
   loop.run(2)
   return loop
 

@@ -12,7 +12,7 @@ import pytest
 
 from retrax.runs import loading
 from retrax.supervised import tasks
-from retrax.supervised import train_state
+from retrax.supervised import train_step
 from retrax.supervised import training
 
 
@@ -31,7 +31,7 @@ _FUNCTIONS = [
     *_methods(training.Loop), *_methods(tasks.TrainTask),
     *_methods(tasks.EvalTask), *_methods(tasks.TrainTask.__mro__[1]),
     ('load_run', loading.load_run),
-    *[(f'train_state.{name}', getattr(train_state, name)) for name in (
+    *[(f'train_step.{name}', getattr(train_step, name)) for name in (
         'replicate', 'place_task', 'init_task', 'init_state', 'new_rng',
         'train_step')],
 ]

@@ -137,8 +137,8 @@ def loop_run(tmp_path_factory):
                             optimizers.Adam(1e-2), n_steps_per_checkpoint=2)
   eval_task = training.EvalTask(_batches(1), [tl.WeightedCategoryAccuracy()])
   loop = training.Loop(model, [task], eval_tasks=[eval_task], output_dir=out,
-                       random_seed=0, progress_bar=False,
-                       write_trax_files=False)
+                       random_seed=0, options=training.LoopOptions(
+                           progress_bar=False, write_trax_files=False))
   loop.run(2)
   return out
 

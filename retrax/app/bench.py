@@ -53,7 +53,8 @@ def _loop(model, length, batch_size, vocab_size):
   task = training.TrainTask(inputs.train_stream(1),
                             tl.WeightedCategoryCrossEntropy(),
                             optimizers.Adam(1e-3))
-  return training.Loop(model, [task], progress_bar=False, random_seed=0)
+  return training.Loop(model, [task], random_seed=0,
+                       options=training.LoopOptions(progress_bar=False))
 
 
 def _default_model(mode):

@@ -176,10 +176,11 @@ def train(config, quiet=False, mesh=None):
       eval_model=loading.build_model(config, 'eval'), eval_tasks=[eval_task],
       output_dir=t.output_dir, random_seed=t.seed,
       eval_at=lambda step: step == 1 or step % t.eval_every == 0,
-      # A bar only on a terminal (never drawn into a redirected log).
-      progress_bar=False if quiet else None,
-      write_trax_files=t.trax_files, mesh=mesh or None,
-      log_every=t.log_every or None, report_to=t.report_to or None)
+      options=training.LoopOptions(
+          # A bar only on a terminal (never drawn into a redirected log).
+          progress_bar=False if quiet else None,
+          write_trax_files=t.trax_files, mesh=mesh or None,
+          log_every=t.log_every or None, report_to=t.report_to or None))
   _write_run_files(config)  # Only once the Loop has validated the run dir.
   remaining = t.steps - loop.step
   if remaining > 0:

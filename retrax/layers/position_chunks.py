@@ -8,7 +8,7 @@ d_ff 1024 that is 4 GiB each. Run over chunks of positions (a `lax.scan`),
 only one chunk's exist at a time, and weight gradients are summed over the
 chunks (Trax's `ff_chunk_size` and loss chunking, chosen here
 automatically). `ReversibleHalfResidual` runs its feed-forward this way, the
-training step its model's head and loss (`supervised.engine`).
+training step its model's head and loss (`supervised.loss_chunks`).
 
 The math is unchanged except for the order of the weight gradients' float
 sums: every chunk gets the same rng, and dropout is chunked only when its

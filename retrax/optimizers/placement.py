@@ -3,9 +3,9 @@
 One step runs as one jitted program over a `jax.sharding.Mesh` of the first
 `n_devices` local devices: the batch is split along its first dimension,
 everything else is replicated, and XLA inserts the gradient all-reduce, so the
-step computes the same function as on one device. `update_step` is that step's
-body (gradients, optionally per share merged by Adasum, then the optimizer's
-update), shared with `supervised.engine.TrainStep`.
+step computes the same function as on one device. `sharded_value_and_grad`
+is that step's gradients (optionally per share merged by Adasum), shared with
+`supervised.train_step.TrainStep`.
 """
 
 import jax
@@ -139,21 +139,3 @@ def sharded_value_and_grad(grad_fn, batch, rng, n_shares=1):
                                               jax.random.split(rng, n))
   new_state = jax.tree_util.tree_map(lambda s: s[0], states)
   return jnp.mean(losses), new_state, adasum(grads)
-
-
-def update_step(optimizer, grad_fn, batch, rng, n_shares, step, weights, slots,
-                opt_params):
-  """One optimizer update from `grad_fn`'s gradients (see
-  `sharded_value_and_grad`); traced inside a jitted step.
-
-  Returns:
-    `(new_weights, new_slots, new_state, loss, stats)`; `stats` are the
-    optimizer's, plus 'loss'.
-  """
-  loss, new_state, grads = sharded_value_and_grad(grad_fn, batch, rng,
-                                                  n_shares)
-  new_weights, new_slots, stats = optimizer.tree_update(
-      step, grads, weights, slots, opt_params, store_slots=False)
-  stats = dict(stats)
-  stats['loss'] = loss
-  return new_weights, new_slots, new_state, loss, stats

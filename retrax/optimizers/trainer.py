@@ -112,11 +112,12 @@ class Trainer:
     def loss_fn(w, b, r):
       return self._model_with_loss.pure_fn(b, w, state, r)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    new_weights, new_slots, new_state, _, stats = placement.update_step(
-        self._optimizer, lambda b, r: grad_fn(weights, b, r), batch, rng,
-        self._n_devices if self._adasum else 1, step, weights, slots,
-        opt_params)
-    return new_weights, new_slots, new_state, stats
+    loss, new_state, grads = placement.sharded_value_and_grad(
+        lambda b, r: grad_fn(weights, b, r), batch, rng,
+        self._n_devices if self._adasum else 1)
+    new_weights, new_slots, stats = self._optimizer.tree_update(
+        step, grads, weights, slots, opt_params, store_slots=False)
+    return new_weights, new_slots, new_state, {**stats, 'loss': loss}
 
   def _check_loss_shape(self, batch, weights, state, rng):
     signature = jax.tree_util.tree_map(

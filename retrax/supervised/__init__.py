@@ -1,6 +1,6 @@
 """Supervised training under Trax's names (`trax.supervised`).
 
-`training` (Loop, TrainTask, EvalTask, TrainState), `trainer_lib` (the legacy Trainer and
+`training` (Loop, LoopOptions, TrainTask, EvalTask, TrainState), `trainer_lib` (the legacy Trainer and
 `train`), `callbacks`, `history`; `lr_schedules` (= `retrax.lr`), `inputs` and
 `Inputs` (from `retrax.data.inputs`) and `decoding` are loaded when first used.
 """
@@ -15,6 +15,7 @@ from retrax.supervised.trainer_lib import Trainer as Trainer
 from retrax.supervised.trainer_lib import train as train
 from retrax.supervised.training import EvalTask as EvalTask
 from retrax.supervised.training import Loop as Loop
+from retrax.supervised.training import LoopOptions as LoopOptions
 from retrax.supervised.training import TaskState as TaskState
 from retrax.supervised.training import TrainState as TrainState
 from retrax.supervised.training import TrainTask as TrainTask

@@ -49,9 +49,9 @@ from retrax.run_layout import ROLLING_PREFIX
 from retrax.run_layout import TRAX_BASENAME
 from retrax.shapes import ShapeDtype
 from retrax.supervised import history as trax_history
-from retrax.supervised import train_state as train_state_lib
+from retrax.supervised import loop_steps
 from retrax.supervised.batch_checks import NonFiniteLossError
-from retrax.supervised.train_state import TrainState
+from retrax.supervised.train_step import TrainState
 
 FORMAT_KIND_VERSION = 1
 _NAME_RE = re.compile(f'^({ROLLING_PREFIX}|{PERMANENT_PREFIX})(\\d+)$')
@@ -396,7 +396,7 @@ def _check_positions(restored):
         f'{restored.path}: malformed stream positions (batches).')
   with ckpt_errors.malformed_is_format_error(restored.path):
     trax_history.History.from_dict(restored.history)
-    train_state_lib.LossSums().load(restored.loss_sums)
+    loop_steps.LossSums().load(restored.loss_sums)
 
 
 def save_in_dir(output_dir, host_state, basename=None, permanent=False, *,

@@ -1,24 +1,30 @@
-"""What `Loop` runs around each jitted step: batch checks, loss checks, evals.
+"""What `Loop` runs around each training step: batch checks, loss checks, evals.
 
 * `batch_checker(model, sample_batch, parallel, name)`: the host-side check
   of a task's batches against the model (shapes, dtypes, id ranges).
 * `PendingLosses`: the losses of steps still running on the device, read and
   checked in order (a NaN/inf stops training) and summed into `LossSums`.
-* `Evaluator`: one eval task's jitted metrics step, averaged over batches.
+* `LossSums`: the checked losses and optimizer stats since the last log,
+  saved in checkpoints so that a resumed run logs the same means.
+* `Evaluator`: one eval task's jitted metrics step (`EvalStep`), averaged
+  over batches.
+
+The training step itself is `train_step`.
 """
 
 import collections
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from retrax import shapes
+from retrax.fastmath import xla_cpu
 from retrax.layers import combinators
 from retrax.layers import tutorial_checks
 from retrax.supervised import batch_checks
-from retrax.supervised import checkpointing
 from retrax.supervised import devices
-from retrax.supervised import engine
 from retrax.supervised import peers
 from retrax.supervised.batch_checks import NonFiniteLossError
 
@@ -55,39 +61,6 @@ def checkers_and_evaluators(model, eval_model, tasks, eval_tasks, parallel,
                    for i, t in enumerate(eval_tasks)]
   return checkers, [Evaluator(eval_model, t, parallel, c)
                     for t, c in zip(eval_tasks, eval_checkers)]
-
-
-def checkpoint_note(last_saved_step, run_dir):
-  """Which checkpoint is the run's last, for error messages. A process that
-  writes nothing (not the chief) looks for the chief's in the run directory."""
-  if last_saved_step is not None:
-    return f'the last checkpoint is from step {last_saved_step}'
-  if run_dir.path is not None and not run_dir.writes:
-    path = checkpointing.find_latest_valid(run_dir.path)
-    if path is not None:
-      return f'the last checkpoint is {path}'
-  return 'no checkpoint was saved'
-
-
-def step_opt_params(task, task_index, opt_params, opt_step, step,
-                    last_checkpoint_note):
-  """The optimizer hyperparameters of a step: `opt_params` with the task's
-  scheduled learning rate at `opt_step` (if it has a schedule).
-
-  Raises:
-    NonFiniteLossError: the scheduled learning rate is NaN/inf.
-  """
-  opt_params = dict(opt_params)
-  lr = task.learning_rate(opt_step)
-  if lr is not None and not math.isfinite(float(lr)):
-    raise NonFiniteLossError(
-        f'Step {step}: the learning rate of task {task_index} is {lr}. '
-        f'Training stopped before the step ({last_checkpoint_note()}); '
-        'check the learning rate and lr_schedule.')
-  if lr is not None:
-    opt_params['learning_rate'] = np.asarray(
-        lr, np.asarray(opt_params['learning_rate']).dtype)
-  return opt_params
 
 
 class PendingLosses:
@@ -137,6 +110,54 @@ class PendingLosses:
           'check the data.')
 
 
+class LossSums:
+  """Sums of the checked losses and optimizer stats since the last log."""
+
+  def __init__(self):
+    self.reset(None)
+
+  def reset(self, task_index):
+    self.task_index, self.n_steps, self.loss = task_index, 0, 0.0
+    self.stats = collections.defaultdict(float)
+    self._unread = []  # Device stats, fetched in batches to avoid syncs.
+
+  def add(self, task_index, loss, stats):
+    if task_index != self.task_index:
+      self.reset(task_index)
+    self.n_steps += 1
+    self.loss += loss
+    self._unread.append(stats)
+    if len(self._unread) >= 256:
+      self._fold()
+
+  def _fold(self):
+    for step_stats in jax.device_get(self._unread):
+      for name, value in step_stats.items():  # 'loss' too: training/loss.
+        self.stats[name] += float(value)
+    self._unread = []
+
+  def to_dict(self):
+    """The sums as JSON-able values (floats round-trip exactly)."""
+    self._fold()
+    return {'task_index': self.task_index, 'n_steps': self.n_steps,
+            'loss': self.loss, 'stats': dict(self.stats)}
+
+  def load(self, d):
+    """Restores sums saved by `to_dict` (None: empty sums)."""
+    self.reset(None if d is None else d['task_index'])
+    if d is not None:
+      self.n_steps, self.loss = int(d['n_steps']), float(d['loss'])
+      self.stats.update({k: float(v) for k, v in d['stats'].items()})
+
+  def means(self):
+    """`(n_steps, mean loss, {stat: mean})`; then starts a new period."""
+    self._fold()
+    n = max(1, self.n_steps)
+    out = (n, self.loss / n, {k: v / n for k, v in self.stats.items()})
+    self.reset(self.task_index)
+    return out
+
+
 class Evaluator:
   """The jitted metrics step of `eval_task` on `Serial(eval_model, metrics)`.
 
@@ -152,7 +173,7 @@ class Evaluator:
     ends.init(eval_model.output_signature(devices.global_signature(
         shapes.signature(tuple(eval_task.sample_batch)))))
     model_with_metrics = combinators.Serial(eval_model, ends)
-    self._step_fn = engine.EvalStep(model_with_metrics, parallel)
+    self._step_fn = EvalStep(model_with_metrics, parallel)
     self._metric_weights = parallel.replicate(model_with_metrics.stacked_weights[1])
     self._metric_state = parallel.replicate(model_with_metrics.state[1])
     self._task, self._parallel, self._checker = eval_task, parallel, checker
@@ -180,3 +201,27 @@ class Evaluator:
             self._parallel.put_batch(batch), rng))
     averages = sums / max(n_batches, 1)
     return dict(zip(task.metric_names, averages.tolist()))
+
+
+class EvalStep:
+  """The jitted metrics step: `(weights, state, batch, rng) -> metric values`.
+
+  `weights`/`state` are those of `Serial(eval_model, Branch(*metrics))`; the
+  result is a float32 vector with one value per metric layer.
+  """
+
+  def __init__(self, model_with_metrics, parallel):
+    self._model = model_with_metrics
+    rep, shard = parallel.replicated, parallel.batch
+    # The weights keep the sharding they come with (FSDP or replicated).
+    self._jitted = xla_cpu.jit(self._eval, in_shardings=(None, rep, shard, rep),
+                               out_shardings=rep)
+
+  def _eval(self, weights, state, batch, rng):
+    outputs, _ = self._model.pure_fn(batch, weights, state, rng)
+    if not isinstance(outputs, (tuple, list)):
+      outputs = (outputs,)
+    return jnp.stack([jnp.asarray(o, jnp.float32).reshape(()) for o in outputs])
+
+  def __call__(self, weights, state, batch, rng):
+    return self._jitted(weights, state, tuple(batch), rng)

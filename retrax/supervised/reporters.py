@@ -1,4 +1,4 @@
-"""Training metrics sent to Weights & Biases or MLflow (`Loop(report_to=...)`).
+"""Training metrics sent to Weights & Biases or MLflow (`LoopOptions.report_to`).
 
 A reporter gets every scalar the loop writes to `metrics.jsonl` (training
 loss and statistics at `log_every` and eval steps, eval metrics), named
@@ -6,7 +6,8 @@ loss and statistics at `log_every` and eval steps, eval metrics), named
 `eval/metrics/Accuracy`, `train/training/learning_rate`) at its step:
 
     loop = training.Loop(model, task, eval_tasks=[eval_task],
-                         output_dir='~/run', log_every=10, report_to='wandb')
+                         output_dir='~/run', options=training.LoopOptions(
+                             log_every=10, report_to='wandb'))
 
 Both libraries are optional extras (`pip install "retrax[wandb]"`,
 `"retrax[mlflow]"`), imported only when asked for. Their own settings

@@ -55,6 +55,18 @@ class RunDir:
       self._lock.check()
     return self._run_files is not None
 
+  def checkpoint_note(self, last_saved_step):
+    """Which checkpoint is the run's last, for error messages: this loop's
+    `last_saved_step`, else (a process that writes nothing, not the chief)
+    the chief's newest valid one in the directory."""
+    if last_saved_step is not None:
+      return f'the last checkpoint is from step {last_saved_step}'
+    if self.path is not None and not self.writes:
+      path = checkpointing.find_latest_valid(self.path)
+      if path is not None:
+        return f'the last checkpoint is {path}'
+    return 'no checkpoint was saved'
+
   def _own_files(self) -> tuple[str, metrics_log.RunFiles,
                                 metrics_log.JsonlWriter]:
     """`(path, run files, metrics.jsonl)` of a directory this host writes

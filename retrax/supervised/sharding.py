@@ -1,7 +1,9 @@
 """Named device meshes: the batch over every device, weights and slots over `fsdp`.
 
-    Loop(model, tasks, mesh='data=2,fsdp=4')     # or {'data': 2, 'fsdp': 4},
-    retrax train --mesh data=2,fsdp=4           # or a jax.sharding.Mesh
+    Loop(model, tasks, options=LoopOptions(mesh='data=2,fsdp=4'))
+    retrax train --mesh data=2,fsdp=4
+
+(or `{'data': 2, 'fsdp': 4}`, or a jax.sharding.Mesh).
 
 A mesh has up to two named axes: `data` and `fsdp` (the product is the
 number of devices, over all processes). Every batch is split along its first

@@ -235,10 +235,11 @@ class Trainer:
         output_dir=output_dir, checkpoint_at=training.never,
         permanent_checkpoint_at=training.never, eval_at=training.never,
         n_devices=n_devices, random_seed=self._random_seed,
-        keep_checkpoints=self._keep_checkpoints,
-        progress_bar=self._progress_bar,
-        write_trax_files=self._write_trax_files, opt_step_offset=-1,
-        checkpoint_kind='Trainer')
+        options=training.LoopOptions(
+            keep_checkpoints=self._keep_checkpoints,
+            progress_bar=self._progress_bar,
+            write_trax_files=self._write_trax_files, opt_step_offset=-1,
+            checkpoint_kind='Trainer'))
     self._refresh_schedule()  # The history may come from a checkpoint.
     loop_dir = self._loop.output_dir  # None exactly when output_dir is.
     if loop_dir is not None and self._should_write_summaries:
@@ -503,7 +504,8 @@ def train(output_dir, model, loss_fn=None, inputs=None, optimizer=None,
       n_devices=num_devices(), loss_chunk_size=loss_chunk_size,
       use_memory_efficient_trainer=use_memory_efficient_trainer, adasum=adasum,
       random_seed=random_seed, callbacks=callbacks,
-      mesh=sharding.weights_shards_mesh(n_weights_shards)), steps)
+      options=training.LoopOptions(
+          mesh=sharding.weights_shards_mesh(n_weights_shards))), steps)
 
 
 def _run_loop(loop, steps):

@@ -4,15 +4,16 @@
                          output_dir='~/run')
     loop.run(1000)
 
-The loop initializes the model from the first task's sample batch, runs the
-jitted step of `engine.TrainStep` (donated buffers, data parallel over the
-local devices), evaluates and checkpoints at step 1 and every
+The loop initializes the model from the first task's sample batch, runs
+`train_step` (one jitted step with donated buffers, data parallel over the
+local devices: read that module for what a step does), evaluates and checkpoints at step 1 and every
 `n_steps_per_checkpoint` steps, writes `metrics.jsonl` and TensorBoard event
 files, and resumes by itself from the newest valid checkpoint in
 `output_dir`, continuing with the same losses as an uninterrupted run (see
 `checkpointing` for what that needs of the data streams).
 """
 
+import contextlib
 import logging
 import os
 import time
@@ -26,17 +27,14 @@ from retrax import fastmath
 from retrax import local_paths
 from retrax import run_layout
 from retrax import shapes
-from retrax.errors import Error
 from retrax.layers import base
 from retrax.models import registry
 from retrax.optimizers import placement
-from retrax.supervised import batch_checks
 from retrax.supervised import callbacks as callbacks_lib
 from retrax.supervised import checkpointing
 from retrax.supervised import devices
 from retrax.supervised import history as trax_history
 from retrax.supervised import interrupts
-from retrax.supervised import loop_internals
 from retrax.supervised import loop_schedules
 from retrax.supervised import loop_steps
 from retrax.supervised import metrics_log
@@ -45,26 +43,28 @@ from retrax.supervised import progress
 from retrax.supervised import reporters
 from retrax.supervised import run_dir
 from retrax.supervised import sharding
-from retrax.supervised import train_state as train_state_lib
+from retrax.supervised import train_step as train_step_lib
 from retrax.supervised.batch_checks import BadBatchError
 from retrax.supervised.batch_checks import NonFiniteLossError
 from retrax.supervised.devices import init_host_and_devices
+from retrax.supervised.loop_options import LoopOptions
 from retrax.supervised.loop_schedules import StepSchedule
 from retrax.supervised.loop_schedules import never
 from retrax.supervised.tasks import EvalTask
 from retrax.supervised.tasks import TrainTask
-from retrax.supervised.train_state import TaskState
-from retrax.supervised.train_state import TrainState
+from retrax.supervised.train_step import TaskState
+from retrax.supervised.train_step import TrainState
+from retrax.validation import ArgumentTypeError
 from retrax.validation import ArgumentValueError
 
-__all__ = ['EvalTask', 'Loop', 'TaskState', 'TrainState', 'TrainTask',
-           'init_host_and_devices', 'never', 'BadBatchError',
+__all__ = ['EvalTask', 'Loop', 'LoopOptions', 'TaskState', 'TrainState',
+           'TrainTask', 'init_host_and_devices', 'never', 'BadBatchError',
            'NonFiniteLossError']
 
 _log = logging.getLogger('retrax.supervised')
 
 
-class Loop(loop_internals.TraxLoopInternals):
+class Loop:
   """Runs supervised training for a number of steps, with evals and checkpoints.
 
   Args (Trax's):
@@ -85,7 +85,7 @@ class Loop(loop_internals.TraxLoopInternals):
     which_task: `step -> task index`; default cycles through the tasks.
     n_devices: local devices to train on (data parallel); default all.
     random_seed: seed of all randomness; None for a time-based one.
-    loss_chunk_size: if > 0, final dense + loss in chunks (see `engine`).
+    loss_chunk_size: if > 0, final dense + loss in chunks (see `loss_chunks`).
     use_memory_efficient_trainer: accepted for Trax compatibility. Reversible
       layers already save activation memory through their custom VJP under
       the ordinary step, so this only makes evals use the training model.
@@ -102,29 +102,18 @@ class Loop(loop_internals.TraxLoopInternals):
   permanent checkpoints), so Trax programs and Trax itself can read them.
 
   Subclasses may rewrite `run` from Trax's underscore methods
-  (`_open_summary_writers`, `_run_one_step`, `_log_training_progress`, ...;
-  see `loop_internals`), as Trax's notebooks do.
+  (`_open_summary_writers`, `_run_one_step`, `_log_training_progress`, ...),
+  as Trax's notebooks do.
 
   Args (retrax's, keyword-only):
-    keep_checkpoints: rolling checkpoints kept (permanent ones never deleted).
-    progress_bar: True/False, or None: a bar in notebooks and (for long
-      runs) terminals, a line every 30 s elsewhere (see `progress`).
-    log_every: also log the training metrics (mean loss, learning rate,
-      steps/s, optimizer stats) at step 1 and every `log_every` steps, to
-      metrics.jsonl, TensorBoard and the reporters (not stdout); None: at
-      eval steps only, as Trax.
-    report_to: 'wandb', 'mlflow', a list of them or of reporter objects:
-      also send every logged metric there (see `reporters`).
-    check_batches: check each batch on the host (shapes, dtypes, id ranges).
-    write_trax_files: also write Trax's checkpoint files at each checkpoint.
-    opt_step_offset: added to the step count the optimizer and `lr_schedule`
-      see (the legacy `Trainer` passes -1: Trax's Trainer counts the steps
-      done before the update).
-    checkpoint_kind: recorded in checkpoints ('Loop' or 'Trainer').
-    mesh: e.g. 'data=2,fsdp=4' (dict, jax Mesh): FSDP, see `sharding`.
+    options: a `LoopOptions` (checkpoints kept, progress bar, batch checks,
+      Trax files, metric logs and reporters, FSDP mesh); default
+      `LoopOptions()`.
   """
 
   _said_no_trax_files = False  # Said once per loop (see `_save_split`).
+  _last_saved_step: Optional[int] = None  # Of the newest checkpoint saved.
+  _last_rolling_step: Optional[int] = None  # Of ckpt_<step> / model.pkl.gz.
 
   def __init__(
       self, model: base.Layer,
@@ -144,67 +133,48 @@ class Loop(loop_internals.TraxLoopInternals):
       adasum: bool = False,
       callbacks: Optional[
           Sequence[Type[callbacks_lib.TrainingStepCallback]]] = None,
-      *, keep_checkpoints: int = 3,
-      progress_bar: Optional[bool] = None, check_batches: bool = True,
-      write_trax_files: bool = True, opt_step_offset: int = 0,
-      checkpoint_kind: str = 'Loop', log_every: Optional[int] = None,
-      report_to: Union[str, Sequence[Any], None] = None,
-      mesh: Union[str, Mapping[str, int], jax.sharding.Mesh, None] = None
-  ) -> None:
+      *, options: Optional[LoopOptions] = None) -> None:
+    self._options = _check_options(options)
     self._is_chief, self._n_hosts, self._n_devices, rng = (
         init_host_and_devices(n_devices, random_seed))
-    self._parallel = sharding.parallel(self._n_devices, mesh)
-    tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks]
-    if not tasks:
-      raise ArgumentValueError('Must provide at least one training task.')
-    if eval_tasks is None:
-      eval_tasks, eval_at = [], never
-    elif not isinstance(eval_tasks, (list, tuple)):
-      eval_tasks = [eval_tasks]
-    self._tasks, self._eval_tasks = tasks, list(eval_tasks)
+    self._parallel = sharding.parallel(self._n_devices, self._options.mesh)
+    self._tasks, self._eval_tasks = _task_lists(tasks, eval_tasks)
     self._model = model
     self._eval_model = model if (eval_model is None or
                                  use_memory_efficient_trainer) else eval_model
     self._use_memory_efficient_trainer = use_memory_efficient_trainer
-    self._opt_step_offset = opt_step_offset
-    self._checkpoint_kind = checkpoint_kind
     self._checkpoint_at, self._permanent_checkpoint_at, self._eval_at = (
-        loop_schedules.defaults(tasks[0], checkpoint_at,
-                                permanent_checkpoint_at, eval_at))
-    self._log_at = loop_schedules.log_at(log_every)
-    reporters.parse(report_to)  # Unknown names fail before any work.
-    self._checkpoint_low_metric = checkpoint_low_metric
-    self._checkpoint_high_metric = checkpoint_high_metric
-    self._which_task = which_task or (lambda n: n % len(tasks))
-    self._keep_checkpoints = keep_checkpoints
-    self._write_trax_files = write_trax_files
-    self._progress_bar_setting = progress_bar
-    self._history = trax_history.History()
-    self._loss_sums = train_state_lib.LossSums()
+        loop_schedules.defaults(
+            self._tasks[0], checkpoint_at, permanent_checkpoint_at,
+            never if eval_tasks is None else eval_at))
+    self._log_at = loop_schedules.at_step_1_and_every_nth_step(
+        self._options.log_every)
+    self._checkpoint_low_metric, self._checkpoint_high_metric = (
+        checkpoint_low_metric, checkpoint_high_metric)
+    self._which_task = which_task or (lambda n: n % len(self._tasks))
+    self._history, self._loss_sums = (trax_history.History(),
+                                      loop_steps.LossSums())
     self._pending = loop_steps.PendingLosses(
-        [t.loss_layer.name for t in tasks], self._loss_sums,
+        [t.loss_layer.name for t in self._tasks], self._loss_sums,
         self._last_checkpoint_note)
-    self._last_saved_step: Optional[int] = None
-    # Of the newest ckpt_<step> / model.pkl.gz.
-    self._last_rolling_step: Optional[int] = None
     self._input_signature = devices.global_signature(shapes.signature(tuple(
-        tasks[0].sample_batch)))[:model.n_in]
-    self._train_state, self._step_fns = train_state_lib.init_state(
-        self._model, self._eval_model, tasks, self._parallel, rng,
+        self._tasks[0].sample_batch)))[:model.n_in]
+    self._train_state, self._step_fns = train_step_lib.init_state(
+        self._model, self._eval_model, self._tasks, self._parallel, rng,
         loss_chunk_size, adasum)
     self._bar = self._progress_bar(0, enabled=False)
     sharding.report_bytes(self._parallel, self._train_state, self._log)
     self._checkers, self._evaluators = loop_steps.checkers_and_evaluators(
-        self._model, self._eval_model, tasks, self._eval_tasks,
-        self._parallel, check_batches)
-    self._rjust_len = max(map(len, [t.loss_name for t in tasks] + [
-        n for t in self._eval_tasks for n in t.metric_names]))
+        self._model, self._eval_model, self._tasks, self._eval_tasks,
+        self._parallel, self._options.check_batches)
+    self._rjust_len = _name_width(self._tasks, self._eval_tasks)  # Aligns logs.
     self._callbacks = [c(self) for c in (callbacks or [])]
     self._run_dir = run_dir.RunDir(output_dir, self._is_chief)
     self._resume_or_start()  # Run files are written only after this succeeds.
     if self._is_chief:  # model.json: what `retrax.load_run` rebuilds.
       registry.write_model_file(self.output_dir, self._model)
-      self._run_dir.reporters = reporters.make(report_to, self.output_dir)
+      self._run_dir.reporters = reporters.make(self._options.report_to,
+                                               self.output_dir)
 
   # --- properties (Trax's, and the training state) ------------------------------------
 
@@ -257,9 +227,14 @@ class Loop(loop_internals.TraxLoopInternals):
     """Optimizer slots of the first task (replicated device arrays)."""
     return self._train_state.tasks[0].slots
 
+  @property
+  def options(self) -> LoopOptions:
+    """retrax's options of this loop (see `LoopOptions`)."""
+    return self._options
+
   def new_rng(self) -> jax.Array:
     """Returns a new single-use PRNG key (splitting the loop's key)."""
-    self._train_state, rng = train_state_lib.new_rng(self._train_state)
+    self._train_state, rng = train_step_lib.new_rng(self._train_state)
     return rng
 
   def update_weights_and_state(self, weights: Any = None,
@@ -286,9 +261,147 @@ class Loop(loop_internals.TraxLoopInternals):
   def _progress_bar(self, n_steps, enabled=None):
     """The progress bar of `run(n_steps)` (see `progress.Progress`)."""
     if enabled is None:
-      enabled = self._progress_bar_setting
+      enabled = self._options.progress_bar
     return progress.Progress(n_steps, enabled=enabled if self._is_chief
                              else False, initial=self.step)
+
+  # --- Trax's underscore methods, for subclasses that rewrite `run` ------------
+  #
+  # As trax/examples/earlystopping.ipynb does:
+  #
+  #   with self._open_summary_writers() as (train_writers, eval_writers):
+  #     for _ in range(n_steps):
+  #       self._step += 1
+  #       loss, optimizer_metrics = self._run_one_step(task_index, task_changed)
+  #       if self._eval_at(self.step):
+  #         self._log_training_progress(
+  #             task=..., total_loss=..., n_steps=..., elapsed_time=...,
+  #             optimizer_metrics=..., summary_writer=train_writers[task_index])
+  #         self.run_evals(eval_writers)
+  #
+  # Same names, signatures and results as Trax's, built on retrax's step, logs
+  # and writers; `run` shares the progress log (`_log_progress`).
+
+  @property
+  def _step(self):
+    """The step count, which Trax's subclasses advance (`self._step += 1`)."""
+    return self.step
+
+  @_step.setter
+  def _step(self, step):
+    self._train_state = self._train_state._replace(step=int(step))
+
+  @property
+  def _output_dir(self):
+    return self.output_dir
+
+  @contextlib.contextmanager
+  def _open_summary_writers(self):
+    """Opens the run's TensorBoard writers for the duration of a `run`.
+
+    Yields:
+      `(train_summary_writers, eval_summary_writers)`: lists with one writer
+      per training / eval task (Nones without `output_dir` or off the
+      chief), for `_log_training_progress` and `run_evals`. On exit the
+      writers are closed and the last step's loss is checked.
+    """
+    self._run_dir.open_writers()
+    if self._run_dir.writes:
+      self._log(f'Metrics will be written in {self.output_dir}.', stdout=False)
+    train_writers = [self._run_dir.writer('train', i, self._tasks)
+                     for i in range(len(self._tasks))]
+    eval_writers = [self._run_dir.writer('eval', i, self._eval_tasks)
+                    for i in range(len(self._eval_tasks))]
+    try:
+      yield train_writers, eval_writers
+      self._pending.check()
+    finally:
+      self._run_dir.close_writers()
+
+  def _run_one_step(self, task_index, task_changed):
+    """Trains task `task_index` on its next batch at the current step.
+
+    Calls the callbacks' `on_step_begin` and `on_step_end` around the step,
+    and leaves the model's weights and state current, as Trax's does.
+
+    Args:
+      task_index: the training task to run.
+      task_changed: whether the task differs from the previous step's (its
+        loss and optimizer sums start afresh).
+
+    Returns:
+      `(loss, optimizer_metrics)`: the step's loss and a dict of optimizer
+      statistics, as device scalars (read them to wait for the step).
+    """
+    if task_changed:
+      self._loss_sums.reset(task_index)
+    self._call_callbacks('on_step_begin')
+    batch = self._tasks[task_index].next_batch()
+    loss, stats = self._train_on_batch(task_index, batch)
+    self._call_callbacks('on_step_end')
+    self._sync_model()  # The next step donates these buffers: sync again then.
+    return loss, stats
+
+  def _log_training_progress(self, task, total_loss, n_steps, elapsed_time,
+                             optimizer_metrics, summary_writer):
+    """Logs the training metrics of the `n_steps` steps since the last log.
+
+    Trax's signature: the mean loss (`total_loss / n_steps`) to stdout and
+    history, and the learning rate, steps per second and the means of
+    `optimizer_metrics` (sums over the steps) to `summary_writer`.
+    """
+    n_steps = max(1, n_steps)
+    stats = {k: v / n_steps for k, v in optimizer_metrics.items()}
+    self._pending.check()
+    self._loss_sums.reset(self._loss_sums.task_index)  # This period is logged.
+    self._write_progress(task, n_steps, total_loss / n_steps, stats,
+                         elapsed_time, summary_writer)
+
+  def _log_progress(self, task_index, elapsed_time, stdout=True):
+    """`Loop.run`'s progress log: the losses and optimizer stats summed since
+    the last log, to the task's writer (and stdout, unless `stdout=False`)."""
+    self._pending.check()
+    n_steps, mean_loss, stats = self._loss_sums.means()
+    self._write_progress(self._tasks[task_index], n_steps, mean_loss, stats,
+                         elapsed_time,
+                         self._run_dir.writer('train', task_index, self._tasks),
+                         stdout)
+
+  def _write_progress(self, task, n_steps, mean_loss, stats, elapsed_time,
+                      writer, stdout=True):
+    self._log('', stdout=stdout)
+    if self.step == 1:
+      self._log_n_weights()
+    self.log_step(f'Ran {n_steps} train steps in {elapsed_time:0.2f} secs',
+                  stdout=stdout)
+    self.log_summary({task.loss_name: mean_loss}, writer, 'metrics/', 'train',
+                     stdout=stdout)
+    params = {'steps per second': n_steps / max(elapsed_time, 1e-9)}
+    learning_rate = task.learning_rate(self._opt_step())
+    if learning_rate is not None:
+      params['learning_rate'] = float(learning_rate)
+    params.update(stats)
+    self.log_summary(params, writer, 'training/', 'train', stdout=False)
+
+  def _log_n_weights(self):
+    self.log_step(f'Total number of trainable weights: {self.n_weights()}')
+
+  def _log_step(self, msg, stdout=True):
+    """Trax's name of `log_step`."""
+    self.log_step(msg, stdout=stdout)
+
+  def _at_lowest(self):
+    """Whether the newest eval of `checkpoint_low_metric` is its lowest."""
+    return self._at_best(self._checkpoint_low_metric, min)
+
+  def _at_highest(self):
+    """Whether the newest eval of `checkpoint_high_metric` is its highest."""
+    return self._at_best(self._checkpoint_high_metric, max)
+
+  def _at_best(self, metric, best):
+    values = [float(v) for _, v in self._history.get('eval',
+                                                     f'metrics/{metric}')]
+    return bool(values) and values[-1] == best(values)
 
   # --- training -------------------------------------------------------------------
 
@@ -394,36 +507,23 @@ class Loop(loop_internals.TraxLoopInternals):
       getattr(c, hook)(self.step)
 
   def _opt_step(self):
-    return self.step + self._opt_step_offset
+    return self.step + self._options.opt_step_offset
 
   def _last_checkpoint_note(self):
-    return loop_steps.checkpoint_note(self._last_saved_step, self._run_dir)
+    return self._run_dir.checkpoint_note(self._last_saved_step)
 
   def _train_on_batch(self, task_index, batch):
-    """One optimizer step of task `task_index` on `batch`; loss checked lazily.
+    """One optimizer step of task `task_index` on `batch` (see `train_step`);
+    its loss is checked a step later.
 
     Returns:
       The step's `(loss, stats)` (device values).
     """
-    step = self.step
-    if self._checkers[task_index] is not None:
-      self._checkers[task_index].check(batch, step)
-    opt_params = loop_steps.step_opt_params(
-        self._tasks[task_index], task_index,
-        self._train_state.tasks[task_index].opt_params, self._opt_step(),
-        step, self._last_checkpoint_note)
-    rng = self.new_rng()
-    try:
-      self._train_state, loss, stats = train_state_lib.train_step(
-          self._step_fns[task_index], self._train_state, task_index, batch,
-          rng, self._opt_step(), opt_params)
-    except Error as e:
-      if not batch_checks.about_the_batch(e):
-        raise
-      raise BadBatchError(
-          f'Step {step}: the training step failed on a batch of signature '
-          f'{shapes.signature(tuple(batch))}: {e}') from e
-    self._pending.push(step, task_index, loss, stats)
+    self._train_state, loss, stats = train_step_lib.train_step(
+        self._step_fns[task_index], self._train_state, task_index, batch,
+        task=self._tasks[task_index], checker=self._checkers[task_index],
+        opt_step=self._opt_step(), note=self._last_checkpoint_note)
+    self._pending.push(self.step, task_index, loss, stats)
     self._pending.check(keep=1)  # The previous step's: one stays queued.
     self._bar.update(batch, self._pending.last_loss)
     return loss, stats
@@ -528,12 +628,14 @@ class Loop(loop_internals.TraxLoopInternals):
     host_state = self._host_state()  # Never saves weights after a NaN loss.
     if host_state is None:
       return None
+    options = self._options
     return checkpointing.save_in_dir(
         self.output_dir, host_state, basename, permanent,
-        keep=self._keep_checkpoints, write_trax_files=self._write_trax_files,
-        report=self._log, input_signature=self._input_signature,
-        history=self._history, batches=self._batch_counts(),
-        kind=self._checkpoint_kind, loss_sums=self._loss_sums.to_dict())
+        keep=options.keep_checkpoints,
+        write_trax_files=options.write_trax_files, report=self._log,
+        input_signature=self._input_signature, history=self._history,
+        batches=self._batch_counts(), kind=options.checkpoint_kind,
+        loss_sums=self._loss_sums.to_dict())
 
   def _save_split(self, basename, permanent):
     """`save_checkpoint` of a state split over processes: every process
@@ -541,7 +643,8 @@ class Loop(loop_internals.TraxLoopInternals):
     path; None elsewhere)."""
     self._pending.check()  # Next: collectives that every process joins.
     writes = self._run_dir.writes
-    if writes and self._write_trax_files and not self._said_no_trax_files:
+    if (writes and self._options.write_trax_files and
+        not self._said_no_trax_files):
       self._said_no_trax_files = True
       self._log("Trax's model.pkl.gz files are not written: the weights and "
                 'slots are split over processes and no host gathers them '
@@ -552,13 +655,13 @@ class Loop(loop_internals.TraxLoopInternals):
     with peers.guard(self._last_checkpoint_note):
       path = checkpointing.save_split_in_dir(
           self.output_dir, sharding.local_shards(self._train_state), basename,
-          permanent, keep=self._keep_checkpoints,
+          permanent, keep=self._options.keep_checkpoints,
           process_index=jax.process_index(),
           process_count=jax.process_count(), token=sharding.shared_token(),
           gather_ints=sharding.gather_ints,
           last_saved_step=self._last_saved_step, report=self._log,
           input_signature=self._input_signature, history=self._history,
-          batches=self._batch_counts(), kind=self._checkpoint_kind,
+          batches=self._batch_counts(), kind=self._options.checkpoint_kind,
           loss_sums=self._loss_sums.to_dict())
     return path if writes else None
 
@@ -627,13 +730,13 @@ class Loop(loop_internals.TraxLoopInternals):
                                         self._train_state, report=self._log)
     if restored is None:
       return None
-    self._train_state = train_state_lib.replicate(self._parallel,
-                                                  restored.state)
+    self._train_state = train_step_lib.replicate(self._parallel,
+                                                 restored.state)
     native = restored.kind == 'native'
     if native:
       self._run_dir.adopt_legacy_metrics(restored.path)
     self._restore_position(restored)
-    if native and self._write_trax_files and self._run_dir.writes and (
+    if native and self._options.write_trax_files and self._run_dir.writes and (
         self._run_dir.holds(restored.path)):
       self._repair_trax_files()
     self.log_step(
@@ -678,3 +781,32 @@ class Loop(loop_internals.TraxLoopInternals):
     self._run_dir.remove_orphans()
     if self.load_checkpoint() is None:
       self._run_dir.truncate(0)  # A fresh run: drop logs of an unsaved one.
+
+
+def _task_lists(tasks, eval_tasks
+                ) -> tuple[list[TrainTask], list[EvalTask]]:
+  """`(tasks, eval_tasks)` as lists: each given as one task, a list or tuple
+  of them (eval tasks also None)."""
+  def as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+  tasks = as_list(tasks)
+  if not tasks:
+    raise ArgumentValueError('Must provide at least one training task.')
+  return tasks, [] if eval_tasks is None else as_list(eval_tasks)
+
+
+def _name_width(tasks, eval_tasks):
+  """The longest loss or metric name of the tasks."""
+  return max(map(len, [t.loss_name for t in tasks] + [
+      n for t in eval_tasks for n in t.metric_names]))
+
+
+def _check_options(options):
+  """`options`, or the defaults for None; anything else is one clear line."""
+  if options is None:
+    return LoopOptions()
+  if not isinstance(options, LoopOptions):
+    raise ArgumentTypeError(
+        f'Loop: options must be a LoopOptions (or None); got {options!r} '
+        f'({type(options).__name__}).')
+  return options

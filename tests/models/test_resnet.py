@@ -118,7 +118,7 @@ def _train(model, n_steps, learning_rate):
   evals = training.EvalTask(stripes(1), [tl.CrossEntropyLossWithLogSoftmax(),
                                          tl.Accuracy()])
   loop = training.Loop(model, task, eval_tasks=evals, random_seed=0,
-                       progress_bar=False)
+                       options=training.LoopOptions(progress_bar=False))
   loop.run(n_steps)
   history = loop.history
   train = [v for _, v in history.get(

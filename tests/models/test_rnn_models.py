@@ -156,7 +156,7 @@ def test_rnnlm_learns_to_count_through_loop():
                             optimizers.Adam(0.02), n_steps_per_checkpoint=20)
   evals = training.EvalTask(counting_text(1), [tl.Accuracy()])
   loop = training.Loop(model, task, eval_tasks=evals, random_seed=0,
-                       progress_bar=False)
+                       options=training.LoopOptions(progress_bar=False))
   loop.run(60)
   losses = [v for _, v in loop.history.get(
       'train', 'metrics/CrossEntropyLossWithLogSoftmax')]

@@ -1,7 +1,7 @@
 """Run by test_sharding.py with 8 forced host devices.
 
 `python mesh_worker.py RESULT`: trains a small TransformerLM with
-`mesh='data=2,fsdp=4'` and the same run on one device; writes both runs'
+`LoopOptions(mesh='data=2,fsdp=4')` and the same run on one device; writes both runs'
 losses and the mesh run's weights+slots bytes (per device and in all) to
 RESULT (.json) for the test to compare.
 
@@ -25,7 +25,7 @@ from retrax.supervised import sharding
 from retrax.supervised import training
 
 
-def make_loop(output_dir=None, **placement):
+def make_loop(output_dir=None, mesh=None, n_devices=None):
   task = training.TrainTask(
       toys.copy_batches(0, batch_size=8, length=16, vocab=32),
       tl.WeightedCategoryCrossEntropy(), optimizers.Adam(0.01),
@@ -37,7 +37,8 @@ def make_loop(output_dir=None, **placement):
       [tl.WeightedCategoryCrossEntropy()], n_eval_batches=1)
   return training.Loop(model, task, eval_tasks=eval_task, eval_at=lambda _: True,
                        output_dir=output_dir, random_seed=0,
-                       progress_bar=False, **placement)
+                       n_devices=n_devices, options=training.LoopOptions(
+                           progress_bar=False, mesh=mesh))
 
 
 def losses(loop, n_steps):

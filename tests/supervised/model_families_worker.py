@@ -55,7 +55,7 @@ def losses(make_model, n_processes):
                                 [tl.WeightedCategoryCrossEntropy()])
   loop = training.Loop(make_model(), task, eval_tasks=eval_task,
                        eval_at=lambda _: True, random_seed=0,
-                       progress_bar=False)
+                       options=training.LoopOptions(progress_bar=False))
   loop.run(2)
   return [v for mode in ('train', 'eval') for _, v in loop.history.get(
       mode, 'metrics/WeightedCategoryCrossEntropy')]

@@ -48,7 +48,8 @@ def make_loop(output_dir, extra_callbacks=(), n_devices=None):
                                 [toys.WeightedAccuracy()], n_eval_batches=1)
   return training.Loop(toys.mlp(dropout=0.2), task, eval_tasks=eval_task,
                        eval_model=toys.mlp(mode='eval'), output_dir=output_dir,
-                       random_seed=0, keep_checkpoints=2,
+                       random_seed=0,
+                       options=training.LoopOptions(keep_checkpoints=2),
                        callbacks=list(extra_callbacks), n_devices=n_devices)
 
 

@@ -27,6 +27,7 @@ from retrax.errors import UserInputError
 from retrax.supervised import metrics_log
 from retrax.supervised import reporters
 from retrax.supervised import training
+from retrax.validation import ArgumentError
 
 LOSS = 'metrics/WeightedCrossEntropy'
 
@@ -40,7 +41,8 @@ def _loop(output_dir=None, seed=0, **kwargs):
       [toys.WeightedCrossEntropy(), toys.WeightedAccuracy()], n_eval_batches=1)
   return training.Loop(toys.mlp(), task, eval_tasks=evals,
                        output_dir=output_dir, random_seed=seed,
-                       write_trax_files=False, **kwargs)
+                       options=training.LoopOptions(write_trax_files=False,
+                                                    **kwargs))
 
 
 def _records(output_dir):
@@ -85,7 +87,7 @@ def test_log_every_logs_mean_training_loss_between_evals(tmp_path, capsys):
 
 def test_log_every_must_be_a_positive_int():
   for bad in (0, -5, 2.5, '10', True):
-    with pytest.raises(UserInputError, match='log_every must be an int >= 1'):
+    with pytest.raises(ArgumentError, match='log_every must be an int >= 1'):
       _loop(log_every=bad)
 
 

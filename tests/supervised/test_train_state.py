@@ -15,8 +15,8 @@ from retrax import run_layout
 from retrax.optimizers import placement
 from retrax.supervised import checkpointing
 from retrax.supervised import training
-from retrax.supervised.train_state import TaskState
-from retrax.supervised.train_state import TrainState
+from retrax.supervised.train_step import TaskState
+from retrax.supervised.train_step import TrainState
 
 
 def _loop(output_dir=None, optimizer=None, lr_schedule=None, n_tasks=1,
@@ -58,7 +58,7 @@ def test_opt_step_offset_is_what_the_schedule_sees():
   for offset, first in ((0, 1), (-1, 0)):
     seen = []
     loop = _loop(lr_schedule=lambda s, seen=seen: seen.append(int(s)) or 0.01,
-                 opt_step_offset=offset)
+                 options=training.LoopOptions(opt_step_offset=offset))
     seen.clear()
     loop.train_step(next(toys.copy_batches(0)))
     loop.train_step(next(toys.copy_batches(1)))
@@ -108,7 +108,7 @@ def test_never_schedules_save_only_the_final_step(tmp_path):
       toys.mlp(), task, eval_tasks=eval_task, output_dir=str(tmp_path),
       random_seed=0, checkpoint_at=training.never,
       permanent_checkpoint_at=training.never, eval_at=training.never,
-      checkpoint_kind='Trainer')
+      options=training.LoopOptions(checkpoint_kind='Trainer'))
   loop.run(4)
   names = sorted(n for n in os.listdir(tmp_path) if n.startswith(
       (run_layout.ROLLING_PREFIX, run_layout.PERMANENT_PREFIX)))

@@ -1,6 +1,6 @@
 """A new `Loop` keeps one copy of the weights, state and optimizer slots.
 
-`train_state.init_state` places them on the mesh (a copy, which the training
+`train_step.init_state` places them on the mesh (a copy, which the training
 step donates) and points the model, the eval model and each task's
 optimizer at the placed arrays, so that the initial arrays are released:
 at long sequence lengths (a positional table of `[length, d_model]` and its

@@ -91,7 +91,8 @@ def test_loop_writes_trax_files_that_read_back_and_resume(tmp_path):
   for name in ('model.pkl.gz', 'model.weights.npy.gz',
                'model.opt_slots0.npy.gz'):
     shutil.copy(out / name, trax_only / name)
-  resumed = _loop(str(trax_only), write_trax_files=False)
+  resumed = _loop(str(trax_only),
+                  options=training.LoopOptions(write_trax_files=False))
   assert resumed.step == 6
   _assert_leaves_equal(toys.leaves(resumed.model.weights), loop.model.weights)
   _assert_leaves_equal(toys.leaves(resumed.model.state), loop.model.state)
@@ -124,7 +125,8 @@ def test_convert_native_checkpoint_gives_the_files_the_loop_wrote(tmp_path):
 
 
 def test_write_trax_files_false_writes_native_only(tmp_path):
-  loop = _loop(str(tmp_path), write_trax_files=False)
+  loop = _loop(str(tmp_path),
+               options=training.LoopOptions(write_trax_files=False))
   loop.run(3)
   names = os.listdir(tmp_path)
   assert 'ckpt_000000003' in names

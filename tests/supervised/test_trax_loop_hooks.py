@@ -85,7 +85,7 @@ def _trax_files(directory):
 def test_files_and_steps_kept_follow_trax(tmp_path):
   loop = _loop(str(tmp_path), checkpoint_at=lambda s: s % 2 == 0,
                permanent_checkpoint_at=lambda s: s in (1, 4),
-               keep_checkpoints=2)
+               options=training.LoopOptions(keep_checkpoints=2))
   loop.run(6)
   assert _trax_files(tmp_path) == ['model.pkl.gz', 'model_1.pkl.gz',
                                    'model_4.pkl.gz']

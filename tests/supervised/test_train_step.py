@@ -11,7 +11,7 @@ from retrax import optimizers
 from retrax.layers import base
 from retrax.optimizers import placement
 from retrax.supervised import devices
-from retrax.supervised import engine
+from retrax.supervised import train_step
 from retrax.supervised import training
 
 
@@ -23,7 +23,7 @@ def _signature(batch):
 def _setup(model, loss, optimizer, batch, **kwargs):
   model.init(_signature(batch))
   loss.init(model.output_signature(_signature(batch)))
-  step = engine.TrainStep(model, loss, optimizer, devices.DataParallel(1),
+  step = train_step.TrainStep(model, loss, optimizer, devices.DataParallel(1),
                           **kwargs)
   weights = (model.weights, loss.weights)
   slots, opt_params = optimizer.tree_init(weights)
@@ -176,7 +176,7 @@ def test_adasum_step_merges_the_gradients_of_each_device_share():
   batch = next(toys.copy_batches(2))
   model.init(_signature(batch))
   loss.init(model.output_signature(_signature(batch)))
-  step_fn = engine.TrainStep(model, loss, optimizers.SGD(1.0), parallel,
+  step_fn = train_step.TrainStep(model, loss, optimizers.SGD(1.0), parallel,
                              adasum=True)
   weights = jax.tree_util.tree_map(np.asarray, (model.weights, loss.weights))
   slots, opt_params = optimizers.SGD(1.0).tree_init(weights)

@@ -1,4 +1,4 @@
-"""The training step's automatic head and loss over chunks of positions (`engine`).
+"""The training step's automatic head and loss over chunks of positions (`loss_chunks`).
 
 With `loss_chunk_size=0` a long sequence runs the model's position-wise
 head (here `Concatenate, LayerNorm, Dropout, Dense`) and a weighted-mean
@@ -13,7 +13,7 @@ import numpy as np
 from retrax import layers as tl
 from retrax.layers import position_chunks
 from retrax.shapes import signature
-from retrax.supervised import engine
+from retrax.supervised import loss_chunks
 
 VOCAB, D = 16, 8
 
@@ -43,9 +43,9 @@ def _value_and_grad(forward, net, data):
 def test_head_and_loss_in_chunks_of_positions_equal_the_plain_step(
     monkeypatch):
   model, loss, net, data = _model_loss_and_batch()
-  assert engine._position_wise_head(model) == 3  # Concatenate onwards
-  plain = engine._forward_fn(net)
-  auto = engine._auto_chunked_forward_fn(model, loss, plain)
+  assert loss_chunks._position_wise_head(model) == 3  # Concatenate onwards
+  plain = loss_chunks._forward_fn(net)
+  auto = loss_chunks._auto_chunked_forward_fn(model, loss, plain)
   want = _value_and_grad(plain, net, data)
   short = _value_and_grad(auto, net, data)  # short: the plain step itself
   np.testing.assert_array_equal(short[0], want[0])
@@ -63,9 +63,9 @@ def test_head_and_loss_in_chunks_of_positions_equal_the_plain_step(
 
 def test_other_losses_and_models_keep_the_plain_step():
   model, _, net, _ = _model_loss_and_batch()
-  plain = engine._forward_fn(net)
-  assert engine._auto_chunked_forward_fn(model, tl.L2Loss(), plain) is plain
+  plain = loss_chunks._forward_fn(net)
+  assert loss_chunks._auto_chunked_forward_fn(model, tl.L2Loss(), plain) is plain
   mixing = tl.Serial(tl.Embedding(VOCAB, D), tl.CausalConv(D))
-  assert engine._position_wise_head(mixing) is None
-  assert engine._auto_chunked_forward_fn(
+  assert loss_chunks._position_wise_head(mixing) is None
+  assert loss_chunks._auto_chunked_forward_fn(
       mixing, tl.WeightedCategoryCrossEntropy(), plain) is plain

@@ -1,17 +1,13 @@
-"""The one jitted training step (and the jitted eval step) under Loop and Trainer.
+"""The forward pass of model + loss that a training step differentiates.
 
-    train_step(weights, slots, state, batch, rng, step, opt_params)
-        -> (new_weights, new_slots, new_state, loss, stats)
+    forward = loss_chunks.forward_fn(model, loss_layer, loss_chunk_size)
+    loss, new_state = forward(weights, state, batch, rng)
 
 `weights`/`state` are those of `Serial(model, loss_layer)` (Trax's layout:
-`(model_weights, loss_weights)`), `slots` the optimizer's, `batch` a tuple
-`(inputs..., targets[, weights])`. The weights, slots and state buffers are
-donated: after a call, the arrays passed in are gone and only the returned
-ones are valid. The step runs over a device mesh (see `devices`,
-`sharding`): batch split across devices, weights and slots replicated or
-split over the mesh's `fsdp` axis, everything else replicated.
+`(model_weights, loss_weights)`), `batch` a tuple `(inputs..., targets[,
+weights])`. What `forward_fn` returns computes the same loss as
+`Serial(model, loss_layer).pure_fn`, in one of three ways:
 
-Options:
 * `loss_chunk_size > 0`: the model's final `Dense` (plus any `LogSoftmax`
   after it) and the loss run over chunks of that many positions inside a
   rematerialized `lax.scan`, so the `[positions, vocab]` logits never exist
@@ -24,8 +20,7 @@ Options:
   chosen automatically for long sequences when the model ends in
   position-wise layers (`Concatenate`, `LayerNorm`, `Dense` ...) and the loss
   is a weighted mean over positions (see `_auto_chunked_forward_fn`).
-* `adasum=True`: gradients are computed per device share of the batch and
-  merged with Adasum (https://arxiv.org/abs/2006.02924) as Trax does.
+* otherwise `Serial(model, loss_layer).pure_fn` itself.
 """
 
 import jax
@@ -33,14 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrax import fastmath
-from retrax.fastmath import xla_cpu
 from retrax.layers import combinators
 from retrax.layers import core
 from retrax.layers import position_chunks
 from retrax.layers.assert_shape import AssertShape
 from retrax.layers.stack import make_tuple
 from retrax.layers.stack import single_or_tuple
-from retrax.optimizers import placement
 from retrax.validation import ArgumentValueError
 
 
@@ -297,89 +290,10 @@ def _auto_chunked_forward_fn(model, loss_layer, forward):
   return auto_forward
 
 
-# --- the steps -----------------------------------------------------------------------
-
-
-class TrainStep:
-  """The jitted, buffer-donating training step of one model+loss and optimizer.
-
-  Args:
-    model: the model layer (already initialized).
-    loss_layer: the loss layer (initialized on the model's output signature).
-    optimizer: a retrax `Optimizer` (its `tree_update` is traced).
-    parallel: a `devices.DataParallel` (mesh and shardings).
-    loss_chunk_size: if > 0, compute the final dense + loss in chunks.
-    adasum: merge per-device gradients with Adasum.
-    shardings: `(weights', slots')` shardings (trees or one each); default
-      replicated.
-  """
-
-  def __init__(self, model, loss_layer, optimizer, parallel, loss_chunk_size=0,
-               adasum=False, shardings=None):
-    self.model_with_loss = combinators.Serial(model, loss_layer)
-    self._optimizer = optimizer
-    self._parallel = parallel
-    if loss_chunk_size and loss_chunk_size > 0:
-      forward = _chunked_forward_fn(model, loss_layer, int(loss_chunk_size))
-    else:
-      forward = _auto_chunked_forward_fn(
-          model, loss_layer, _forward_fn(self.model_with_loss))
-    self._forward = forward
-    self._n_shares = parallel.n_global_devices if adasum else 1
-    rep, shard = parallel.replicated, parallel.batch
-    w_sh, s_sh = shardings or (rep, rep)
-    # On one device the inputs' own shardings are right, and leaving them to
-    # jit halves the per-call dispatch cost (~100 arrays in and out).
-    in_shardings = (None if parallel.n_global_devices == 1 else
-                    (w_sh, s_sh, rep, shard, rep, rep, rep))
-    self._jitted = xla_cpu.jit(
-        self._step, donate_argnums=(0, 1, 2), in_shardings=in_shardings,
-        out_shardings=(w_sh, s_sh, rep, rep, rep))
-
-  def _step(self, weights, slots, state, batch, rng, step, opt_params):
-    grad_fn = jax.value_and_grad(self._forward, has_aux=True)
-    return placement.update_step(
-        self._optimizer, lambda b, r: grad_fn(weights, state, b, r), batch,
-        rng, self._n_shares, step, weights, slots, opt_params)
-
-  def __call__(self, weights, slots, state, batch, rng, step, opt_params):
-    """Runs one step; see the module docstring.
-
-    `batch` is a tuple of host (NumPy) or device arrays: this host's share,
-    placed on the devices here (on one device the jitted call copies it).
-    """
-    batch = (tuple(batch) if self._parallel.n_global_devices == 1 else
-             self._parallel.put_batch(batch))
-    return self._jitted(weights, slots, state, batch, rng, np.int32(step),
-                        opt_params)
-
-  def loss_signature(self, weights, state, batch_signature, rng):
-    """Shape/dtype of the loss for a batch signature (no compute)."""
-    structs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype)
-                    for s in batch_signature)
-    return jax.eval_shape(self._forward, weights, state, structs, rng)[0]
-
-
-class EvalStep:
-  """The jitted metrics step: `(weights, state, batch, rng) -> metric values`.
-
-  `weights`/`state` are those of `Serial(eval_model, Branch(*metrics))`; the
-  result is a float32 vector with one value per metric layer.
-  """
-
-  def __init__(self, model_with_metrics, parallel):
-    self._model = model_with_metrics
-    rep, shard = parallel.replicated, parallel.batch
-    # The weights keep the sharding they come with (FSDP or replicated).
-    self._jitted = xla_cpu.jit(self._eval, in_shardings=(None, rep, shard, rep),
-                               out_shardings=rep)
-
-  def _eval(self, weights, state, batch, rng):
-    outputs, _ = self._model.pure_fn(batch, weights, state, rng)
-    if not isinstance(outputs, (tuple, list)):
-      outputs = (outputs,)
-    return jnp.stack([jnp.asarray(o, jnp.float32).reshape(()) for o in outputs])
-
-  def __call__(self, weights, state, batch, rng):
-    return self._jitted(weights, state, tuple(batch), rng)
-
+def forward_fn(model, loss_layer, loss_chunk_size=0):
+  """`(weights, state, batch, rng) -> (loss, new_state)` of `Serial(model,
+  loss_layer)`, the head and loss in chunks as the module docstring says."""
+  if loss_chunk_size and loss_chunk_size > 0:
+    return _chunked_forward_fn(model, loss_layer, int(loss_chunk_size))
+  return _auto_chunked_forward_fn(
+      model, loss_layer, _forward_fn(combinators.Serial(model, loss_layer)))
