@@ -592,8 +592,8 @@ class Loop:
     'model_<step>' at `permanent_checkpoint_at` steps (the permanent
     `model_<step>`) and 'lowest_<metric>' / 'highest_<metric>' for the best
     ones. Each is a native checkpoint directory; unless the loop was built
-    with `write_trax_files=False`, Trax's files are written beside it
-    (`model.pkl.gz`, `model_<step>.pkl.gz`, `<basename>.pkl.gz`).
+    with `LoopOptions(write_trax_files=False)`, Trax's files are written
+    beside it (`model.pkl.gz`, `model_<step>.pkl.gz`, `<basename>.pkl.gz`).
 
     Args:
       basename: a name under `output_dir` (an existing one is replaced
