@@ -153,3 +153,11 @@ def bound_arguments(fn) -> dict:
   if declared is None:
     return {}
   return _gin.get_bindings(f'{declared.modules[0]}.{declared.name}')
+
+
+def takes_argument(fn, name) -> bool:
+  """Whether callable `fn` (a class, function or partial) has parameter `name`."""
+  try:
+    return name in inspect.signature(fn).parameters
+  except (TypeError, ValueError):  # No readable signature (a builtin).
+    return False

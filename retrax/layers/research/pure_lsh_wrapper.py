@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from retrax.configurable import configurable
+from retrax.configurable import takes_argument
 from retrax.layers import attention
 from retrax.layers import base
 from retrax.layers import combinators as cb
@@ -38,14 +39,15 @@ def _qk_average():
 
 
 def _sparse_qkv(d_model, n_heads, num_weights, sparsity, length_kernel_size,
-                mode):
+                mode, portal_mask):
   """Trax's sparse projections (as in `MultiplicativeConvCausalAttention`)."""
   d_module = d_model // sparsity
 
   def conv(kernel_size):
     return sp.LocallyConvDense(sparsity, d_module, mode=mode,
                                kernel_size=kernel_size,
-                               length_kernel_size=length_kernel_size)
+                               length_kernel_size=length_kernel_size,
+                               portal_mask=portal_mask)
   if num_weights == 3:
     return cb.Serial(
         cb.Select([0, 0]),
@@ -71,12 +73,14 @@ def _sparse_qkv(d_model, n_heads, num_weights, sparsity, length_kernel_size,
 def ProjectAndSplitHeads(d_model, n_heads, use_bias, num_weights=2,
                          sparsity=16, length_kernel_size=3,
                          weights_format='sparse', rotary_position_emb=False,
-                         mode='train'):
+                         mode='train', portal_mask=None):
   """`x [B, L, d_model] -> (qk, v) [B * n_heads, L, d_model / n_heads]` (Trax's layer).
 
   `weights_format='model'`: `Dense(d_model)` projections, two (qk, v) or
   three (q, k, v; q and k averaged into qk, as for checkpoints of
-  `tl.Attention`); 'sparse': Trax's factored/convolutional projections.
+  `tl.Attention`); 'sparse': Trax's factored/convolutional projections,
+  whose causal convolutions read `portal_mask` (Terraformer's predict-mode
+  source mask, see `sparsity.LocallyConvDense`).
   """
   name = 'ProjectAndSplitHeads'
   if weights_format not in _WEIGHTS_FORMATS:
@@ -94,7 +98,7 @@ def ProjectAndSplitHeads(d_model, n_heads, use_bias, num_weights=2,
       raise ArgumentValueError(f'{name}: sparsity ({sparsity}) must divide d_model '
                                f'({d_model}).')
     return _sparse_qkv(d_model, n_heads, num_weights, sparsity,
-                       length_kernel_size, mode)
+                       length_kernel_size, mode, portal_mask)
   rotate = rotary_pe.Rotate() if rotary_position_emb else []
   if num_weights == 3:
     return cb.Serial(
@@ -128,14 +132,17 @@ class MixedLSHSelfAttention(base.Layer):
   Inputs and outputs as `PureLSHSelfAttention`'s: `(qk, v[, mask])` of shape
   `[B * H, L, D]` -> `[B * H, L, D]`. `std_length=None` always uses LSH.
   Weights `()`; state `(lsh_state, std_state)` (Trax's layout).
-  `force_no_dropout` sets both dropout rates to 0; other keyword arguments
-  go to `PureLSHSelfAttention`.
+  `force_no_dropout` sets both dropout rates to 0; `qkv_attention_type`
+  (causal only) is the standard attention's class, as `CausalAttention`'s
+  (default `DotProductCausalAttention`; Terraformer's predict mode passes
+  one that reads the source mask); other keyword arguments go to
+  `PureLSHSelfAttention`.
   """
 
   def __init__(self, n_heads=1, d_qk=64, d_v=64, causal=False, masked=False,
                std_length=None, mode='train', output_dropout=0.0,
                attention_dropout=0.0, force_no_dropout=False,
-               **pure_lsh_implementation_kwargs):
+               qkv_attention_type=None, **pure_lsh_implementation_kwargs):
     if force_no_dropout:
       attention_dropout = output_dropout = 0.0
     self._lsha = PureLSHSelfAttention(
@@ -145,9 +152,13 @@ class MixedLSHSelfAttention(base.Layer):
     std: base.Layer
     if causal:
       preprocess = core.Fn('dup_shared_qk', lambda q, v: (q, q, v), n_out=3)
-      std = attention.DotProductCausalAttention(dropout=attention_dropout,
-                                                mode=mode)
+      std = (qkv_attention_type or attention.DotProductCausalAttention)(
+          dropout=attention_dropout, mode=mode)
     else:
+      if qkv_attention_type is not None:
+        raise ArgumentValueError(
+            'MixedLSHSelfAttention: qkv_attention_type replaces the causal '
+            'attention; with causal=False it has none to replace.')
       preprocess = core.Fn(
           'dup_shared_qk_and_make_mask',
           lambda q, v, m: (q, q, v, _heads_mask(m, n_heads)), n_out=4)
@@ -222,19 +233,29 @@ class PureLSHSelfAttentionWrapper(cb.Serial):
   Dense(d_model))` (no `Dense` with `weights_format='sparse'`), `d_model =
   n_heads * d_qk`. Other keyword arguments go to `pure_lsh_implementation`
   (default `PureLSHSelfAttention`).
+
+  Terraformer's predict mode passes its source mask as `portal_mask` (for
+  the sparse projections' causal convolutions) and the per-head causal
+  attention that reads it as `qkv_attention_type`, which goes to
+  implementations that take it (`MixedLSHSelfAttention`; LSH attention has
+  no such attention, as in Trax).
   """
 
   def __init__(self, n_heads=1, d_qk=64, d_v=64, causal=False, masked=False,
                output_dropout=0.0, attention_dropout=0.0,
                pure_lsh_implementation=None, bias=True, mode='train',
                num_weights=3, sparsity=16, weights_format='model',
-               rotary_position_emb=False, **pure_lsh_implementation_kwargs):
+               rotary_position_emb=False, qkv_attention_type=None,
+               portal_mask=None, **pure_lsh_implementation_kwargs):
     d_model = d_qk * n_heads
     qkv = ProjectAndSplitHeads(
         d_model, n_heads, bias, num_weights=num_weights, sparsity=sparsity,
         weights_format=weights_format, rotary_position_emb=rotary_position_emb,
-        mode=mode)
+        mode=mode, portal_mask=portal_mask)
     implementation = pure_lsh_implementation or PureLSHSelfAttention
+    if (qkv_attention_type is not None and
+        takes_argument(implementation, 'qkv_attention_type')):
+      pure_lsh_implementation_kwargs['qkv_attention_type'] = qkv_attention_type
     attn = implementation(
         n_heads=n_heads, d_qk=d_qk, d_v=d_v, causal=causal, masked=masked,
         mode=mode, output_dropout=output_dropout,

@@ -24,6 +24,7 @@ import math
 import random as pyrandom
 
 import numpy as np
+from jax import lax
 
 from retrax.configurable import configurable
 from retrax.errors import InputValueError
@@ -165,12 +166,17 @@ class _RememberPad(base.Layer):
   """Pads axis 1 on the left with `n` items: zeros, or in 'predict' the last `n` seen.
 
   Predict-mode state (Trax's layout): `(last n items, {'init': ()})` after
-  init, `(last n items, {'forward': ()})` after a call.
+  init, `(last n items, {'forward': ()})` after a call. With `portal_mask`
+  (Terraformer's source mask, an object with `get_value()`, predict mode),
+  the first call's input ends in the source's padding (`ConcatWithPadding`
+  moves it after the first target), so the items kept are the last `n`
+  before it: the next target follows the last real position, as in eval.
   """
 
-  def __init__(self, n_items_to_remember, mode):
+  def __init__(self, n_items_to_remember, mode, portal_mask=None):
     super().__init__(name='_RememberPad', mode=mode)
     self._n = n_items_to_remember
+    self._portal_mask = portal_mask
 
   def predict_state_layout(self, state):
     """The last items, one row per example."""
@@ -181,7 +187,11 @@ class _RememberPad(base.Layer):
       return x
     if self._mode == 'predict':
       x = jnp.concatenate([self.state[0].astype(x.dtype), x], axis=1)
-      self.state = (x[:, -self._n:], {'forward': ()})
+      end = x.shape[1]
+      if self._portal_mask is not None and 'init' in self.state[1]:
+        end -= _padding_count(self._portal_mask.get_value(), self.name)
+      kept = lax.dynamic_slice_in_dim(x, end - self._n, self._n, axis=1)
+      self.state = (kept, {'forward': ()})
       return x
     pad = [(0, 0)] * len(x.shape)
     pad[1] = (self._n, 0)
@@ -194,16 +204,26 @@ class _RememberPad(base.Layer):
       self.state = (jnp.zeros(shape, dtype=jnp.float32), {'init': ()})
 
 
+def _padding_count(source_mask, layer_name):
+  """The number of padding positions (0) in a one-example source mask."""
+  if source_mask.shape[0] != 1:
+    raise InputValueError(
+        f'{layer_name}: Terraformer predict mode decodes one example at a '
+        f'time (as in Trax); got a source mask of shape {source_mask.shape}.')
+  return jnp.sum(source_mask == 0, dtype=jnp.int32)
+
+
 @assert_shape('...a->...b')
 def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,
-                     length_kernel_size=1):
+                     length_kernel_size=1, portal_mask=None):
   """Like LocallyConnectedDense with weights shared over modules (a Conv).
 
   Causal over `length_kernel_size` positions.
 
   Input `(batch, length, d)`; the Conv kernel is `(length_kernel_size,
   kernel_size, d / n_modules, n_units)`, zero-padded across modules; the
-  previous `length_kernel_size - 1` positions come from `_RememberPad`.
+  previous `length_kernel_size - 1` positions come from `_RememberPad`
+  (which reads `portal_mask`, Terraformer's predict-mode source mask).
   """
   if n_modules == 1:
     return core.Dense(n_units)
@@ -215,7 +235,7 @@ def LocallyConvDense(n_modules, n_units, mode, kernel_size=1,
   return cb.Serial(
       SplitLastAxis(n_modules),
       core.Fn('Pad', lambda x: jnp.pad(x, pad_width=pad_widths)),
-      _RememberPad(length_kernel_size - 1, mode=mode),
+      _RememberPad(length_kernel_size - 1, mode=mode, portal_mask=portal_mask),
       convolution.Conv(n_units, kernel_size=(length_kernel_size, kernel_size)),
       MergeLastTwoAxes())
 
@@ -450,7 +470,7 @@ def MultiplicativeConvCausalAttention(
     d_feature, n_heads=1, sparsity=None, length_kernel_size=3, dropout=0.0,
     force_no_dropout=False, max_inference_length=2048, share_qk=False,
     output_layer_type='none', v_concat_type='none', mode='train',
-    qkv_attention_type=None):
+    qkv_attention_type=None, portal_mask=None):
   """Causal attention whose Q, K, V come from one shared FactoredDense and per-module convolutions.
 
   `FactoredDense(sparsity, d, d)` feeds `LocallyConvDense` layers (kernel 3
@@ -460,7 +480,9 @@ def MultiplicativeConvCausalAttention(
   and the layer input, interleaved per module) or 'original' (concatenated).
   `output_layer_type` adds a FactoredDense ('mult'), a LocallyConvDense
   ('conv'), or both ('multconv') after the heads are merged.
-  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s.
+  `qkv_attention_type`: the per-head attention, as `CausalAttention`'s;
+  `portal_mask`: Terraformer's predict-mode source mask, for the causal
+  convolutions' memory (`LocallyConvDense`).
   """
   _check_choice('output_layer_type', output_layer_type, _OUTPUT_LAYER_TYPES)
   _check_choice('v_concat_type', v_concat_type, _V_CONCAT_TYPES)
@@ -473,7 +495,8 @@ def MultiplicativeConvCausalAttention(
   def conv(kernel_size):
     return LocallyConvDense(sparsity, d_module, mode=mode,
                             kernel_size=kernel_size,
-                            length_kernel_size=length_kernel_size)
+                            length_kernel_size=length_kernel_size,
+                            portal_mask=portal_mask)
 
   output_layers = []
   if 'mult' in output_layer_type:

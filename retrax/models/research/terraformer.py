@@ -15,11 +15,11 @@ mode equals eval mode on every prefix.
 """
 
 import functools
-import inspect
 
 from jax import lax
 
 from retrax import layers as tl
+from retrax.configurable import takes_argument
 from retrax.errors import InputValueError
 from retrax.fastmath import numpy as jnp
 from retrax.layers import attention
@@ -70,27 +70,30 @@ def _check_args(input_vocab_size, output_vocab_size, d_model, d_ff, n_heads,
 def _portal_attention_types(attention_types, portal_mask):
   """The decoder's attention types, given the portal where they take it.
 
-  In predict mode the per-head causal attention of the dense causal
-  attentions (`CausalAttention` and the sparse variants, which take a
-  `qkv_attention_type`) is `PortalMaskedCausalAttention` reading
-  `portal_mask`, as Trax's Terraformer arranged by patching; efficient
-  attention (`SelfAttention`, LSH) keeps its own predict mode, as in Trax.
+  In predict mode the layers Trax's Terraformer patched read `portal_mask`:
+  the per-head causal attention (`qkv_attention_type`: `CausalAttention`,
+  the sparse variants, `PureLSHSelfAttentionWrapper` for
+  `MixedLSHSelfAttention`) is `PortalMaskedCausalAttention`, and the causal
+  convolutions' memory takes `portal_mask` (`MultiplicativeConvCausalAttention`,
+  the wrapper's sparse projections). Efficient attention (`SelfAttention`,
+  LSH) keeps its own predict mode, as in Trax: it attends to the source's
+  padding, so its predict mode differs from eval mode after a padded source.
   """
   if not isinstance(attention_types, (tuple, list)):
     attention_types = [attention_types]
   if portal_mask is None:
     return attention_types
-  qkv_attention = functools.partial(PortalMaskedCausalAttention,
-                                    portal_mask=portal_mask)
-  return [functools.partial(t, qkv_attention_type=qkv_attention)
-          if _takes(t, 'qkv_attention_type') else t for t in attention_types]
+  portal_args = dict(
+      qkv_attention_type=functools.partial(PortalMaskedCausalAttention,
+                                           portal_mask=portal_mask),
+      portal_mask=portal_mask)
+  return [_with_arguments(t, {name: value for name, value in portal_args.items()
+                              if takes_argument(t, name)})
+          for t in attention_types]
 
 
-def _takes(fn, name):
-  try:
-    return name in inspect.signature(fn).parameters
-  except (TypeError, ValueError):  # No readable signature.
-    return False
+def _with_arguments(fn, kwargs):
+  return functools.partial(fn, **kwargs) if kwargs else fn
 
 
 class PortalMaskedCausalAttention(attention.DotProductCausalAttention):

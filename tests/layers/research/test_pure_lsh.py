@@ -286,6 +286,9 @@ def test_bad_arguments_name_the_layer_and_argument():
     ea.PureLSHSelfAttentionWrapper(weights_format='dense')
   with pytest.raises(ValueError, match='MixedLSHSelfAttention: causal=True'):
     ea.MixedLSHSelfAttention(causal=True, masked=True)
+  with pytest.raises(ValueError, match='MixedLSHSelfAttention: qkv_attention_type'):
+    ea.MixedLSHSelfAttention(masked=True,
+                             qkv_attention_type=tl.DotProductCausalAttention)
   layer = ea.PureLSHSelfAttention(n_heads=3, d_qk=8, d_v=8, chunk_len=8)
   qk, v = _qkv(batch=1, heads=2)
   with pytest.raises(Exception, match='batch \\* n_heads'):

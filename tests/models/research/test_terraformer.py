@@ -3,7 +3,9 @@
 `fixtures/golden/terraformer/` was written by real Trax 1.4.1
 (`make_terraformer_goldens.py` there): eval-mode checkpoints (`save_to_file`)
 and Trax's logits on fixed sources (ending in padding) and targets, and for
-`revenc` Trax's predict-mode logits, one target token per call.
+`revenc` Trax's predict-mode logits, one target token per call;
+`make_terraformer_predict_goldens.py` there wrote Trax's predict-mode
+logits of `default` (`tf_default_predict.npz`) and the `mixed` case.
 """
 
 import functools
@@ -52,7 +54,20 @@ TF_CASES = {
                    encoder_attention_type=tl.Attention,
                    encoder_decoder_attention_type=tl.CausalAttention,
                    ff_use_sru=(1, 8), pos_type=None),
+    # As make_terraformer_predict_goldens.py: the decoder layers that read
+    # the source mask through the portal in predict mode (standard causal
+    # attention inside MixedLSHSelfAttention, sparse projections' memory).
+    'mixed': dict(n_encoder_layers=1, n_decoder_layers=1, pos_type=None,
+                  encoder_decoder_attention_type=functools.partial(
+                      tl.PureLSHSelfAttentionWrapper,
+                      pure_lsh_implementation=tl.MixedLSHSelfAttention,
+                      std_length=64, chunk_len=8, n_hashes=2, n_buckets=4,
+                      num_weights=2, bias=False, weights_format='sparse',
+                      sparsity=4)),
 }
+# Trax's SelfAttention needs a predict-mode memory (make_terraformer_predict_goldens.py).
+DEFAULT_PREDICT = dict(encoder_decoder_attention_type=functools.partial(
+    tl.SelfAttention, predict_mem_len=32, predict_drop_len=32))
 
 
 def _make(name, mode, **overrides):
@@ -133,6 +148,19 @@ def test_train_mode_without_dropout_equals_eval():
   _close(logits, io['logits'], tol=REVENC_TOL)
 
 
+def _predict_logits(name, source, target, n_calls, **overrides):
+  """Predict-mode logits of the model with Trax's weights: the source and the
+  shifted target's first token, then one target token per call."""
+  model = _make(name, 'predict', **overrides)
+  model.init_from_file(
+      os.path.join(GOLDEN, f'tf_{name}.pkl.gz'), weights_only=True,
+      input_signature=(shapes.ShapeDtype(source.shape, np.int32),
+                       shapes.ShapeDtype((1, 1), np.int32)))
+  shifted = np.concatenate([np.zeros((1, 1), np.int32), target[:, :-1]], 1)
+  return np.concatenate([np.asarray(model((source, shifted[:, t:t + 1]))[0])
+                         for t in range(n_calls)], axis=1)
+
+
 @pytest.mark.parametrize('n_calls', [4, pytest.param(16, marks=pytest.mark.slow)])
 def test_predict_equals_trax_and_eval_on_every_prefix(n_calls):
   """Source with padding, then one target token per call (Trax's predict).
@@ -142,17 +170,45 @@ def test_predict_equals_trax_and_eval_on_every_prefix(n_calls):
   Intel Xeon: `REVENC_TOL` of the logits' scale.
   """
   io = _io('revenc')
-  source, target = io['source'], io['target']
-  model = _make('revenc', 'predict')
-  model.init_from_file(
-      os.path.join(GOLDEN, 'tf_revenc.pkl.gz'), weights_only=True,
-      input_signature=(shapes.ShapeDtype(source.shape, np.int32),
-                       shapes.ShapeDtype((1, 1), np.int32)))
-  shifted = np.concatenate([np.zeros((1, 1), np.int32), target[:, :-1]], 1)
+  logits = _predict_logits('revenc', io['source'], io['target'], n_calls)
   for t in range(n_calls):
-    logits, _ = model((source, shifted[:, t:t + 1]))
-    _close(logits[:, 0], io['logits_predict'][:, t], tol=REVENC_TOL)
-    _close(logits[:, 0], io['logits'][:, t], tol=REVENC_TOL)  # Trax's eval.
+    _close(logits[:, t], io['logits_predict'][:, t], tol=REVENC_TOL)
+    _close(logits[:, t], io['logits'][:, t], tol=REVENC_TOL)  # Trax's eval.
+
+
+@pytest.mark.parametrize('n_calls', [6, pytest.param(16, marks=pytest.mark.slow)])
+def test_mixed_lsh_predict_reads_the_portal_as_in_trax(n_calls):
+  """MixedLSHSelfAttention's standard causal attention and the sparse
+  projections' causal convolutions skip the source's padding in predict
+  mode (Trax patched both): predict equals Trax's predict and eval.
+
+  Without the portal, calls 1-7 differed from Trax by up to 12 on logits of
+  scale 8; with it by up to 2.7e-4 (as eval mode differs from Trax's eval).
+  """
+  io = _io('mixed')
+  logits = _predict_logits('mixed', io['source'], io['target'], n_calls)
+  _close(logits, io['logits_predict'][:, :n_calls], tol=REVENC_TOL)
+  _close(logits, io['logits'][:, :n_calls], tol=REVENC_TOL)  # Trax's eval.
+
+
+@pytest.mark.slow
+def test_self_attention_predict_sees_source_padding_as_trax_does():
+  """Efficient `SelfAttention` in the decoder (Trax's default) has no portal
+  mask in Trax 1.4.1: target positions after the first attend to the
+  source's padding in predict mode, which eval mode's causal mask hides, so
+  Trax's predict logits differ from its eval logits (by up to 1.5 on logits
+  of scale 7.5, greedy argmax at 3 of 16 positions). retrax follows Trax's
+  predict mode; after a source without padding, predict equals eval.
+  """
+  io, trax_predict = _io('default'), _io('default_predict')
+  logits = _predict_logits('default', io['source'], io['target'], 16,
+                           **DEFAULT_PREDICT)
+  _close(logits, trax_predict['logits_predict'], tol=EVAL_TOL['default'])
+  assert np.abs(logits - io['logits']).max() > 1.0  # Trax's eval differs.
+  nopad = _predict_logits('default', trax_predict['nopad_source'],
+                          io['target'], 16, **DEFAULT_PREDICT)
+  _close(nopad, trax_predict['nopad_logits_predict'], tol=EVAL_TOL['default'])
+  _close(nopad, trax_predict['nopad_logits'], tol=EVAL_TOL['default'])
 
 
 @pytest.mark.slow
