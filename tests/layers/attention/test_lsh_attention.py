@@ -155,6 +155,24 @@ def test_sort_by_bucket_is_numpy_s_stable_argsort(n_ids):
       got, np.argsort(np.asarray(buckets), kind='stable'))
 
 
+def test_gather_rounds_is_a_tiled_take_and_its_gradient_a_sum_of_rounds():
+  n_hashes, length, depth = 3, 10, 4
+  x = jax.random.normal(jax.random.PRNGKey(0), (length, depth))
+  sticker = jax.random.permutation(jax.random.PRNGKey(1), n_hashes * length)
+  undo = ops.inverse_permutation(sticker)
+  got = lsh.gather_rounds(x, sticker, undo, n_hashes)
+  x_np, s_np = np.asarray(x), np.asarray(sticker)
+  np.testing.assert_array_equal(got, np.tile(x_np, (n_hashes, 1))[s_np])
+  # The custom gradient against numpy's: each row's cotangents summed over
+  # the sorted rows that copy it.
+  ct = np.asarray(jax.random.normal(jax.random.PRNGKey(2), got.shape))
+  grad = jax.grad(lambda a: jnp.sum(
+      lsh.gather_rounds(a, sticker, undo, n_hashes) * ct))(x)
+  want = np.zeros_like(x_np)
+  np.add.at(want, s_np % length, ct)
+  np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-6)
+
+
 def test_n_bucket_ids_bounds_the_hashed_ids():
   vecs = jax.random.normal(jax.random.PRNGKey(0), (256, 8))
   mask = jnp.arange(256) < 200
