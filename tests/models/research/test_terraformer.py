@@ -5,7 +5,8 @@
 and Trax's logits on fixed sources (ending in padding) and targets, and for
 `revenc` Trax's predict-mode logits, one target token per call;
 `make_terraformer_predict_goldens.py` there wrote Trax's predict-mode
-logits of `default` (`tf_default_predict.npz`) and the `mixed` case.
+logits of `default` (`tf_default_predict.npz`) and the `mixed` and
+`multconv` cases.
 """
 
 import functools
@@ -64,6 +65,10 @@ TF_CASES = {
                       std_length=64, chunk_len=8, n_hashes=2, n_buckets=4,
                       num_weights=2, bias=False, weights_format='sparse',
                       sparsity=4)),
+    'multconv': dict(n_encoder_layers=1, n_decoder_layers=1, pos_type=None,
+                     encoder_decoder_attention_type=functools.partial(
+                         tl.MultiplicativeConvCausalAttention, sparsity=4,
+                         length_kernel_size=3)),
 }
 # Trax's SelfAttention needs a predict-mode memory (make_terraformer_predict_goldens.py).
 DEFAULT_PREDICT = dict(encoder_decoder_attention_type=functools.partial(
@@ -176,17 +181,23 @@ def test_predict_equals_trax_and_eval_on_every_prefix(n_calls):
     _close(logits[:, t], io['logits'][:, t], tol=REVENC_TOL)  # Trax's eval.
 
 
-@pytest.mark.parametrize('n_calls', [6, pytest.param(16, marks=pytest.mark.slow)])
-def test_mixed_lsh_predict_reads_the_portal_as_in_trax(n_calls):
-  """MixedLSHSelfAttention's standard causal attention and the sparse
-  projections' causal convolutions skip the source's padding in predict
-  mode (Trax patched both): predict equals Trax's predict and eval.
+@pytest.mark.parametrize('name,n_calls', [
+    ('mixed', 6), ('multconv', 4),
+    pytest.param('mixed', 16, marks=pytest.mark.slow),
+    pytest.param('multconv', 16, marks=pytest.mark.slow)])
+def test_decoders_reading_the_portal_predict_as_trax(name, n_calls):
+  """The layers Trax's patch reached skip the source's padding in predict
+  mode: MixedLSHSelfAttention's standard causal attention and the causal
+  convolutions' memory (`_RememberPad`) of the sparse projections
+  ('mixed') and of MultiplicativeConvCausalAttention ('multconv'). Predict
+  then equals Trax's predict and eval.
 
-  Without the portal, calls 1-7 differed from Trax by up to 12 on logits of
-  scale 8; with it by up to 2.7e-4 (as eval mode differs from Trax's eval).
+  Without the portal, 'mixed' calls 1-7 differed from Trax by up to 12 on
+  logits of scale 8; with it by up to 2.7e-4 (as its eval mode differs
+  from Trax's eval).
   """
-  io = _io('mixed')
-  logits = _predict_logits('mixed', io['source'], io['target'], n_calls)
+  io = _io(name)
+  logits = _predict_logits(name, io['source'], io['target'], n_calls)
   _close(logits, io['logits_predict'][:, :n_calls], tol=REVENC_TOL)
   _close(logits, io['logits'][:, :n_calls], tol=REVENC_TOL)  # Trax's eval.
 
