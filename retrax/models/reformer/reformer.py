@@ -206,9 +206,6 @@ def ReformerShortenLM(vocab_size, shorten_factor=1, d_embedding=256,
   if mode == 'predict':
     raise ArgumentValueError("ReformerShortenLM has no predict mode (as in Trax); use "
                              "mode='eval' or ReformerLM.")
-  if not hasattr(tl, 'SRU') or not hasattr(tl, 'CausalConv'):
-    raise ArgumentValueError('ReformerShortenLM needs tl.SRU and tl.CausalConv, which '
-                             'this retrax build lacks.')
   attention_type = tl.SelfAttention if attention_type is None else attention_type
   ff_activation = tl.FastGelu if ff_activation is None else ff_activation
   positional_embedder = [
