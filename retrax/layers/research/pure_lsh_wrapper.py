@@ -24,6 +24,7 @@ from retrax.layers import attention
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
+from retrax.layers import predict_state
 from retrax.layers.cotangents import cotangent_like
 from retrax.layers.research import rotary_positional_embedding as rotary_pe
 from retrax.layers.research import sparsity as sp
@@ -152,8 +153,9 @@ class MixedLSHSelfAttention(base.Layer):
     std: base.Layer
     if causal:
       preprocess = core.Fn('dup_shared_qk', lambda q, v: (q, q, v), n_out=3)
+      # n_heads: its predict-mode cache holds n_heads rows per example.
       std = (qkv_attention_type or attention.DotProductCausalAttention)(
-          dropout=attention_dropout, mode=mode)
+          dropout=attention_dropout, mode=mode, n_heads=n_heads)
     else:
       if qkv_attention_type is not None:
         raise ArgumentValueError(
@@ -175,6 +177,24 @@ class MixedLSHSelfAttention(base.Layer):
                                f'int >= 0; got {std_length!r}.')
     self._std_length = std_length
     super().__init__(n_in=self._lsha.n_in, n_out=1)
+
+  def predict_state_layout(self, state):
+    """The LSH and standard attentions' layouts side by side.
+
+    The positions are the standard attention's cache (it runs on calls of
+    up to `std_length` positions, so none without one).
+    """
+    lsh_state, std_state = state
+    lsh_layout = predict_state.declared_layout(self._lsha, lsh_state)
+    if lsh_layout is None:
+      return None
+    rows = (lsh_layout.rows, predict_state.declared_rows(self._stda, std_state))
+    _, std = self._stda.sublayers
+    std_layout = predict_state.declared_layout(std, std_state[1])
+    if self._std_length is None or std_layout is None:
+      return predict_state.PredictStateLayout(rows)
+    return predict_state.PredictStateLayout(
+        rows, std_layout.positions_used, std_layout.max_positions)
 
   def _use_lsh(self, inputs):
     length = inputs[0].shape[1]

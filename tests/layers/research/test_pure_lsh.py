@@ -300,3 +300,26 @@ def test_exported_at_trax_paths():
   for name in ('PureLSHSelfAttention', 'PureLSHSelfAttentionWrapper',
                'MixedLSHSelfAttention', 'LSHFF'):
     assert getattr(tl, name) is getattr(ea, name)
+
+
+def test_mixed_predict_state_layout_matches_the_state_shapes():
+  """Declared rows per example of each state leaf equal what the shapes of
+  states made for 1 and 2 examples show (decoding traces the model
+  otherwise, which Terraformer's one-example portal layers cannot run)."""
+  def predict_layer(batch):
+    layer = ea.MixedLSHSelfAttention(
+        n_heads=2, d_qk=8, d_v=8, causal=True, std_length=4, chunk_len=4,
+        n_hashes=1, n_buckets=2, predict_mem_len=8, predict_drop_len=8,
+        mode='predict')
+    qk = np.zeros((batch * 2, 1, 8), np.float32)
+    layer.init(shapes.signature((qk, qk)))
+    return layer
+  one, two = predict_layer(1), predict_layer(2)
+  layout = one.predict_state_layout(one.state)
+  expected = [a.shape[0] if np.ndim(a) and b.shape[0] == 2 * a.shape[0]
+              else 0 for a, b in zip(jax.tree_util.tree_leaves(one.state),
+                                     jax.tree_util.tree_leaves(two.state))]
+  assert jax.tree_util.tree_leaves(layout.rows) == expected
+  assert 2 in expected and 0 in expected
+  # The standard attention's cache: 2048 positions (its default), none used.
+  assert (int(layout.positions_used), layout.max_positions) == (0, 2048)

@@ -253,17 +253,21 @@ def test_non_reversible_encoder_with_causal_attention_predicts_as_eval(tmp_path)
 
 
 @pytest.mark.slow
-def test_greedy_decoding_agrees_with_eval_mode():
-  io = _io('revenc')
+@pytest.mark.parametrize('name', ['revenc', 'mixed', 'multconv'])
+def test_greedy_decoding_agrees_with_eval_mode(name):
+  """`autoregressive_sample` (which needs every predict state's layout
+  declared: the portal layers run one example only) gives eval mode's
+  argmax."""
+  io = _io(name)
   source = io['source']
-  model = _make('revenc', 'predict')
+  model = _make(name, 'predict')
   model.init_from_file(
-      os.path.join(GOLDEN, 'tf_revenc.pkl.gz'), weights_only=True,
+      os.path.join(GOLDEN, f'tf_{name}.pkl.gz'), weights_only=True,
       input_signature=(shapes.ShapeDtype(source.shape, np.int32),
                        shapes.ShapeDtype((1, 1), np.int32)))
   tokens = np.asarray(decoding.autoregressive_sample(
       model, inputs=source, eos_id=-1, max_length=4, temperature=0.0))
-  eval_model, _ = _loaded('revenc', 'eval')
+  eval_model, _ = _loaded(name, 'eval')
   target = np.zeros((1, 16), np.int32)
   target[:, :4] = tokens
   logits, _ = eval_model((source, target))
