@@ -167,7 +167,8 @@ class _RememberPad(base.Layer):
 
   Predict-mode state (Trax's layout): `(last n items, {'init': ()})` after
   init, `(last n items, {'forward': ()})` after a call. With `portal_mask`
-  (Terraformer's source mask, an object with `get_value()`, predict mode),
+  (predict mode: Terraformer's source-mask portal, whose
+  `one_example_mask(reader)` gives the mask of its one example),
   the first call's input ends in the source's padding (`ConcatWithPadding`
   moves it after the first target), so the items kept are the last `n`
   before it: the next target follows the last real position, as in eval.
@@ -189,7 +190,8 @@ class _RememberPad(base.Layer):
       x = jnp.concatenate([self.state[0].astype(x.dtype), x], axis=1)
       end = x.shape[1]
       if self._portal_mask is not None and 'init' in self.state[1]:
-        end -= _padding_count(self._portal_mask.get_value(), self.name)
+        real = self._portal_mask.one_example_mask(self.name)
+        end -= jnp.sum(~real, dtype=jnp.int32)
       kept = lax.dynamic_slice_in_dim(x, end - self._n, self._n, axis=1)
       self.state = (kept, {'forward': ()})
       return x
@@ -202,15 +204,6 @@ class _RememberPad(base.Layer):
       shape = list(input_signature.shape)
       shape[1] = self._n
       self.state = (jnp.zeros(shape, dtype=jnp.float32), {'init': ()})
-
-
-def _padding_count(source_mask, layer_name):
-  """The number of padding positions (0) in a one-example source mask."""
-  if source_mask.shape[0] != 1:
-    raise InputValueError(
-        f'{layer_name}: Terraformer predict mode decodes one example at a '
-        f'time (as in Trax); got a source mask of shape {source_mask.shape}.')
-  return jnp.sum(source_mask == 0, dtype=jnp.int32)
 
 
 @assert_shape('...a->...b')

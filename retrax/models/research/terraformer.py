@@ -127,12 +127,7 @@ class PortalMaskedCausalAttention(attention.DotProductCausalAttention):
       raise InputValueError(
           f'{self.name}: predict mode needs a portal_mask (made by '
           'Terraformer in predict mode, see `_portal_attention_types`).')
-    source_mask = self._portal_mask.get_value()
-    if source_mask.shape[0] != 1:
-      raise InputValueError(
-          f'{self.name}: Terraformer predict mode decodes one example at a '
-          f'time (as in Trax); got a source mask of shape {source_mask.shape}.')
-    source_mask = jnp.reshape(source_mask, (-1,)) != 0
+    source_mask = self._portal_mask.one_example_mask(self.name)
     allowed = lax.dynamic_update_slice(allowed, source_mask,
                                        (jnp.zeros((), jnp.int32),))
     first_target = jnp.sum(source_mask, dtype=jnp.int32)
@@ -397,6 +392,19 @@ class _PortalInput(tl.Layer):
   def get_value(self):
     """The last input seen (zeros before the first call)."""
     return self.state[0]
+
+  def one_example_mask(self, reader):
+    """The last input as a bool vector (True: a real source position).
+
+    Layers that locate cache slots by it (`reader`, named in the error)
+    decode one example at a time, as in Trax.
+    """
+    mask = self.get_value()
+    if mask.shape[0] != 1:
+      raise InputValueError(
+          f'{reader}: Terraformer predict mode decodes one example at a '
+          f'time (as in Trax); got a source mask of shape {mask.shape}.')
+    return jnp.reshape(mask, (-1,)) != 0
 
   def get_layer(self):
     """A layer with no inputs that pushes `get_value()`."""

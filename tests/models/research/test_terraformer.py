@@ -203,6 +203,21 @@ def test_decoders_reading_the_portal_predict_as_trax(name, n_calls):
   _close(logits, io['logits'][:, :n_calls], tol=REVENC_TOL)  # Trax's eval.
 
 
+def test_portal_readers_refuse_a_batch_of_two():
+  """Layers that locate cache slots by the source mask decode one example
+  at a time, as in Trax: a batch of two is one clear error naming them
+  (at init, which traces a call)."""
+  io = _io('multconv')
+  source = np.concatenate([io['source']] * 2)
+  target = np.zeros((2, 1), np.int32)
+  model = _make('multconv', 'predict')
+  with pytest.raises(
+      Exception,  # The LayerError that names the path to the layer.
+      match=r'(_RememberPad|PortalMaskedCausalAttention): Terraformer predict '
+            r'mode decodes one example at a time .* shape \(2, 16\)'):
+    model.init(shapes.signature((source, target)))  # Traces a call.
+
+
 @pytest.mark.slow
 def test_self_attention_predict_sees_source_padding_as_trax_does():
   """Efficient `SelfAttention` in the decoder (Trax's default) has no portal
