@@ -217,7 +217,7 @@ class Layer:
     passes to `jax.jit` (no slicing, no restacking); setting `weights` to it
     takes it back without a copy.
     """
-    if not self.sublayers or type(self).weights is not _LAYER_WEIGHTS:
+    if not self.sublayers or type(self).weights is not LAYER_WEIGHTS:
       return self.weights
     return self._gather_from_sublayers('stacked_weights', self._weights)
 
@@ -230,7 +230,7 @@ class Layer:
     """
     if not self.sublayers:
       return self._weights
-    if type(self).weights is not _LAYER_WEIGHTS:
+    if type(self).weights is not LAYER_WEIGHTS:
       return self.weights
     return self._gather_from_sublayers('held_weights', self._weights)
 
@@ -484,8 +484,11 @@ class Layer:
 
 
 # `Layer`'s own `weights` property: a subclass that replaces it (`Accelerate`)
-# holds its weights its own way, and `stacked_weights` is then `weights`.
-_LAYER_WEIGHTS = vars(Layer)['weights']
+# holds its weights its own way, and `stacked_weights` is then `weights`;
+# `ReversibleSerial` calls its getter and setter. Taken from the class dict:
+# mypy types a property with a setter as an overloaded function, with no
+# `fget`/`fset`.
+LAYER_WEIGHTS = vars(Layer)['weights']
 
 
 def unflatten_weights_and_state(flat_weights, flat_state,

@@ -10,6 +10,7 @@ from retrax.fastmath import numpy as jnp
 from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers.base import in_sublayer
+from retrax.layers.base import LAYER_WEIGHTS
 from retrax.layers.reversible.layer import ReversibleLayer
 from retrax.layers.reversible.repeats import declared_period
 from retrax.layers.stacked import stack_groups
@@ -26,10 +27,6 @@ from retrax.layers.stack import run_layers
 from retrax.layers.stack import split_rngs
 from retrax.validation import ArgumentValueError
 
-# `base.Layer`'s `weights` property (the sublayers' weights), whose getter and
-# setter the overrides below call. Taken from the class dict: mypy types a
-# property with a setter as an overloaded function, with no `fget`/`fset`.
-_LAYER_WEIGHTS = vars(base.Layer)['weights']
 
 
 class ReversibleSerial(ReversibleLayer, cb.Serial):
@@ -92,7 +89,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     stacked = self._stacked_if_repeated(weights)
     if stacked is None:
       self._stacked, self._rows = None, ()
-      _LAYER_WEIGHTS.fset(self, weights)
+      LAYER_WEIGHTS.fset(self, weights)
     else:
       self._stacked = stacked
       self._hold_rows()
@@ -105,7 +102,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     if self._stacked is not None and any(layer.held_weights is not row
                                          for layer, row in self._rows):
       # A layer below was given weights of its own: stack them in.
-      self.weights = _LAYER_WEIGHTS.fget(self)
+      self.weights = LAYER_WEIGHTS.fget(self)
     if self._stacked is not None:
       return self._stacked
     return self._gather_from_sublayers('stacked_weights', self._weights)
@@ -151,7 +148,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     def walk(layer, tree, i, path):
       if not jax.tree_util.tree_leaves(tree):
         return True  # Weightless, or a shared layer's cache marker.
-      if type(layer).weights is not _LAYER_WEIGHTS:
+      if type(layer).weights is not LAYER_WEIGHTS:
         return False
       if not layer.sublayers:
         found.append((layer, i, path))
