@@ -148,7 +148,10 @@ def _category_cross_entropy(model_output, targets, label_smoothing, cutoff):
           f'Arg label_smoothing ({label_smoothing}) must be between 0 and 1.')
     target_distributions *= (1. - label_smoothing)
     target_distributions += label_smoothing / n_categories
-  model_log_distributions = core.log_softmax(model_output)
+  # Trax's float32 targets times the log-probabilities: float32 for bfloat16
+  # logits, float64 for float64 ones (gradient checks), said explicitly.
+  target_distributions, model_log_distributions = fastmath.promoted(
+      target_distributions, core.log_softmax(model_output))
   cross_ent = -jnp.sum(target_distributions * model_log_distributions, axis=-1)
   if cutoff > 0.0:
     return jnp.maximum(cross_ent, cutoff) - cutoff

@@ -82,6 +82,22 @@ def test_weighted_category_cross_entropy():
         [LOGITS, TARGETS, WEIGHTS])
 
 
+def test_category_cross_entropy_keeps_the_logits_wider_dtype():
+  # Under the suite's strict promotion: float32 one-hot targets against
+  # float64 logits give float64 (gradient checks), against bfloat16 float32.
+  with jax.enable_x64(True):
+    got = metrics.CategoryCrossEntropy()([LOGITS.astype(np.float64), TARGETS])
+    assert got.dtype == np.float64
+    close(got, np_category_ce(LOGITS.astype(np.float64), TARGETS).mean(),
+          rtol=1e-12)
+  low = jax.numpy.asarray(LOGITS, jax.numpy.bfloat16)
+  got = metrics.WeightedCategoryCrossEntropy(label_smoothing=0.1)(
+      [low, TARGETS, WEIGHTS])
+  assert got.dtype == np.float32
+  ce = np_category_ce(np.asarray(low, np.float32), TARGETS, 0.1)
+  close(got, (ce * WEIGHTS).sum() / WEIGHTS.sum(), rtol=1e-2)
+
+
 def test_category_accuracy_and_weighted():
   preds = np.argmax(LOGITS, -1)
   close(metrics.CategoryAccuracy()([LOGITS, TARGETS]), (preds == TARGETS).mean())
