@@ -68,8 +68,9 @@ class Groups(NamedTuple):
     """Raises unless every state leaf has one row per unit."""
     for leaf in jax.tree_util.tree_leaves(state):
       if jnp.ndim(leaf) == 0 or leaf.shape[0] != self.n_units:
+        rows = leaf.shape[0] if jnp.ndim(leaf) else 'no'
         raise InputValueError(
-            f'{layer.name}: the state has {jnp.shape(leaf)[:1]} rows but '
+            f'{layer.name}: the state has {rows} rows but '
             f'needs batch * n_heads = {self.n_units // layer.n_heads} * '
             f'{layer.n_heads} = {self.n_units} (one per example and head); '
             'initialize the layer with inputs of batch size '

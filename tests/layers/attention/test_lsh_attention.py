@@ -434,8 +434,9 @@ def test_errors_are_clear():
   with pytest.raises(LayerError, match='must be a multiple of chunk_len=4'):
     layer.pure_fn(jnp.zeros((1, 6, D_MODEL)), _weights(), _state(1, 6, 1),
                   jax.random.PRNGKey(0))
-  with pytest.raises(LayerError, match='initialize the layer with inputs of '
-                     'batch size 2 or 1'):
+  with pytest.raises(LayerError, match='the state has 6 rows but needs batch '
+                     r'\* n_heads = 2 \* 2 = 4 .* initialize the layer with '
+                     'inputs of batch size 2 or 1'):
     layer.pure_fn(jnp.zeros((2, 8, D_MODEL)), _weights(), _state(3, 8, 1),
                   jax.random.PRNGKey(0))
 
