@@ -41,10 +41,13 @@ def _pad_to_multiple_of(x, y, axis):
   return np.pad(x, widths, mode='constant', constant_values=x.dtype.type(0))
 
 
-def _check_positive(**kwargs):
+def _check_positive(owner, **kwargs):
+  """Each keyword argument a positive int; else one line naming `owner` and it."""
   for name, value in kwargs.items():
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ArgumentValueError(f'{name} must be a positive int, got {value!r}.')
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+        or value < 1):
+      raise ArgumentValueError(f'{owner}: {name} must be a positive int; got '
+                               f'{value!r}.')
 
 
 def _copy_batches(lengths, vocab_size, batch_size, reverse, pad_to_multiple,
@@ -89,17 +92,20 @@ def sequence_copy_inputs(vocab_size: int, batch_size: int, train_length: int,
     pad_to_multiple: length padding multiple.
     seed: see the module docstring.
   """
-  _check_positive(batch_size=batch_size, pad_to_multiple=pad_to_multiple)
+  _check_positive('sequence_copy_inputs', batch_size=batch_size,
+                  pad_to_multiple=pad_to_multiple)
   if vocab_size < 3:
-    raise ArgumentValueError(f'vocab_size must be >= 3 (0 is the separator), got '
-                             f'{vocab_size}.')
+    raise ArgumentValueError(f'sequence_copy_inputs: vocab_size must be >= 3 '
+                             f'(0 is the separator); got {vocab_size}.')
   train_lengths = [2 * (i + 2) for i in range(train_length - 1)]
   eval_lengths = [2 * (i + 1) for i in range(eval_min_length, eval_max_length)]
   if not train_lengths:
-    raise ArgumentValueError(f'train_length must be >= 2, got {train_length}.')
+    raise ArgumentValueError(f'sequence_copy_inputs: train_length must be '
+                             f'>= 2; got {train_length}.')
   if not eval_lengths:
-    raise ArgumentValueError(f'Need eval_min_length < eval_max_length, got '
-                             f'{eval_min_length} and {eval_max_length}.')
+    raise ArgumentValueError(f'sequence_copy_inputs: need eval_min_length < '
+                             f'eval_max_length; got {eval_min_length} and '
+                             f'{eval_max_length}.')
   return Inputs(
       train_stream=lambda _: _copy_batches(train_lengths, vocab_size,
                                            batch_size, reverse,
@@ -134,13 +140,15 @@ def simple_sequence_copy_inputs(vocab_size: int, batch_size: int,
   uniform in ``[1, vocab_size - 2]``; weights 1 on ``w``; zero-padded to a
   multiple of `pad_to_multiple`.
   """
-  _check_positive(batch_size=batch_size, pad_to_multiple=pad_to_multiple,
-                  train_length=train_length)
+  _check_positive('simple_sequence_copy_inputs', batch_size=batch_size,
+                  pad_to_multiple=pad_to_multiple, train_length=train_length)
   if vocab_size < 3:
-    raise ArgumentValueError(f'vocab_size must be >= 3, got {vocab_size}.')
+    raise ArgumentValueError(f'simple_sequence_copy_inputs: vocab_size must be '
+                             f'>= 3; got {vocab_size}.')
   eval_lengths = list(range(eval_min_length, eval_max_length + 1))
   if not eval_lengths or eval_min_length < 1:
-    raise ArgumentValueError(f'Need 1 <= eval_min_length <= eval_max_length, got '
+    raise ArgumentValueError(f'simple_sequence_copy_inputs: need 1 <= '
+                             f'eval_min_length <= eval_max_length; got '
                              f'{eval_min_length} and {eval_max_length}.')
   train_lengths = list(range(1, train_length + 1))
   return Inputs(
@@ -212,7 +220,8 @@ def addition_input_stream(vocab_size: int, batch_size: int, min_length: int,
       return (x, x, weights)
 
   if max_length < 3 or min_length < 3:
-    raise ArgumentValueError(f'Maximum/minimum length must be at least 3, got '
+    raise ArgumentValueError(f'addition_input_stream: max_length and '
+                             f'min_length must be at least 3; got '
                              f'max_length={max_length}, min_length={min_length}.')
   while True:
     examples = [single_example() for _ in range(batch_size)]
@@ -236,7 +245,8 @@ def addition_inputs(vocab_size: int, batch_size: int, train_length: int,
       the first batch is drawn; eval: when the eval stream is first read).
   """
   if vocab_size < 5:
-    raise ArgumentValueError(f'vocab_size must be >= 5 (base >= 2), got {vocab_size}.')
+    raise ArgumentValueError(f'addition_inputs: vocab_size must be >= 5 '
+                             f'(base >= 2); got {vocab_size}.')
   return Inputs(
       train_stream=lambda _: addition_input_stream(
           vocab_size, batch_size, 3, train_length, pad_to_multiple, encdec,
@@ -266,7 +276,8 @@ def random_inputs(input_shape: Sequence[int], input_dtype: Any = np.int32,
   retrax checks that the batch dimension divides by ``n_devices``.
   """
   if output_shape is None:
-    raise ArgumentValueError('random_inputs needs output_shape (with batch dim).')
+    raise ArgumentValueError('random_inputs: output_shape (with the batch '
+                             'dimension) is required; got None.')
 
   def draw(rng, shape, dtype, value_range):
     low, high = value_range
@@ -278,8 +289,9 @@ def random_inputs(input_shape: Sequence[int], input_dtype: Any = np.int32,
 
   def random_minibatches(n_devices):
     if input_shape[0] % n_devices:
-      raise ArgumentValueError(f'Batch dimension {input_shape[0]} of input_shape is '
-                               f'not divisible by n_devices={n_devices}.')
+      raise ArgumentValueError(f'random_inputs: the batch dimension '
+                               f'{input_shape[0]} of input_shape is not '
+                               f'divisible by n_devices={n_devices}.')
     _, rng = _rngs(seed)
     while True:
       inp = draw(rng, input_shape, input_dtype, input_range)
@@ -300,7 +312,7 @@ def sine_inputs(batch_size: int, length: int, max_phase: float = 2 * math.pi,
   ``(obs, actions, obs, mask)``: obs float64 ``[batch_size, length]``,
   actions int32 zeros, mask float64 ones. Train and eval streams are alike.
   """
-  _check_positive(batch_size=batch_size, length=length)
+  _check_positive('sine_inputs', batch_size=batch_size, length=length)
 
   def random_minibatches(_):
     _, rng = _rngs(seed)
@@ -319,8 +331,8 @@ def sine_inputs(batch_size: int, length: int, max_phase: float = 2 * math.pi,
 
 def _duplication_batches(vocab_size, length, batch_size, n_devices, seed):
   if batch_size % n_devices:
-    raise ArgumentValueError(f'batch_size {batch_size} is not divisible by '
-                             f'n_devices={n_devices}.')
+    raise ArgumentValueError(f'duplication_inputs: batch_size {batch_size} is '
+                             f'not divisible by n_devices={n_devices}.')
   rng = np.random.default_rng(seed)
   half = length // 2
   weights = np.zeros((batch_size, length), np.float32)
@@ -353,11 +365,13 @@ def duplication_inputs(vocab_size: int, length: int, batch_size: int,
     eval_batch_size: eval batch size (default `batch_size`).
     seed: int seed.
   """
-  _check_positive(batch_size=batch_size)
+  _check_positive('duplication_inputs', batch_size=batch_size)
   if vocab_size < 2:
-    raise ArgumentValueError(f'vocab_size must be >= 2, got {vocab_size}.')
+    raise ArgumentValueError(f'duplication_inputs: vocab_size must be >= 2; '
+                             f'got {vocab_size}.')
   if length < 4 or length % 2:
-    raise ArgumentValueError(f'length must be even and >= 4, got {length}.')
+    raise ArgumentValueError(f'duplication_inputs: length must be even and '
+                             f'>= 4; got {length}.')
   eval_batch_size = eval_batch_size or batch_size
   return Inputs(
       train_stream=lambda n: _duplication_batches(vocab_size, length,
@@ -390,8 +404,9 @@ class TextTokenizer:
       self._bytes = None
       self._spm = tokenizers.SentencePieceVocabulary(spec[len('sentencepiece:'):])
     else:
-      raise ArgumentValueError(f"tokenizer must be 'bytes' or 'sentencepiece:PATH' (a "
-                               f'SentencePiece .model file); got {spec!r}.')
+      raise ArgumentValueError(f"TextTokenizer: spec must be 'bytes' or "
+                               f"'sentencepiece:PATH' (a SentencePiece .model "
+                               f'file); got {spec!r}.')
 
   @property
   def vocab_size(self):
@@ -447,7 +462,8 @@ def split_held_out(data: bytes, eval_fraction: float):
   is split between the two parts. The parts never overlap.
   """
   if not 0 < eval_fraction < 1:
-    raise ArgumentValueError(f'eval_fraction must be in (0, 1); got {eval_fraction}.')
+    raise ArgumentValueError(f'split_held_out: eval_fraction must be in (0, 1); '
+                             f'got {eval_fraction}.')
   cut = int(len(data) * (1 - eval_fraction))
   newline = data.find(b'\n', cut)
   if 0 <= newline < len(data) - 1:
@@ -484,7 +500,7 @@ def text_eval_batches(path, length: int, batch_size: int,
   Raises:
     TextDataError: the file has fewer than `length` ids.
   """
-  _check_positive(length=length, batch_size=batch_size)
+  _check_positive('text_eval_batches', length=length, batch_size=batch_size)
   tokenizer = tokenizer or TextTokenizer('bytes')
   with open(path, 'rb') as f:
     ids = tokenizer.encode(f.read().decode('utf-8', 'replace'))
@@ -516,7 +532,7 @@ def text_lm_inputs(path, length: int, batch_size: int, tokenizer=None,
   Raises:
     TextDataError: a part too short for one row of `length` ids.
   """
-  _check_positive(length=length, batch_size=batch_size)
+  _check_positive('text_lm_inputs', length=length, batch_size=batch_size)
   tokenizer = tokenizer or TextTokenizer('bytes')
   with open(path, 'rb') as f:
     train_text, eval_text = split_held_out(f.read(), eval_fraction)

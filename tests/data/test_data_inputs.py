@@ -8,6 +8,8 @@ import pytest
 
 from retrax import data
 from retrax.data import inputs as inputs_lib
+from retrax.data import tasks
+from retrax.validation import ArgumentValueError
 
 
 def _const_stream(n_devices):
@@ -244,3 +246,30 @@ def test_inputs_module_reexports_trax_names():
     assert hasattr(inputs_lib, name), name
   with pytest.raises(AttributeError):
     _ = inputs_lib.no_such_name
+
+
+@pytest.mark.parametrize('call, message', [
+    (lambda: data.sequence_copy_inputs(13, 0, 8, 2, 5),
+     r'sequence_copy_inputs: batch_size must be a positive int; got 0\.'),
+    (lambda: data.sequence_copy_inputs(13, 2, 8, 2, 5, pad_to_multiple=2.0),
+     r'sequence_copy_inputs: pad_to_multiple must be a positive int; '
+     r'got 2\.0\.'),
+    (lambda: data.simple_sequence_copy_inputs(5, 2, -1, 3, 3),
+     r'simple_sequence_copy_inputs: train_length must be a positive int; '
+     r'got -1\.'),
+    (lambda: tasks.sine_inputs(batch_size=2, length=0),
+     r'sine_inputs: length must be a positive int; got 0\.'),
+    (lambda: data.duplication_inputs(6, 10, True),
+     r'duplication_inputs: batch_size must be a positive int; got True\.'),
+    (lambda: tasks.text_eval_batches('unread.txt', 0, 2),
+     r'text_eval_batches: length must be a positive int; got 0\.'),
+    (lambda: tasks.text_lm_inputs('unread.txt', 8, 0),
+     r'text_lm_inputs: batch_size must be a positive int; got 0\.'),
+    (lambda: data.sequence_copy_inputs(2, 2, 8, 2, 5),
+     r'sequence_copy_inputs: vocab_size must be >= 3'),
+    (lambda: data.duplication_inputs(1, 10, 4),
+     r'duplication_inputs: vocab_size must be >= 2; got 1\.'),
+])
+def test_task_argument_errors_name_the_function(call, message):
+  with pytest.raises(ArgumentValueError, match=f'^{message}'):
+    call()
