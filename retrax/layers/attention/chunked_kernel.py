@@ -62,6 +62,8 @@ from retrax.fastmath import precision
 IMPLEMENTATIONS = ('xla', 'pallas', 'auto')
 # Read when a layer is built with `implementation=None`: 'xla' (default),
 # 'pallas' or 'auto' (for benchmarks that build their models from configs).
+# The layer keeps the value (its `implementation` property shows it); later
+# changes of the variable do not reach layers already built.
 ENV_VAR = 'RETRAX_ATTENTION_IMPL'
 # A chunk's keys-major logits are `[C, C]` float32 per neighbouring chunk,
 # with probabilities and their cotangent beside them in the backward pass:
@@ -91,7 +93,8 @@ _TN = (((0,), (0,)), ((), ()))  # a [k, m] x b [k, n] -> [m, n]
 def implementation_of(owner, implementation):
   """The implementation a layer runs: `implementation`, or for None the environment's.
 
-  None reads `RETRAX_ATTENTION_IMPL` (unset: 'xla'). 'xla' is the
+  Called when a layer is built; None reads `RETRAX_ATTENTION_IMPL` then
+  (unset: 'xla'), and the layer keeps the result. 'xla' is the
   default on every backend until a TPU measures the kernel faster; 'pallas'
   runs the kernel (compiled on a TPU, interpreted elsewhere: slow, for
   tests); 'auto' runs it on a TPU only.

@@ -147,12 +147,8 @@ class SelfAttention(EfficientAttentionBase):
   n_chunks_before, n_chunks_after, bias, mode, predict_mem_len,
   predict_drop_len, attention_dropout, output_dropout (both train-only),
   n_parallel_heads, use_python_loop, use_reference_code (see
-  `EfficientAttentionBase`); and `implementation` of the chunked attention:
-  'xla' (XLA ops), 'pallas' (the Pallas TPU kernel of `chunked_kernel`,
-  interpreted off a TPU: for tests), 'auto' (the kernel on a TPU), or None
-  (default: the environment variable `RETRAX_ATTENTION_IMPL`, else 'xla').
-  The default stays 'xla' on every backend until a TPU measures the kernel
-  faster (docs/benchmarks.md).
+  `EfficientAttentionBase`); and `implementation` of the chunked attention
+  ('xla', 'pallas', 'auto' or None: see `EfficientAttentionBase.implementation`).
   """
 
   # With `share_qk`, keys are the length-normalised queries (Trax 1.4.1).

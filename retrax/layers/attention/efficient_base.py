@@ -175,6 +175,9 @@ class EfficientAttentionBase(base.Layer):
       self._n_parallel_heads = None
     self._use_python_loop = use_python_loop
     self._use_reference_code = use_reference_code
+    # XLA ops unless `_record_chunking` resolves another (layers without
+    # chunked attention, e.g. `EncDecAttention`, never run the kernel).
+    self._implementation = 'xla'
 
   def _record_depths_and_dropout(self, d_qk, d_v, mode, attention_dropout,
                                  output_dropout):
@@ -190,9 +193,8 @@ class EfficientAttentionBase(base.Layer):
                        n_chunks_after, implementation=None):
     """Keeps the causality, the mask input, the chunk window and the implementation.
 
-    `implementation` of the chunked attention: 'xla', 'pallas', 'auto', or
-    None for the environment's `RETRAX_ATTENTION_IMPL` (default 'xla'; see
-    `chunked_kernel.implementation_of`).
+    `implementation`: the layer's argument, resolved as the `implementation`
+    property describes.
     """
     self._causal = causal
     self._masked = masked
@@ -204,8 +206,20 @@ class EfficientAttentionBase(base.Layer):
 
   @property
   def implementation(self):
-    """The chunked attention's implementation: 'xla', 'pallas' or 'auto'."""
-    return getattr(self, '_implementation', 'xla')
+    """The chunked attention's implementation, resolved when the layer was built.
+
+    The `implementation` argument of `SelfAttention` and `LSHSelfAttention`:
+    'xla' (XLA ops), 'pallas' (the Pallas TPU kernel of `chunked_kernel`,
+    interpreted off a TPU: for tests), 'auto' (the kernel on a TPU, XLA
+    elsewhere), or None (the default): the environment variable
+    `RETRAX_ATTENTION_IMPL` as it is when the layer is built (unset: 'xla';
+    for models built from configs, e.g. benchmarks). Later changes of the
+    variable do not change a built layer; this property says what it runs.
+    The default stays 'xla' on every backend until a TPU measures the
+    kernel faster (docs/benchmarks.md). Layers that do not wire in the
+    kernel (`EncDecAttention`, `PureLSHSelfAttention`) are always 'xla'.
+    """
+    return self._implementation
 
   def _runs_kernel(self):
     """Whether chunked attention runs the Pallas kernel on this backend."""

@@ -318,11 +318,8 @@ class LSHSelfAttention(EfficientAttentionBase):
   `EfficientAttentionBase`; Trax's default, 1, always computes one at a time
   and leaves an accelerator idle),
   use_python_loop, use_reference_code; and `implementation` of the sorted
-  chunks' attention: 'xla' (XLA ops), 'pallas' (the Pallas TPU kernel of
-  `chunked_kernel`, interpreted off a TPU: for tests), 'auto' (the kernel
-  on a TPU), or None (default: the environment variable
-  `RETRAX_ATTENTION_IMPL`, else 'xla'). The default stays 'xla' on every
-  backend until a TPU measures the kernel faster (docs/benchmarks.md).
+  chunks' attention ('xla', 'pallas', 'auto' or None: see
+  `EfficientAttentionBase.implementation`).
   """
 
   def __init__(self, n_heads=2, d_qk=64, d_v=64, share_qk='unused',

@@ -107,8 +107,11 @@ class PureLSHSelfAttention(EfficientAttentionBase):
                      use_python_loop=use_python_loop,
                      use_reference_code=use_reference_code)
     self._lsh_heads = n_heads
+    # `lsh_attend` runs XLA ops here: the kernel is not wired in, so the
+    # environment's `RETRAX_ATTENTION_IMPL` must not claim it (nor shrink
+    # `unit_bytes`' estimate).
     self._record_chunking(causal, masked, chunk_len, n_chunks_before,
-                          n_chunks_after)
+                          n_chunks_after, implementation='xla')
     self._n_hashes = n_hashes
     self._n_buckets = n_buckets
     self._max_length_for_buckets = max_length_for_buckets

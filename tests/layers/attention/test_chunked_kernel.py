@@ -346,9 +346,16 @@ def test_implementation_argument_and_environment_variable(monkeypatch):
   monkeypatch.delenv(chunked_kernel.ENV_VAR, raising=False)
   assert tl.LSHSelfAttention().implementation == 'xla'  # the default
   assert tl.SelfAttention(implementation='auto').implementation == 'auto'
+  built_before = tl.SelfAttention()
   monkeypatch.setenv(chunked_kernel.ENV_VAR, 'pallas')
   assert tl.LSHSelfAttention().implementation == 'pallas'
   assert tl.SelfAttention(implementation='xla').implementation == 'xla'
+  # Read when a layer is built: a layer built before keeps its 'xla'.
+  assert built_before.implementation == 'xla'
+  assert not built_before._runs_kernel()
+  # Layers without the kernel say 'xla' whatever the variable says.
+  assert tl.EncDecAttention().implementation == 'xla'
+  assert tl.PureLSHSelfAttention().implementation == 'xla'
   with pytest.raises(ArgumentValueError, match=r"LSHSelfAttention: "
                      r"implementation must be one of \('xla', 'pallas', "
                      r"'auto'\); got 'triton'"):
