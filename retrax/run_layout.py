@@ -11,7 +11,9 @@ take `eval --data`), and `metrics.jsonl` is what `retrax plot` draws:
 
   retrax.lock       LOCK_FILE: one writer at a time (`checkpoints.ownership`)
   run_config.json   CONFIG_FILE: the CLI's `RunConfig` (`jobs`)
-  tokenizer.model   TOKENIZER_FILE: a text run's SentencePiece model (`jobs`)
+  tokenizer.model   TOKENIZER_FILE: a text run's SentencePiece model (`jobs`),
+                    or a converted Hugging Face model's `spiece.model`
+                    (`hf_runs`)
   model.json        MODEL_FILE: the model's constructor (`models.registry`)
   ckpt_<step>/      ROLLING_PREFIX: rolling native checkpoints
   model_<step>/     PERMANENT_PREFIX: permanent native checkpoints

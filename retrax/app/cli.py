@@ -197,6 +197,8 @@ def cmd_convert(args):
     from retrax.app import hf_runs  # It builds models: imported only for HF.
     print(hf_runs.convert(args.src, args.dst, to=args.to, force=args.force))
     print(hf_runs.convention_note(args.src, args.to))
+    if args.to != 'hf':
+      print(hf_runs.tokenizer_note(args.src, args.dst))
     return
   if os.path.isfile(os.path.join(args.src, run_layout.GIN_CONFIG_FILE)):
     from retrax.app import trax_runs  # A run of Trax's trainer: builds a model.

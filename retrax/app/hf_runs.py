@@ -8,7 +8,10 @@ HF -> retrax writes a run directory that `retrax.load_run(OUT)` builds:
 (a native checkpoint: the weights in retrax's flat order, an input signature
 `(1, L)`, and under `hf_extra` HF's tensors retrax has no weight for, such as
 the LM head's unused `lm_head.bias` of transformers 5) and `hf_config.json`
-(HF's config as read). retrax -> HF writes `config.json` and
+(HF's config as read), and `tokenizer.model`, a copy of HF's SentencePiece
+model `spiece.model` where the directory has one (`load_run`, `sample` and
+`eval` then encode and decode text with it; `tokenizer_note` is the line
+`retrax convert` prints about it). retrax -> HF writes `config.json` and
 `model.safetensors` (`checkpoints.hf_files`), which
 `ReformerModelWithLMHead.from_pretrained(OUT)` loads; a run converted from HF
 gives back its config and, bit for bit, its tensors.
@@ -35,6 +38,7 @@ import numpy as np
 
 from retrax import models
 from retrax.checkpoints import destination
+from retrax.checkpoints.atomic import atomic_write
 from retrax.checkpoints import hf_files
 from retrax.checkpoints import layer_io
 from retrax.checkpoints import native
@@ -47,11 +51,15 @@ from retrax.models import registry
 from retrax.models.reformer import hf_reformer
 from retrax.run_layout import HF_CONFIG_COPY
 from retrax.run_layout import MODEL_FILE
+from retrax.run_layout import TOKENIZER_FILE
+from retrax.runs import data as run_data
 from retrax.shapes import ShapeDtype
 from retrax.supervised import checkpointing
 
 RUN_HF_CONFIG = HF_CONFIG_COPY
 EXTRA_TREE = 'hf_extra'
+HF_SPIECE = 'spiece.model'  # HF's ReformerTokenizer's SentencePiece model.
+HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json')
 
 
 def _flat_weights(tensors, cfg, src):
@@ -84,6 +92,59 @@ def _signature_length(cfg):
                  hf_reformer.HF_DEFAULTS['max_position_embeddings'])
 
 
+def _spiece(src, cfg, dst):
+  """The bytes of `src`'s `spiece.model` (None without one), checked before
+  anything is written: a SentencePiece model (where the sentencepiece package
+  can read it) with no more pieces than the model has ids, and no other
+  tokenizer already in `dst` (which `force` does not replace)."""
+  path = os.path.join(src, HF_SPIECE)
+  copy = os.path.join(dst, TOKENIZER_FILE)
+  data = None
+  if os.path.isfile(path):
+    try:
+      with open(path, 'rb') as f:
+        data = f.read()
+    except OSError as e:
+      raise HFReformerError(f'{path}: cannot read it ({e.strerror}).') from None
+    if run_data.sentencepiece_installed():
+      from retrax.data import tokenizers  # Only where a tokenizer is copied.
+      pieces = tokenizers.SentencePieceVocabulary(path).vocab_size
+      vocab = cfg.get('vocab_size', hf_reformer.HF_DEFAULTS['vocab_size'])
+      if pieces > vocab:
+        raise HFReformerError(
+            f'{path} has {pieces} pieces but config.json\'s vocab_size is '
+            f'{vocab}: it is not this model\'s tokenizer; move it out of '
+            f'{src} to convert the model alone (it then takes token ids).')
+  if os.path.lexists(copy):
+    with open(copy, 'rb') as f:
+      same = data is not None and f.read() == data
+    if not same:
+      what = (f'a tokenizer other than {path}' if data is not None else
+              f'a tokenizer, and {src} has no {HF_SPIECE}')
+      raise FileExistsError(
+          f'{copy} is {what}; convert does not replace a tokenizer (not even '
+          'with --force): remove it, or choose another destination.')
+  return data
+
+
+def tokenizer_note(src, dst):
+  """The line `retrax convert HF_DIR DST` prints about the run's tokenizer."""
+  if os.path.isfile(os.path.join(dst, TOKENIZER_FILE)):
+    note = (f'tokenizer: {HF_SPIECE} copied as {TOKENIZER_FILE}; sample '
+            '--prompt and eval --data text:FILE take text')
+    if not run_data.sentencepiece_installed():
+      note += (' once the sentencepiece package is installed '
+               f'({run_data.SENTENCEPIECE_EXTRA})')
+    return note + '.'
+  others = [n for n in HF_TOKENIZER_FILES
+            if os.path.isfile(os.path.join(src, n))]
+  read = (f' ({" and ".join(others)} not read: retrax reads SentencePiece '
+          'models)' if others else '')
+  return (f'no tokenizer: {src} has no {HF_SPIECE}{read}, so sample --prompt '
+          'takes token ids ("3 7 1") and eval --data text:FILE reads bytes '
+          '(ids 0-255).')
+
+
 def hf_to_run(src, dst, force=False):
   """Converts HF directory `src` into run directory `dst`; returns `dst`."""
   hf_files.check_weights_present(src)
@@ -93,6 +154,7 @@ def hf_to_run(src, dst, force=False):
   flat, extra = _flat_weights(tensors, cfg, src)
   model = models.MODELS['ReformerLM'](**kwargs, mode='eval')
   destination.check_destination(dst, 'native', force)
+  spiece = _spiece(src, cfg, dst)
   os.makedirs(dst, exist_ok=True)
   signature = ShapeDtype((1, _signature_length(cfg)), np.int32)
   native.save_native(
@@ -102,6 +164,9 @@ def hf_to_run(src, dst, force=False):
           'format': 'hf-reformer', 'tensors': sorted(tensors),
           'directory': os.path.basename(os.path.abspath(src))}})
   hf_files.write_json(os.path.join(dst, RUN_HF_CONFIG), cfg)
+  if spiece is not None:
+    with atomic_write(os.path.join(dst, TOKENIZER_FILE)) as f:
+      f.write(spiece)
   if registry.write_model_file(dst, model) is None:
     raise HFReformerError(f'{src}: the ReformerLM it describes has no '
                           'model.json form; this is a retrax bug.')

@@ -92,6 +92,9 @@ def evaluate(directory, n_batches=8, seed=0, data=None):
   if data is None:
     stream = _recorded_stream(directory, config, seed)
   else:
+    missing = run_data.tokenizer_unavailable(directory, f'--data {data}')
+    if missing is not None:
+      raise missing
     stream = run_data.text_eval_stream(data, _length(run), _TEXT_BATCH,
                                        run.tokenizer)
   model = run.model
@@ -201,6 +204,10 @@ def _parse_prompt(run, prompt):
   """The prompt's ids: encoded by the run's tokenizer, else read as ids."""
   if run.tokenizer is not None:
     return np.asarray(run.tokenizer.encode(prompt), np.int32)
+  missing = run_data.tokenizer_unavailable(run.directory,
+                                           f'--prompt {prompt[:40]!r}')
+  if missing is not None:
+    raise missing
   try:
     return np.asarray([int(t) for t in prompt.split()], np.int32)
   except ValueError:

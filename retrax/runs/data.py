@@ -16,6 +16,7 @@ Batches are Trax's `(inputs..., targets, weights)`: the model takes its
 """
 
 import copy
+import importlib.util
 import os
 
 from retrax.data import tasks
@@ -84,11 +85,32 @@ def gin_inputs(directory):
   return inputs
 
 
+SENTENCEPIECE_EXTRA = "pip install 'retrax[tokenizers]'"
+
+
+def sentencepiece_installed():
+  """Whether the sentencepiece package (retrax's `tokenizers` extra) is there."""
+  return importlib.util.find_spec('sentencepiece') is not None
+
+
 def tokenizer_file(directory):
-  """The `TextTokenizer` of the run's `tokenizer.model` (SentencePiece), or None."""
+  """The `TextTokenizer` of the run's `tokenizer.model` (SentencePiece), or
+  None: no such file, or no sentencepiece package to read it with (then the
+  run takes token ids, and `tokenizer_unavailable` says what to install)."""
   path = os.path.join(directory, TOKENIZER_FILE)
-  if os.path.isfile(path):
+  if os.path.isfile(path) and sentencepiece_installed():
     return config_lib.open_tokenizer('sentencepiece:' + path)
+  return None
+
+
+def tokenizer_unavailable(directory, what):
+  """A RunDataError when the run holds a `tokenizer.model` that cannot be
+  read without the sentencepiece package (`what` needs it), else None."""
+  path = os.path.join(directory, TOKENIZER_FILE)
+  if os.path.isfile(path) and not sentencepiece_installed():
+    return RunDataError(
+        f'{what}: the run\'s tokenizer ({path}) is a SentencePiece model, and '
+        f'the sentencepiece package is not installed: {SENTENCEPIECE_EXTRA}.')
   return None
 
 

@@ -114,7 +114,10 @@ class Run:
   Attributes:
     model: the model in the requested mode with the run's latest weights.
     tokenizer: a `retrax.data.tasks.TextTokenizer` for text runs and runs
-      holding a `tokenizer.model`, else None.
+      holding a `tokenizer.model` (`retrax convert` of a Hugging Face
+      directory with a `spiece.model`), else None; None too for a run with a
+      `tokenizer.model` but no run_config.json where the sentencepiece
+      package is not installed.
     config: the CLI's `RunConfig` for runs of `retrax train`, else None.
     checkpoint: the checkpoint the weights came from.
     directory: the run directory.

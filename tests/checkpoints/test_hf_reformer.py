@@ -445,7 +445,8 @@ def test_convert_says_which_convention_the_logits_follow(tmp_path, capsys):
   run_dir, back = tmp_path / 'run', tmp_path / 'back'
   assert cli.main(['convert', str(FIXTURES / 'local_plain'), str(run_dir)]) == 0
   printed = capsys.readouterr().out.splitlines()
-  assert printed[0] == str(run_dir) and len(printed) == 2
+  assert printed[0] == str(run_dir) and len(printed) == 3
+  assert printed[2].startswith('no tokenizer: ')  # tests/cli/test_hf_tokenizer.py
   assert "load_run(DST).model(x) gives HF's model(x).logits" in printed[1]
   assert 'shift_right=false' in printed[1]
   assert cli.main(['convert', str(run_dir), str(back), '--to', 'hf']) == 0
