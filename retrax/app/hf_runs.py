@@ -13,8 +13,10 @@ model `spiece.model` where the directory has one (`load_run`, `sample` and
 `eval` then encode and decode text with it; `tokenizer_note` is the line
 `retrax convert` prints about it). retrax -> HF writes `config.json` and
 `model.safetensors` (`checkpoints.hf_files`), which
-`ReformerModelWithLMHead.from_pretrained(OUT)` loads; a run converted from HF
-gives back its config and, bit for bit, its tensors.
+`ReformerModelWithLMHead.from_pretrained(OUT)` loads, and `spiece.model`, a
+copy of the run's `tokenizer.model` where it has one (`ReformerTokenizer`'s
+file); a run converted from HF gives back its config, its `spiece.model`
+and, bit for bit, its tensors.
 
 A converted run keeps HF's input convention: its ReformerLM is built with
 `shift_right=False` (recorded in `model.json`), so `load_run(OUT).model(x)`
@@ -98,14 +100,8 @@ def _spiece(src, cfg, dst):
   can read it) with no more pieces than the model has ids, and no other
   tokenizer already in `dst` (which `force` does not replace)."""
   path = os.path.join(src, HF_SPIECE)
-  copy = os.path.join(dst, TOKENIZER_FILE)
-  data = None
-  if os.path.isfile(path):
-    try:
-      with open(path, 'rb') as f:
-        data = f.read()
-    except OSError as e:
-      raise HFReformerError(f'{path}: cannot read it ({e.strerror}).') from None
+  data = _read_tokenizer(path)
+  if data is not None:
     if run_data.sentencepiece_installed():
       from retrax.data import tokenizers  # Only where a tokenizer is copied.
       pieces = tokenizers.SentencePieceVocabulary(path).vocab_size
@@ -115,16 +111,44 @@ def _spiece(src, cfg, dst):
             f'{path} has {pieces} pieces but config.json\'s vocab_size is '
             f'{vocab}: it is not this model\'s tokenizer; move it out of '
             f'{src} to convert the model alone (it then takes token ids).')
-  if os.path.lexists(copy):
+  _check_no_other_tokenizer(os.path.join(dst, TOKENIZER_FILE), data, path)
+  return data
+
+
+def _read_tokenizer(path):
+  """The bytes of tokenizer file `path`, or None where there is none."""
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, 'rb') as f:
+      return f.read()
+  except OSError as e:
+    raise HFReformerError(f'{path}: cannot read it ({e.strerror}).') from None
+
+
+def _check_no_other_tokenizer(copy, data, source):
+  """Refuses to convert where `copy` (the tokenizer file to write) exists
+  and is not `data`, the bytes of tokenizer file `source` (None: there is no
+  such file)."""
+  if not os.path.lexists(copy):
+    return
+  try:
     with open(copy, 'rb') as f:
       same = data is not None and f.read() == data
-    if not same:
-      what = (f'a tokenizer other than {path}' if data is not None else
-              f'a tokenizer, and {src} has no {HF_SPIECE}')
-      raise FileExistsError(
-          f'{copy} is {what}; convert does not replace a tokenizer (not even '
-          'with --force): remove it, or choose another destination.')
-  return data
+  except OSError:
+    same = False
+  if not same:
+    what = (f'a tokenizer other than {source}' if data is not None else
+            f'a tokenizer, and there is no {source}')
+    raise FileExistsError(
+        f'{copy} is {what}; convert does not replace a tokenizer (not even '
+        'with --force): remove it, or choose another destination.')
+
+
+def _write_tokenizer(path, data):
+  if data is not None:
+    with atomic_write(path) as f:
+      f.write(data)
 
 
 def tokenizer_note(src, dst):
@@ -164,9 +188,7 @@ def hf_to_run(src, dst, force=False):
           'format': 'hf-reformer', 'tensors': sorted(tensors),
           'directory': os.path.basename(os.path.abspath(src))}})
   hf_files.write_json(os.path.join(dst, RUN_HF_CONFIG), cfg)
-  if spiece is not None:
-    with atomic_write(os.path.join(dst, TOKENIZER_FILE)) as f:
-      f.write(spiece)
+  _write_tokenizer(os.path.join(dst, TOKENIZER_FILE), spiece)
   if registry.write_model_file(dst, model) is None:
     raise HFReformerError(f'{src}: the ReformerLM it describes has no '
                           'model.json form; this is a retrax bug.')
@@ -245,8 +267,12 @@ def run_to_hf(src, dst, force=False):
   flat, extra, path, names = _run_weights(src)
   tensors = hf_tensors(flat, cfg, extra, path, names)
   destination.check_destination(dst, 'native', force)
+  tokenizer = os.path.join(src, TOKENIZER_FILE)
+  spiece = _read_tokenizer(tokenizer)
+  _check_no_other_tokenizer(os.path.join(dst, HF_SPIECE), spiece, tokenizer)
   os.makedirs(dst, exist_ok=True)
   hf_files.write_directory(dst, cfg, tensors)
+  _write_tokenizer(os.path.join(dst, HF_SPIECE), spiece)
   return dst
 
 

@@ -178,3 +178,25 @@ def test_without_sentencepiece_text_asks_for_the_extra(
   words.write_text('abc ' * 40)
   rc, _, err = _main(capsys, 'eval', str(run_dir), '--data', f'text:{words}')
   assert rc != 0 and "pip install 'retrax[tokenizers]'" in err, err
+
+
+def test_written_back_to_hf_the_run_s_tokenizer_is_spiece_model(
+    tmp_path, capsys):
+  spiece = _spiece()
+  hf, run_dir, back = _hf_dir(tmp_path, spiece), tmp_path / 'run', tmp_path / 'back'
+  assert _main(capsys, 'convert', str(hf), str(run_dir))[0] == 0
+  rc, out, err = _main(capsys, 'convert', str(run_dir), str(back), '--to', 'hf')
+  assert rc == 0, err
+  assert len(out.splitlines()) == 2  # No tokenizer line for --to hf.
+  assert (back / 'spiece.model').read_bytes() == spiece
+  (back / 'spiece.model').write_bytes(b'theirs')  # Never replaced.
+  rc, _, err = _main(capsys, 'convert', str(run_dir), str(back), '--to', 'hf',
+                     '--force')
+  assert rc != 0 and 'spiece.model' in err and 'remove it' in err, err
+  assert (back / 'spiece.model').read_bytes() == b'theirs'
+  plain = _hf_dir(tmp_path / 'plain')  # No tokenizer: none written back.
+  assert _main(capsys, 'convert', str(plain), str(tmp_path / 'run2'))[0] == 0
+  assert _main(capsys, 'convert', str(tmp_path / 'run2'),
+               str(tmp_path / 'back2'), '--to', 'hf')[0] == 0
+  assert sorted(p.name for p in (tmp_path / 'back2').iterdir()) == [
+      'config.json', 'model.safetensors']
