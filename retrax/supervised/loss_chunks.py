@@ -23,6 +23,8 @@ weights])`. What `forward_fn` returns computes the same loss as
 * otherwise `Serial(model, loss_layer).pure_fn` itself.
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,6 +116,29 @@ def _run_body(layers, stack, weights, state, rngs):
   return stack, new_states
 
 
+@contextlib.contextmanager
+def _keeping_weights(model):
+  """Puts `model`'s own weights and state back after a forward that ran its
+  sublayers with `use_cache=True` (which leaves theirs set)."""
+  saved = model.stacked_weights, model.state
+  try:
+    yield
+  finally:
+    model.state, model.weights = saved[1], saved[0]
+
+
+def _run_model_body(model, stop, batch, model_w, model_s, rng):
+  """Splits `rng` into the loss's key and one per sublayer (as `Serial` of
+  the model and the loss would) and runs `model.sublayers[:stop]` on the
+  batch's inputs: returns `(stack, new states, rngs, loss_rng)`."""
+  model_rng, loss_rng = fastmath.random.split(rng, 2)
+  rngs = fastmath.random.split(model_rng, len(model.sublayers))
+  stack, new_states = _run_body(
+      model.sublayers[:stop], combinators.inputs_from_stack(batch, model.n_in),
+      model_w, model_s, rngs)
+  return stack, new_states, rngs, loss_rng
+
+
 def _position_chunks(x, targets, loss_weights, chunk_size):
   """`(x, targets, weights)` flattened over positions, zero-padded to a
   multiple of `chunk_size` and split into `[n_chunks, chunk_size, ...]`."""
@@ -177,13 +202,9 @@ def _chunked_forward_fn(model, loss_layer, chunk_size):
 
   def forward(weights, state, batch, rng):
     (model_w, loss_w), (model_s, loss_s) = weights, state
-    saved = model.stacked_weights, model.state
-    try:
-      model_rng, loss_rng = fastmath.random.split(rng, 2)
-      rngs = fastmath.random.split(model_rng, len(subs))
-      x, new_states = _run_body(
-          subs[:head_start], combinators.inputs_from_stack(batch, model.n_in),
-          model_w, model_s, rngs)
+    with _keeping_weights(model):
+      x, new_states, rngs, loss_rng = _run_model_body(
+          model, head_start, batch, model_w, model_s, rng)
       xs = _position_chunks(x, batch[model.n_in], batch[model.n_in + 1],
                             chunk_size)
 
@@ -193,8 +214,6 @@ def _chunked_forward_fn(model, loss_layer, chunk_size):
                                                  loss_rng)[0], xs)
       new_state = (tuple(new_states) + tuple(model_s[head_start:]), loss_s)
       return loss, new_state
-    finally:
-      model.state, model.weights = saved[1], saved[0]
 
   return forward
 
@@ -259,13 +278,9 @@ def _auto_chunked_forward_fn(model, loss_layer, forward):
             shape + (1,), _head_width(head)) == 1):
       return forward(weights, state, batch, rng)  # Short (or not per position).
     (model_w, loss_w), (model_s, loss_s) = weights, state
-    saved = model.stacked_weights, model.state
-    try:
-      model_rng, loss_rng = fastmath.random.split(rng, 2)
-      rngs = fastmath.random.split(model_rng, len(subs))
-      stack, new_states = _run_body(
-          subs[:start], combinators.inputs_from_stack(batch, model.n_in),
-          model_w, model_s, rngs)
+    with _keeping_weights(model):
+      stack, new_states, rngs, loss_rng = _run_model_body(
+          model, start, batch, model_w, model_s, rng)
       items = make_tuple(stack)
       width = max(_head_width(head), sum(x.shape[-1] for x in items))
       n = position_chunks.n_position_chunks(shape + (width,), width)
@@ -284,8 +299,6 @@ def _auto_chunked_forward_fn(model, loss_layer, forward):
           lambda out, tc, wc: loss_layer.pure_fn((out, tc, wc), loss_w, loss_s,
                                                  loss_rng)[0], xs)
       return loss, new_state
-    finally:
-      model.state, model.weights = saved[1], saved[0]
 
   return auto_forward
 
