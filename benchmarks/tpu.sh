@@ -11,6 +11,12 @@
 #            and one LSHSelfAttention fwd+bwd by XLA ops and by the Pallas
 #            kernel (implementation='pallas'), their ratio printed
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
+#   real_text  benchmarks/real_text.py (the paper's claims) in a piece that
+#            ends before the stage's budget; its run directory
+#            (TPU_SH_REAL_TEXT_DIR, default /tmp/retrax-real-text) stays on
+#            the machine while it is warm, so the next call resumes there
+#            (exit status 3: unfinished); each arm's progress.json is copied
+#            to $OUT as it stands. Arguments: TPU_SH_REAL_TEXT_ARGS.
 #
 #   bash benchmarks/tpu.sh                          # every stage
 #   TPU_SH_STAGES="main tests" bash benchmarks/tpu.sh
@@ -115,5 +121,21 @@ if want decode; then
                          --decode-batches 1)
   "$PY" benchmarks/vs_peers.py "${DEC[@]}" --budget "$(left)" --timeout 200 \
     --json "$OUT_DIR/tpu_decode.json"
+fi
+if want real_text; then
+  RT_DIR="${TPU_SH_REAL_TEXT_DIR:-/tmp/retrax-real-text}"
+  RT_ARGS=(${TPU_SH_REAL_TEXT_ARGS:---steps 5000 --eval_every 250 --seeds 3})
+  [ -n "$TINY" ] && RT_ARGS=(--quick --arms residual-full,lsh-2 --seeds 2)
+  # The piece stops at the last eval that leaves time for the next stretch,
+  # one minute before what is left (startup, the corpus, the copy below).
+  MINUTES=$(( ($(left) - 60) / 60 ))
+  echo "== real_text in $RT_DIR (${MINUTES} minutes): ${RT_ARGS[*]}"
+  "$PY" benchmarks/real_text.py "${RT_ARGS[@]}" --run_dir "$RT_DIR" \
+    --max_minutes "$MINUTES" --json "$OUT_DIR/real_text.json" \
+    2>&1 | tee "$OUT_DIR/real_text.log" | tail -n 40
+  echo "real_text: rc ${PIPESTATUS[0]} (3: unfinished, run again)"
+  (cd "$RT_DIR" && find . -name progress.json | while read -r f; do
+     cp "$f" "$OUT_DIR/real_text_progress_$(dirname "$f" | tr -c 'a-z0-9-\n' _ \
+       | sed 's/^_*//').json"; done)
 fi
 echo "== done in ${SECONDS} s; results in $OUT_DIR"
