@@ -120,6 +120,7 @@ activations are stored).
     python benchmarks/real_text.py [--quick] [--arms transformer,lsh-2]
         [--steps N] [--seeds K] [--lr family=rate,...] [--run_dir DIR
         [--max_minutes M]] [--plot curves.png] [--json results.json]
+        [--from_progress real_text_progress.json]
 """
 
 import argparse
@@ -458,12 +459,45 @@ def _run_config(cfg):
   return {k: v for k, v in vars(cfg).items() if k not in ('arms', 'plot')}
 
 
-def run(cfg, corpus=None, log=print, run_dir=None, deadline=None):
+class ProgressError(ValueError):
+  """A progress file that does not hold the runs asked for."""
+
+
+def finished_runs(path, cfg):
+  """`(corpus, {(arm, seed): progress})` of the runs in a progress file.
+
+  The file is what `benchmarks/tpu.sh`'s real_text stage brings back from a
+  device: `{'config': the run directory's config.json, 'runs': {'<arm>/
+  seed<k>': that run's progress.json}}`. Its config must be `cfg`'s (the
+  same flags, but for `--seeds`: each seed is looked up on its own), so
+  that the report describes what was trained.
+  """
+  progress = _read_json(path)
+  if not isinstance(progress, dict) or 'runs' not in progress:
+    raise ProgressError(f'--from_progress {path}: not a progress file of '
+                     f'benchmarks/tpu.sh (no "runs").')
+  def setting(config):
+    return {k: v for k, v in config.items() if k != 'seeds'}
+  want, got = _run_config(cfg), progress.get('config', {}).get('config', {})
+  if setting(got) != setting(want):
+    raise ProgressError(f'--from_progress {path} was run with another '
+                        f'config: {got} vs the flags given, {want}.')
+  runs = {}
+  for key, done in progress['runs'].items():
+    arm, seed = key.split('/seed')
+    runs[arm, int(seed)] = done
+  return progress['config'].get('corpus'), runs
+
+
+def run(cfg, corpus=None, log=print, run_dir=None, deadline=None,
+        finished=None):
   """Trains every arm of `cfg.arms` for `cfg.seeds` seeds on `corpus`
   (default: `build_corpus()`).
 
   With `run_dir`, each arm and seed trains in `run_dir/<arm>/seed<k>` and
-  a rerun of the same config resumes there (see `train`).
+  a rerun of the same config resumes there (see `train`). With `finished`
+  (`finished_runs`), nothing trains: each arm and seed's result is taken
+  from there, and must have reached `cfg.steps` on this corpus.
 
   Returns a JSON-able dict: the config, the corpus (bytes, sha256, Python
   version, train/eval sizes), per arm `summarize` of its seeds, and
@@ -493,12 +527,26 @@ def run(cfg, corpus=None, log=print, run_dir=None, deadline=None):
     elif before != setting:
       raise ValueError(f'--run_dir {run_dir} holds a run of another config '
                        f'or corpus: {before} vs now {setting}.')
+  if finished is not None and finished[0] != info:
+    raise ProgressError(f'--from_progress: the runs were trained on another '
+                        f'corpus ({finished[0]}) than this Python builds '
+                        f'({info}).')
   results = dict(config=vars(cfg), corpus=info, arms={})
   seeds = [cfg.seed + k for k in range(cfg.seeds)]
   for arm in arms:
-    runs = [train(arm, cfg, train_bytes, eval_windows, log, seed,
-                  run_dir and os.path.join(run_dir, arm, f'seed{seed}'),
-                  deadline) for seed in seeds]
+    if finished is not None:
+      runs = []
+      for seed in seeds:
+        step = finished[1].get((arm, seed), {}).get('step', 0)
+        if step != cfg.steps:
+          raise ProgressError(f'--from_progress: {arm} seed {seed} is at '
+                              f'step {step} of {cfg.steps}; leave it out of '
+                              f'--arms or finish it.')
+        runs.append(finished[1][arm, seed]['result'])
+    else:
+      runs = [train(arm, cfg, train_bytes, eval_windows, log, seed,
+                    run_dir and os.path.join(run_dir, arm, f'seed{seed}'),
+                    deadline) for seed in seeds]
     results['arms'][arm] = summarize(runs, rates[arm], seeds)
   results['claims'] = claims(results)
   return results
@@ -655,6 +703,10 @@ def parse_args(argv=None):
   parser.add_argument('--merge', default=None, metavar='A.json,B.json',
                       help='train nothing: merge the --json results of runs '
                       'of different arms (e.g. one per core) and report them')
+  parser.add_argument('--from_progress', default=None, metavar='FILE',
+                      help='train nothing: report the finished runs of a '
+                      'progress file (benchmarks/tpu.sh real_text stage) '
+                      'run with the same flags')
   parser.add_argument('--run_dir', default=None,
                       help='checkpoint each arm and seed here at every eval; '
                       'the same command resumes from it')
@@ -669,8 +721,10 @@ def parse_args(argv=None):
     parser.error('--max_minutes needs --run_dir (where the next run resumes)')
   # What to do with the results is not part of the config they record.
   options = dict(json=args.json, merge=args.merge, run_dir=args.run_dir,
-                 max_minutes=args.max_minutes)
-  del args.json, args.merge, args.quick, args.run_dir, args.max_minutes
+                 max_minutes=args.max_minutes,
+                 from_progress=args.from_progress)
+  del (args.json, args.merge, args.quick, args.run_dir, args.max_minutes,
+       args.from_progress)
   return args, options
 
 
@@ -710,7 +764,12 @@ def main(argv=None):
               if options['max_minutes'] is not None else None)
   try:
     results = run(cfg, log=functools.partial(print, flush=True),
-                  run_dir=options['run_dir'], deadline=deadline)
+                  run_dir=options['run_dir'], deadline=deadline,
+                  finished=options['from_progress'] and finished_runs(
+                      options['from_progress'], cfg))
+  except ProgressError as e:
+    print(f'real_text.py: {e}', file=sys.stderr)
+    return 2
   except Unfinished as e:
     print(f'unfinished ({e}) after {options["max_minutes"]} minutes: run the '
           f'same command again to continue from {options["run_dir"]}.')

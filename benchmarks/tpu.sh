@@ -134,8 +134,16 @@ if want real_text; then
     --max_minutes "$MINUTES" --json "$OUT_DIR/real_text.json" \
     2>&1 | tee "$OUT_DIR/real_text.log" | tail -n 40
   echo "real_text: rc ${PIPESTATUS[0]} (3: unfinished, run again)"
-  (cd "$RT_DIR" && find . -name progress.json | while read -r f; do
-     cp "$f" "$OUT_DIR/real_text_progress_$(dirname "$f" | tr -c 'a-z0-9-\n' _ \
-       | sed 's/^_*//').json"; done)
+  # One file (the device tool brings back only a few), which
+  # `real_text.py --from_progress` reports.
+  "$PY" - "$RT_DIR" "$OUT_DIR/real_text_progress.json" <<'PYEOF'
+import glob, json, os, sys
+root, out = sys.argv[1:]
+runs = {os.path.relpath(os.path.dirname(p), root): json.load(open(p))
+        for p in sorted(glob.glob(os.path.join(root, '*', '*', 'progress.json')))}
+config = json.load(open(os.path.join(root, 'config.json')))
+json.dump(dict(config=config, runs=runs), open(out, 'w'))
+print(f'{len(runs)} runs in progress.json', {k: v['step'] for k, v in runs.items()})
+PYEOF
 fi
 echo "== done in ${SECONDS} s; results in $OUT_DIR"

@@ -273,3 +273,36 @@ def test_a_run_stopped_at_its_deadline_resumes_where_it_stopped(tmp_path):
                   run_dir=run_dir)
   with pytest.raises(SystemExit):
     real_text.parse_args(['--max_minutes', '5'])  # Without --run_dir.
+
+
+def test_from_progress_reports_a_devices_runs_without_training(tmp_path,
+                                                               capsys):
+  # A run directory as a device leaves it, gathered into one file as
+  # benchmarks/tpu.sh's real_text stage does; reported here, it gives the
+  # results of the run itself, and refuses runs it does not hold.
+  corpus = real_text.__doc__.encode() * 10
+  cfg = quick_config(arms='residual-full', seeds=2)
+  quiet = lambda *_: None
+  run_dir = tmp_path / 'run'
+  trained = real_text.run(cfg, corpus, quiet, run_dir=str(run_dir))
+  progress = dict(
+      config=json.loads((run_dir / 'config.json').read_text()),
+      runs={f'residual-full/seed{k}': json.loads(
+          (run_dir / 'residual-full' / f'seed{k}' / 'progress.json')
+          .read_text()) for k in (0, 1)})
+  path = tmp_path / 'real_text_progress.json'
+  path.write_text(json.dumps(progress))
+  reported = real_text.run(cfg, corpus, quiet, finished=real_text.
+                           finished_runs(str(path), cfg))
+  assert reported['arms'] == trained['arms']
+  assert reported['claims'] == trained['claims']
+  with pytest.raises(real_text.ProgressError, match='seed 2 is at step 0'):
+    real_text.run(quick_config(arms='residual-full', seeds=3), corpus, quiet,
+                  finished=real_text.finished_runs(str(path), cfg))
+  with pytest.raises(real_text.ProgressError, match='another corpus'):
+    real_text.run(cfg, corpus + b'!', quiet,
+                  finished=real_text.finished_runs(str(path), cfg))
+  # Other flags (a longer run) are refused with one line, before training.
+  assert real_text.main(['--quick', '--arms', 'residual-full', '--steps',
+                         '45', '--from_progress', str(path)]) == 2
+  assert 'was run with another config' in capsys.readouterr().err

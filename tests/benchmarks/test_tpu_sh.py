@@ -50,7 +50,8 @@ def test_top_ops_sums_leaf_device_ops_per_step(tmp_path):
 def test_tpu_sh_tiny_on_cpu(tmp_path):
   env = dict(os.environ, RETRAX_TPU_SH_TINY='1', OUT=str(tmp_path),
              PYTHON=sys.executable, JAX_PLATFORMS='cpu',
-             TPU_SH_STAGES='main profile table search decode')
+             TPU_SH_STAGES='main profile table search decode real_text',
+             TPU_SH_REAL_TEXT_DIR=str(tmp_path / 'real_text_run'))
   proc = subprocess.run(['bash', os.path.join(_BENCH, 'tpu.sh')],
                         capture_output=True, text=True, env=env, timeout=900)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -67,3 +68,17 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   assert search['fits'] == 64
   table = json.loads((tmp_path / 'tpu_vs_peers.json').read_text())
   assert table['train']['32']['retrax']['step_s'][0] > 0
+  # The real_text stage's progress file reports as the run itself did.
+  assert 'real_text: rc 0' in proc.stdout
+  progress = tmp_path / 'real_text_progress.json'
+  assert sorted(json.loads(progress.read_text())['runs']) == [
+      'lsh-2/seed0', 'lsh-2/seed1', 'residual-full/seed0',
+      'residual-full/seed1']
+  args = ['--quick', '--arms', 'residual-full,lsh-2', '--seeds', '2']
+  again = subprocess.run(
+      [sys.executable, os.path.join(_BENCH, 'real_text.py'), *args,
+       '--from_progress', str(progress), '--json', str(tmp_path / 'r.json')],
+      capture_output=True, text=True, env=env, timeout=300)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert (json.loads((tmp_path / 'r.json').read_text())['arms'] ==
+          json.loads((tmp_path / 'real_text.json').read_text())['arms'])
