@@ -180,7 +180,9 @@ def train(config, quiet=False, mesh=None):
           # A bar only on a terminal (never drawn into a redirected log).
           progress_bar=False if quiet else None,
           write_trax_files=t.trax_files, mesh=mesh or None,
-          log_every=t.log_every or None, report_to=t.report_to or None))
+          log_every=t.log_every or None, report_to=t.report_to or None,
+          # The trackers record the run's settings as its parameters.
+          report_config=config.to_dict() if t.report_to else None))
   _write_run_files(config)  # Only once the Loop has validated the run dir.
   remaining = t.steps - loop.step
   if remaining > 0:

@@ -50,6 +50,9 @@ class LoopOptions:
     report_to: 'wandb', 'mlflow', 'wandb,mlflow', or a list of names and
       reporter objects: also send every logged metric there (see
       `reporters`).
+    report_config: settings the reporters record as the run's parameters
+      (W&B's run config, MLflow's params); `retrax train` passes its run
+      config. None: none.
     mesh: 'data=2,fsdp=4', a dict of axis sizes or a jax Mesh: split the
       weights and slots over the `fsdp` axis (see `sharding`); None: data
       parallel over `n_devices`.
@@ -62,6 +65,7 @@ class LoopOptions:
   checkpoint_kind: str = 'Loop'
   log_every: Optional[int] = None
   report_to: Union[str, Sequence[Any], None] = None
+  report_config: Optional[Mapping[str, Any]] = None
   mesh: Union[str, Mapping[str, int], jax.sharding.Mesh, None] = None
 
   def __post_init__(self):
@@ -74,6 +78,12 @@ class LoopOptions:
                  CHECKPOINT_KINDS)
     check_int(_OWNER, 'log_every', self.log_every, minimum=1, allow_none=True)
     reporters.parse(self.report_to)  # Unknown names fail before any work.
+    if self.report_config is not None and not (
+        isinstance(self.report_config, Mapping) and
+        all(isinstance(k, str) for k in self.report_config)):
+      raise ArgumentTypeError(
+          f'{_OWNER}: report_config must be a mapping of str keys (the '
+          f'settings to record) or None; got {self.report_config!r:.80}.')
     # `mesh` is checked against the devices when the Loop places the state.
 
 

@@ -203,7 +203,8 @@ def make(report_to, output_dir=None, config=None):
   """The reporters of `report_to` (see `parse`), built: each named library
   is imported now, so a missing one fails before any training. A run
   directory `output_dir` names their runs and holds the files W&B and
-  MLflow would otherwise write into the working directory (see each).
+  MLflow would otherwise write into the working directory (see each); each
+  records the mapping `config` (the run's settings) as its parameters.
 
   Raises:
     UserInputError: an unknown name.
@@ -211,6 +212,7 @@ def make(report_to, output_dir=None, config=None):
       what to pip install).
   """
   items = parse(report_to)
+  config = None if config is None else dict(config)  # A copy of its own.
   run_name = None
   where: dict[str, dict[str, str]] = {'wandb': {}, 'mlflow': {}}
   if output_dir is not None:

@@ -25,7 +25,8 @@ def test_defaults_are_the_documented_ones():
   assert dataclasses.asdict(LoopOptions()) == {
       'keep_checkpoints': 3, 'progress_bar': None, 'check_batches': True,
       'write_trax_files': True, 'opt_step_offset': 0, 'checkpoint_kind': 'Loop',
-      'log_every': None, 'report_to': None, 'mesh': None}
+      'log_every': None, 'report_to': None, 'report_config': None,
+      'mesh': None}
   doc = LoopOptions.__doc__
   assert all(f'{f.name}:' in doc for f in dataclasses.fields(LoopOptions))
   assert _loop().options == LoopOptions()

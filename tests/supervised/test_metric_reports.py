@@ -190,6 +190,18 @@ def test_report_to_wandb_logs_every_metric_by_step(tmp_path, monkeypatch):
   assert run.finished
 
 
+def test_report_config_is_the_trackers_run_parameters(tmp_path, monkeypatch):
+  wandb = _fake_wandb(monkeypatch)
+  mlflow = _FakeMlflow().install(monkeypatch)
+  settings = {'d_model': 16, 'learning_rate': 0.05, 'note': None}
+  _loop(tmp_path / 'r', report_to='wandb,mlflow', report_config=settings)
+  assert wandb.runs[0].init_kwargs['config'] == settings
+  assert mlflow.params == {'d_model': '16', 'learning_rate': '0.05',
+                           'note': 'None'}
+  with pytest.raises(ArgumentError, match='report_config must be a mapping'):
+    training.LoopOptions(report_config=['d_model'])
+
+
 def test_wandb_dir_setting_wins_over_the_run_directory(tmp_path, monkeypatch):
   wandb = _fake_wandb(monkeypatch)
   reporters.WandbReporter(files_dir=str(tmp_path), dir='/elsewhere')
@@ -506,6 +518,11 @@ def test_cli_report_to_gets_what_metrics_jsonl_holds(tmp_path, monkeypatch):
   (run_id,) = mlflow.runs
   assert mlflow.runs[run_id][0] == (out / 'mlruns').as_uri()
   assert mlflow.logged(run_id) == expected and mlflow.terminated == [run_id]
+  # The run's settings are the trackers' parameters, as run_config.json has
+  # them (MLflow keeps parameters as text).
+  assert run.init_kwargs['config'] == settings
+  assert settings['d_model'] == 16
+  assert mlflow.params == {k: str(v) for k, v in settings.items()}
 
 
 @pytest.mark.parametrize('flags,message', [
