@@ -4,7 +4,8 @@
 # then, stage by stage, each within its share of TPU_SH_TOTAL_S seconds:
 #
 #   main     the README's main job, unchanged (`retrax train` in a new folder)
-#   tests    `pytest --quick` in one process (the chip admits one program)
+#   tests    `pytest --quick` in one process (the chip admits one program);
+#            TPU_SH_TEST_PATHS="tests/layers tests/models" runs a part
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
 #   profile  benchmarks/step_profile.py: the paper-size step part by part,
@@ -71,7 +72,9 @@ fi
 
 if want tests; then
   echo "== pytest --quick, one process (budget $(share 45) s)"
-  TESTS=(tests)
+  # TPU_SH_TEST_PATHS: a part of the suite (the chip compiles each test's
+  # programs: the whole suite takes more than one call).
+  read -r -a TESTS <<< "${TPU_SH_TEST_PATHS:-tests}"
   [ -n "$TINY" ] && TESTS=(tests/cli/test_multiprocess.py)
   # SIGINT at the budget: pytest stops and still prints its summary; -v
   # logs each test's outcome as it ends.
