@@ -24,8 +24,18 @@ def pytest_configure(config):
   process holds it fails ("libtpu multi-process lockfile"). Tests that
   compare a child's numbers with this process's pass `platform=None` to
   `tests.multiprocess_env.cpu_env` and are skipped off the CPU.
+
+  On a TPU the tests' float32 matmuls run at full precision (see below).
   """
   del config
+  if jax.default_backend() == 'tpu':
+    # A TPU's default precision multiplies float32 operands in one bfloat16
+    # pass (~8 mantissa bits): on a v5e (JAX 0.10.2) ~40 attention tests
+    # were off float64 NumPy, or eval off predict, by 3e-3..2e-2 (relative
+    # up to ~1e-2) against tolerances of 1e-5. 'highest' is float32 on the
+    # chip, as a CPU computes; tests of the default or bfloat16 precision
+    # set theirs (`jax.default_matmul_precision`, `precision.matmul_precision`).
+    jax.config.update('jax_default_matmul_precision', 'highest')
   if jax.default_backend() != 'cpu':
     os.environ['RETRAX_TEST_BACKEND'] = jax.default_backend()
     os.environ['JAX_PLATFORMS'] = 'cpu'

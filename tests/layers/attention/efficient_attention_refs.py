@@ -230,14 +230,34 @@ def reformer_lm_logits(weights, state, tokens, attention, n_attn_weights,
 
 
 
+def on_cpu():
+  """Context: JAX's computations (layers' inits included) on the first CPU."""
+  return jax.default_device(jax.devices('cpu')[0])
+
+
+def xla_cpu_temp_bytes(jitted, *args):
+  """XLA:CPU's planned temporaries (bytes) of `jitted` lowered on `args`.
+
+  Compiled for the CPU whatever the default backend: the memory tests check
+  XLA:CPU's plan (a TPU v5e's `memory_analysis()` gave 0 and negative temps,
+  JAX 0.10.2). Build `args` (layers' inits) inside `on_cpu()` too.
+  """
+  with on_cpu():
+    compiled = jitted.lower(*args).compile()
+  platforms = {d.platform for s in jax.tree.leaves(compiled.input_shardings)
+               for d in s.device_set}
+  assert platforms == {'cpu'}, platforms
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
 def grad_temp_bytes(layer, length, d_model=32):
-  """Compiled temp memory of `layer`'s forward+backward on `[1, length, d_model]`."""
+  """XLA:CPU's temp memory of `layer`'s forward+backward on `[1, length, d_model]`."""
   x = jax.ShapeDtypeStruct((1, length, d_model), np.float32)
-  weights, state = layer.init(x)
+  with on_cpu():
+    weights, state = layer.init(x)
   loss = lambda x, w: jax.numpy.sum(
       layer.pure_fn(x, w, state, jax.random.PRNGKey(0))[0])
-  compiled = jax.jit(jax.grad(loss, (0, 1))).lower(x, weights).compile()
-  return compiled.memory_analysis().temp_size_in_bytes
+  return xla_cpu_temp_bytes(jax.jit(jax.grad(loss, (0, 1))), x, weights)
 
 
 _COMPILES = None
