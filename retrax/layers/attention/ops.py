@@ -667,8 +667,27 @@ def permute_via_sort(val, keys, inverse_keys, axis=0):
   return permute(keys, inverse_keys, val)
 
 
-def inverse_permutation(permutation):
-  """The inverse of an int32 permutation of `range(n)`, by a scatter (no sort)."""
-  n = permutation.shape[-1]
-  return jnp.zeros_like(permutation).at[permutation].set(
-      jnp.arange(n, dtype=permutation.dtype))
+INVERSE_PERMUTATION_METHODS = ('scatter', 'sort')
+
+
+def inverse_permutation(permutation, method=None):
+  """The inverse of an int32 permutation of `range(n)` (along the last axis).
+
+  `method` 'scatter' writes `arange(n)` at `permutation`; 'sort' sorts the
+  pairs `(permutation, arange(n))` by the first. None: 'sort' on a TPU,
+  'scatter' elsewhere (the default backend when traced). A TPU v5e scattered
+  524,288 indices in 2.4 ms, where it sorts as many int32 keys in 0.34 ms
+  (`sort_by_bucket`'s; pairs not timed there); XLA:CPU scatters them in
+  1.0 ms and sorts the pairs in 123 ms (32,768: 0.08 vs 6.3 ms).
+  """
+  if method is None:
+    method = 'sort' if jax.default_backend() == 'tpu' else 'scatter'
+  validation.check_choice('inverse_permutation', 'method', method,
+                          INVERSE_PERMUTATION_METHODS)
+  if permutation.ndim > 1:  # One permutation per leading index.
+    return jax.vmap(functools.partial(inverse_permutation, method=method))(
+        permutation)
+  iota = jnp.arange(permutation.shape[-1], dtype=permutation.dtype)
+  if method == 'sort':
+    return lax.sort((permutation, iota), num_keys=1)[1]
+  return jnp.zeros_like(permutation).at[permutation].set(iota)

@@ -252,6 +252,39 @@ def test_permutations_and_their_gradients(permute):
   np.testing.assert_allclose(grad, w[inv])
 
 
+@pytest.mark.parametrize('method', ['scatter', 'sort'])
+@pytest.mark.parametrize('shape', [(1,), (96,), (50000,), (3, 40), (2, 2, 17)])
+def test_inverse_permutation_is_numpys_argsort(method, shape):
+  # 1-D as `lsh_attend` calls it (its n_hashes * L positions), vmapped as
+  # attention's groups of units run it, and with leading axes.
+  rs = np.random.RandomState(len(shape))
+  perms = np.stack([rs.permutation(shape[-1]) for _ in range(
+      int(np.prod(shape[:-1])))]).reshape(shape).astype(np.int32)
+  inverse = functools.partial(ops.inverse_permutation, method=method)
+  got = jax.jit(inverse)(perms)
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, np.argsort(perms, axis=-1))
+  rows = perms.reshape(-1, shape[-1])
+  np.testing.assert_array_equal(jax.jit(jax.vmap(inverse))(rows),
+                                np.argsort(rows, axis=-1))
+
+
+def test_inverse_permutation_sorts_on_tpus_only(monkeypatch):
+  perm = np.random.RandomState(0).permutation(8).astype(np.int32)
+
+  def primitives(backend):
+    monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+    # A new function each time: JAX caches traces by function, not backend.
+    eqns = jax.make_jaxpr(lambda p: ops.inverse_permutation(p))(perm).eqns
+    return {e.primitive.name for e in eqns} & {'sort', 'scatter'}
+  assert primitives('cpu') == {'scatter'}  # XLA:CPU scatters 100x faster.
+  assert primitives('gpu') == {'scatter'}
+  assert primitives('tpu') == {'sort'}
+  with pytest.raises(ValueError, match=r"method must be one of \('scatter', "
+                     r"'sort'\); got 'gather'"):
+    ops.inverse_permutation(perm, method='gather')
+
+
 def _dots_contract_first_operands_minor_axis(fun, *args):
   """Whether every dot XLA compiles `fun` to contracts its lhs's last axis.
 
