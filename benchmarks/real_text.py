@@ -68,7 +68,10 @@ command resumes there (the first step after a resume compiles and is kept
 out of the step times, as step 1 is). With `--max_minutes M` the run stops
 after the last eval that leaves time for the next stretch and exits with
 status 3: a device run in pieces is `until python ... --run_dir DIR
---max_minutes 9; [ $? != 3 ]; do :; done`, or one call per piece.
+--max_minutes 9; [ $? != 3 ]; do :; done`, or one call per piece
+(`benchmarks/tpu.sh`'s real_text stage). `--from_progress FILE` trains
+nothing: it reports the finished runs of the progress file that stage
+brings back, given the flags they were run with.
 
 Separate QK does not stop learning because of its learning rate: at length
 256 (600 steps, batch 4) transformer and separate-qk end at 3.92-3.96
@@ -475,7 +478,7 @@ def finished_runs(path, cfg):
   progress = _read_json(path)
   if not isinstance(progress, dict) or 'runs' not in progress:
     raise ProgressError(f'--from_progress {path}: not a progress file of '
-                     f'benchmarks/tpu.sh (no "runs").')
+                        f'benchmarks/tpu.sh (no "runs").')
   def setting(config):
     return {k: v for k, v in config.items() if k != 'seeds'}
   want, got = _run_config(cfg), progress.get('config', {}).get('config', {})
