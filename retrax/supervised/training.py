@@ -173,9 +173,9 @@ class Loop:
     self._resume_or_start()  # Run files are written only after this succeeds.
     if self._is_chief:  # model.json: what `retrax.load_run` rebuilds.
       registry.write_model_file(self.output_dir, self._model)
+      options = self._options
       self._run_dir.reporters = reporters.make(
-          self._options.report_to, self.output_dir,
-          config=self._options.report_config)
+          options.report_to, self.output_dir, config=options.report_config)
 
   # --- properties (Trax's, and the training state) ------------------------------------
 

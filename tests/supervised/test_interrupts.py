@@ -37,6 +37,22 @@ def _env(**extra):
   return cpu_env(1, pythonpath=[_HERE, _ROOT], platform=None, **extra)
 
 
+@pytest.fixture(autouse=True)
+def _sigint_as_in_a_terminal():
+  """Ctrl-C as a terminal delivers it, however the test runner started: a
+  runner started in the background (`nohup`, `cmd &` in a script) inherits
+  an ignored SIGINT, which retrax rightly leaves ignored (see
+  `test_an_ignored_sigint_stays_ignored`), and so would its children."""
+  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    yield
+    return
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _metrics(output_dir):
   return [(r['step'], r['mode'], r['metric'], r['value'])
           for r in metrics_log.read_jsonl(os.path.join(output_dir,
@@ -178,6 +194,19 @@ _TINY = ['--set', 'model=TransformerLM', '--set', 'd_model=16', '--set',
          'batch_size=4', '--set', 'eval_every=50', '--set',
          'checkpoint_every=50', '--set', 'warmup_steps=2', '--quiet',
          '--no-sample']
+
+
+def test_an_ignored_sigint_stays_ignored(tmp_path, reference):
+  # A run under `nohup` (SIGINT ignored) trains on through a SIGINT, as any
+  # program that leaves its inherited dispositions alone.
+  at = type('At', (_SignalAt,), {'signum': signal.SIGINT, 'step': 5})
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    loop = resume_worker.run(str(tmp_path), _N_STEPS, [at])
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  _assert_same_as(loop, str(tmp_path), reference)
 
 
 def test_ctrl_c_in_retrax_train_exits_130_with_one_line(tmp_path):
