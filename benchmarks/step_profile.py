@@ -1,7 +1,7 @@
 """Where a ReformerLM training step's time goes, part by part, on any device.
 
     python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
-        [--json out.json]
+        [--units 1,4] [--json out.json]
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
 layers, LSH-2, chunk 128, vocab 256, batch 1). Each part is jitted alone,
@@ -12,6 +12,10 @@ median of five calls after a compiling one:
   the head and the cross-entropy), what `training.Loop` runs minus Adam;
 * `lsh`: one `LSHSelfAttention` on `[1, L, d_model]`, its chunked
   attention by XLA ops (`implementation='xla'`, the default);
+* `lsh_unitsK` (`--units`): the same layer with `n_parallel_heads=K`,
+  (example, head) units K at a time (a loop over groups) where `lsh` takes
+  as many as fit a quarter of the device's memory (on a TPU all 16 heads
+  at 16K): fewer units make smaller gathers and sorts, more of them;
 * `lsh_pallas`: the same layer with the Pallas kernel
   (`implementation='pallas'`: compiled on a TPU, interpreted elsewhere),
   timed last; the kernel's time over XLA's is printed as a ratio (below 1:
@@ -107,16 +111,19 @@ def step_fn(cfg, length):
   return jax.jit(jax.value_and_grad(loss)), weights, batch
 
 
-def _lsh_layer(cfg, implementation):
+def _lsh_layer(cfg, implementation, n_parallel_heads=None):
   return tl.LSHSelfAttention(n_heads=cfg['n_heads'], d_qk=cfg['d_head'],
                              d_v=cfg['d_head'], n_hashes=cfg['n_hashes'],
                              chunk_len=cfg['chunk_len'], mode='train',
-                             implementation=implementation)
+                             implementation=implementation,
+                             n_parallel_heads=n_parallel_heads)
 
 
-def profile(cfg, length, trace_dir=None, log=print, json_path=None):
+def profile(cfg, length, trace_dir=None, log=print, json_path=None,
+            units=()):
   """Times the parts; returns `{part: {compile_s, step_s, flops, tflops,
-  of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran."""
+  of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran. `units`:
+  the `n_parallel_heads` of the `lsh_unitsK` rows."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
   d = cfg['d_model']
@@ -163,6 +170,10 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None):
     summary['top_ops'] = top_ops(trace_dir)
     _write_json(json_path, summary)
   del fn, w, batch
+
+  for k in units:
+    fn, w = _layer_grad_fn(_lsh_layer(cfg, 'xla', k), x)
+    record(f'lsh_units{k}', *_median_seconds(fn, w, x), lsh_flops)
 
   try:
     fn, w = _layer_grad_fn(_lsh_layer(cfg, 'pallas'), x)
@@ -228,10 +239,15 @@ def main(argv=None):
   parser.add_argument('--length', type=int, default=16384)
   parser.add_argument('--tiny', action='store_true')
   parser.add_argument('--trace', default=None)
+  parser.add_argument('--units', default='',
+                      help='also time the LSH layer with these '
+                      'n_parallel_heads, e.g. 1,4')
   parser.add_argument('--json', default=None)
   args = parser.parse_args(argv)
   cfg = TINY if args.tiny else PAPER
-  summary = profile(cfg, args.length, args.trace, json_path=args.json)
+  units = [int(k) for k in args.units.split(',') if k]
+  summary = profile(cfg, args.length, args.trace, json_path=args.json,
+                    units=units)
   ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')

@@ -9,8 +9,9 @@
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
 #   profile  benchmarks/step_profile.py: the paper-size step part by part,
-#            and one LSHSelfAttention fwd+bwd by XLA ops and by the Pallas
-#            kernel (implementation='pallas'), their ratio printed
+#            and one LSHSelfAttention fwd+bwd by XLA ops (all heads at once,
+#            and TPU_SH_LSH_UNITS at a time) and by the Pallas kernel
+#            (implementation='pallas'), its ratio to XLA printed
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   real_text  benchmarks/real_text.py (the paper's claims) in a piece that
 #            ends before the stage's budget; its run directory
@@ -109,8 +110,10 @@ fi
 
 if want profile; then
   echo "== step profile, paper size (budget $(share 20) s)"
-  PROF=(--length 16384 --trace /tmp/retrax-trace)
-  [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace)
+  PROF=(--length 16384 --trace /tmp/retrax-trace
+        --units "${TPU_SH_LSH_UNITS:-1,4}")
+  [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace
+                          --units 1)
   timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
     --json "$OUT_DIR/tpu_profile.json"
   find /tmp/retrax-trace -name '*.trace.json.gz' -exec cp {} \

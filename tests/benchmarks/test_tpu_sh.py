@@ -59,7 +59,8 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   assert '4 copies' in (tmp_path / 'tpu_main.log').read_text() or \
       'copies correct' in (tmp_path / 'tpu_main.log').read_text()
   profile = json.loads((tmp_path / 'tpu_profile.json').read_text())
-  assert set(profile['parts']) == {'matmul', 'ff', 'lsh', 'step', 'lsh_pallas'}
+  assert set(profile['parts']) == {'matmul', 'ff', 'lsh', 'step', 'lsh_units1',
+                                   'lsh_pallas'}
   assert all(p['step_s'] > 0 for p in profile['parts'].values())
   assert profile['lsh_kernel_over_xla'] == pytest.approx(
       profile['parts']['lsh_pallas']['step_s'] /
