@@ -13,6 +13,9 @@
 #            and TPU_SH_LSH_UNITS at a time) and by the Pallas kernel
 #            (implementation='pallas'), its ratio to XLA printed
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
+#   gather   benchmarks/gather_bench.py: XLA's row gathers against the
+#            Pallas kernels of gather_kernel at the LSH shapes (16 units of
+#            32768 rows, 524,288 indices); not in the default stages
 #   real_text  benchmarks/real_text.py (the paper's claims) in a piece that
 #            ends before the stage's budget; its run directory
 #            (TPU_SH_REAL_TEXT_DIR, default /tmp/retrax-real-text) stays on
@@ -93,7 +96,10 @@ if want search; then
   SEARCH="${TPU_SH_SEARCH:-524288,1048576,2097152}"
   SIZES=()
   [ -n "$TINY" ] && { SEARCH=32,64; SIZES=(--tiny --n-layers 1); }
-  "$PY" benchmarks/vs_peers.py "${SIZES[@]}" --search "$SEARCH" \
+  # TPU_SH_SEARCH_ARGS: e.g. --axial-pos (position tables of ~sqrt(L) rows
+  # instead of one of L rows, with its Adam slots: 6 GB at 2M tokens).
+  read -r -a SEARCH_ARGS <<< "${TPU_SH_SEARCH_ARGS:-}"
+  "$PY" benchmarks/vs_peers.py "${SIZES[@]}" "${SEARCH_ARGS[@]}" --search "$SEARCH" \
     --budget "$(share 30)" --timeout 240 --json "$OUT_DIR/tpu_max_length.json"
 fi
 
@@ -127,6 +133,14 @@ if want decode; then
                          --decode-batches 1)
   "$PY" benchmarks/vs_peers.py "${DEC[@]}" --budget "$(left)" --timeout 200 \
     --json "$OUT_DIR/tpu_decode.json"
+fi
+if want gather; then
+  echo "== row gathers, XLA vs Pallas (budget $(share 20) s)"
+  GATHER=()
+  [ -n "$TINY" ] && GATHER=(--tiny)
+  timeout -k 10 "$(share 20)" "$PY" benchmarks/gather_bench.py "${GATHER[@]}" \
+    --json "$OUT_DIR/tpu_gather.json"
+  echo "gather: rc $?"
 fi
 if want real_text; then
   RT_DIR="${TPU_SH_REAL_TEXT_DIR:-/tmp/retrax-real-text}"
