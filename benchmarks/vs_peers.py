@@ -3,7 +3,7 @@
     python benchmarks/vs_peers.py [--lengths 1024,4096,16384,65536] [--steps 3]
         [--pin 0] [--trax-python ~/.cache/trax-oracle-venv/bin/python]
         [--torch-python "$TORCH_PY"] [--decode-tokens 256,2048]
-        [--decode-batches 1,8] [--bf16] [--tiny] [--json out.json]
+        [--decode-batches 1,8] [--bf16] [--tiny] [--axial-pos] [--json out.json]
 
 The model (issue 22): ReformerLM, vocab 256, d_model 256, d_ff 1024, 4 heads
 of 64, 6 layers, batch 1, `LSHSelfAttention(n_hashes=2, chunk_len=64)`,
@@ -71,6 +71,21 @@ TINY = dict(vocab=32, d_model=32, d_ff=64, n_heads=2, d_head=16, n_layers=2,
 
 # --- The Trax program (runs under retrax via retrax.compat, and under Trax) ---
 
+def axial_shape(length):
+  """`(a, b)`, a * b = `length` (a power of two), a the power of two nearest
+  below its square root: the axial position encoding's two table lengths."""
+  if length < 4 or length & (length - 1):
+    raise ValueError(f'--axial-pos needs lengths that are powers of two >= 4;'
+                     f' got {length}.')
+  a = 1 << ((length.bit_length() - 1) // 2)
+  return a, length // a
+
+
+def axial_depths(d_model):
+  """The two axial tables' depths, summing to `d_model`."""
+  return d_model // 2, d_model - d_model // 2
+
+
 def _trax_lm(cfg, length, mode, mem_len=None):
   import trax.layers as tl
   from trax import models
@@ -78,11 +93,14 @@ def _trax_lm(cfg, length, mode, mem_len=None):
                                           predict_drop_len=mem_len)
   attention = functools.partial(tl.LSHSelfAttention, n_hashes=cfg['n_hashes'],
                                 chunk_len=cfg['chunk_len'], **extra)
+  if cfg.get('axial_pos'):  # Two small tables instead of one of max_len rows.
+    extra.update(pos_type='axial', pos_axial_shape=axial_shape(length),
+                 pos_d_axial_embs=axial_depths(cfg['d_model']))
   return models.ReformerLM(
       vocab_size=cfg['vocab'], d_model=cfg['d_model'], d_ff=cfg['d_ff'],
       d_attention_key=cfg['d_head'], d_attention_value=cfg['d_head'],
       n_layers=cfg['n_layers'], n_heads=cfg['n_heads'], dropout=0.0,
-      max_len=length, attention_type=attention, mode=mode)
+      max_len=length, attention_type=attention, mode=mode, **extra)
 
 
 def _sync_jax():
@@ -179,6 +197,9 @@ def _hf_model(cfg, max_len):
   import torch
   import transformers
   torch.manual_seed(0)
+  axial = dict(axial_pos_shape=axial_shape(max_len),
+               axial_pos_embds_dim=axial_depths(cfg['d_model'])
+               ) if cfg.get('axial_pos') else {}
   config = transformers.ReformerConfig(
       vocab_size=cfg['vocab'], hidden_size=cfg['d_model'],
       feed_forward_size=cfg['d_ff'], num_attention_heads=cfg['n_heads'],
@@ -186,7 +207,8 @@ def _hf_model(cfg, max_len):
       lsh_attn_chunk_length=cfg['chunk_len'], num_hashes=cfg['n_hashes'],
       num_buckets=report.default_n_buckets(max_len, cfg['chunk_len']),
       lsh_num_chunks_before=1, lsh_num_chunks_after=0, is_decoder=True,
-      axial_pos_embds=False, max_position_embeddings=max_len,
+      axial_pos_embds=bool(cfg.get('axial_pos')), **axial,
+      max_position_embeddings=max_len,
       hidden_dropout_prob=0.0, lsh_attention_probs_dropout_prob=0.0,
       hidden_act='gelu_new', tie_word_embeddings=False, pad_token_id=0,
       eos_token_id=None)
@@ -449,6 +471,11 @@ def parse_args(argv=None):
                       help='toy model sizes (tests)')
   for key in FULL:
     parser.add_argument('--' + key.replace('_', '-'), type=int, dest=key)
+  parser.add_argument('--axial-pos', action='store_true',
+                      help="axial position encoding (pos_type='axial': "
+                      'two tables of ~sqrt(L) rows) instead of a learned '
+                      'table of L rows, whose weights and Adam slots grow '
+                      'with the length (every peer)')
   parser.add_argument('--budget', type=float,
                       help='wall seconds for all workers (the rest skipped)')
   parser.add_argument('--search', metavar='START,STOP[,MAX]',
@@ -472,6 +499,8 @@ def parse_args(argv=None):
 def config_of(args):
   cfg = dict(TINY if args.tiny else FULL)
   cfg.update({k: getattr(args, k) for k in FULL if getattr(args, k)})
+  if args.axial_pos:
+    cfg['axial_pos'] = 1
   return cfg
 
 

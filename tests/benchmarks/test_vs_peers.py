@@ -188,3 +188,29 @@ def test_pinned_worker_runs_on_the_given_cpu():
       argv, capture_output=True, text=True, env=env, check=True)
   result = json.loads(proc.stdout.split(vs_peers.RESULT_TAG)[1])
   assert result == dict(cpus=[0], omp='1')
+
+
+def test_axial_positions_grow_the_weights_by_sqrt_length_not_length():
+  # --axial-pos: two tables of ~sqrt(L) rows (a * b = L) whose depths sum
+  # to d_model, so that the weights (and Adam's slots) grow with sqrt(L),
+  # not with L as a learned table's; lengths that do not factor are refused.
+  assert vs_peers.axial_shape(1 << 21) == (1024, 2048)
+  assert vs_peers.axial_shape(1 << 20) == (1024, 1024)
+  assert vs_peers.axial_depths(255) == (127, 128)
+  with pytest.raises(ValueError, match='powers of two'):
+    vs_peers.axial_shape(3 * 1024)
+  args = vs_peers.parse_args(['--tiny', '--axial-pos'])
+  cfg = vs_peers.config_of(args)
+  assert cfg['axial_pos'] == 1
+
+  def n_weights(length, axial):
+    model = models.ReformerLM(
+        vocab_size=32, d_model=32, d_ff=64, n_layers=1, n_heads=2,
+        max_len=length, mode='eval', **(dict(
+            pos_type='axial', pos_axial_shape=vs_peers.axial_shape(length),
+            pos_d_axial_embs=vs_peers.axial_depths(32)) if axial else {}))
+    model.init(ShapeDtype((1, length), np.int32))
+    return sum(np.size(w) for w in jax.tree.leaves(model.weights))
+  assert n_weights(1024, True) - n_weights(256, True) == (32 - 16) * 16 + (
+      32 - 16) * 16  # (16x16 -> 32x32 rows) x 16 deep, per table
+  assert n_weights(1024, False) - n_weights(256, False) == (1024 - 256) * 32
