@@ -14,9 +14,9 @@ paper-size step's sorts and `gather_rounds` take them. Rows, per width:
   units' rows as one table and the indices offset by `u * L`;
 * `xla_take_vmapped`: `jnp.take(x[u], idx[u], axis=0)` vmapped over the
   units, what lsh.py's `gather_rounds` becomes under the heads' vmap;
-* `pallas_vmem`, `pallas_dma`: `gather_kernel.gather_rows` by each method
-  (compiled on a TPU, interpreted elsewhere: there their times mean
-  nothing).
+* `pallas_vmem`, `pallas_vmem_aligned`, `pallas_dma`:
+  `gather_kernel.gather_rows` by each method (compiled on a TPU,
+  interpreted elsewhere: there their times mean nothing).
 
 Each is jitted and timed as the median of `--repeats` calls after a
 first one (compile, run and copy to the host: `compile s`), with

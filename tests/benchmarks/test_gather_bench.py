@@ -16,6 +16,7 @@ gather_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gather_bench)
 
 XLA_ROWS = {'xla_take_along_axis', 'xla_take_flat', 'xla_take_vmapped'}
+KERNEL_ROWS = {f'pallas_{m}' for m in gather_kernel.METHODS}
 
 
 def test_every_row_timed_and_kernels_over_the_fastest_xla(tmp_path):
@@ -27,10 +28,10 @@ def test_every_row_timed_and_kernels_over_the_fastest_xla(tmp_path):
   assert (summary['units'], summary['length'], summary['n']) == (2, 40, 256)
   assert set(summary['rows']) == {'65', '8'}
   for rows in summary['rows'].values():
-    assert set(rows) == XLA_ROWS | {'pallas_vmem', 'pallas_dma'}
+    assert set(rows) == XLA_ROWS | KERNEL_ROWS
     assert all(r['step_s'] > 0 for r in rows.values())
     best = min(rows[name]['step_s'] for name in XLA_ROWS)
-    for name in ('pallas_vmem', 'pallas_dma'):
+    for name in KERNEL_ROWS:
       assert rows[name]['over_xla'] == pytest.approx(
           rows[name]['step_s'] / best)
       assert rows[name]['ns_per_index'] == pytest.approx(
@@ -49,8 +50,9 @@ def test_a_wrong_or_failing_kernel_is_recorded_not_timed(monkeypatch):
   summary = gather_bench.bench(2, 16, 128, [8], jnp.float32, repeats=1,
                                log=lines.append)
   rows = summary['rows']['8']
-  assert rows['pallas_vmem'] == {
-      'error': 'mismatch: 1 of 256 rows differ from xla_take_along_axis'}
+  for name in ('pallas_vmem', 'pallas_vmem_aligned'):
+    assert rows[name] == {
+        'error': 'mismatch: 1 of 256 rows differ from xla_take_along_axis'}
   assert rows['pallas_dma'] == {'error': 'ValueError: Mosaic says no'}
   assert all(rows[name]['step_s'] > 0 for name in XLA_ROWS)
   assert any('pallas_dma' in line and 'FAILED' in line for line in lines)

@@ -4,7 +4,7 @@
 what LSH attention's sort, unsort and `gather_rounds` compute with XLA
 gathers (`jnp.take`). On a TPU v5e, XLA gathers 524,288 rows from `[16,
 32768, 128]` float32 in ~5.5 ms (~10 ns a row, whatever the row's width),
-where HBM bandwidth would allow ~0.3 ms. This module tries two kernels,
+where HBM bandwidth would allow ~0.3 ms. This module tries three kernels,
 to be measured by benchmarks/gather_bench.py; nothing in the layers calls
 them.
 
@@ -14,6 +14,12 @@ them.
   block's indices are an SMEM block; a loop copies row `x[idx]` to output
   row `j` (dynamic sublane offsets on both sides). Needs `x[u]`, padded to
   the (8, 128) tile and double-buffered, within `VMEM_LIMIT_BYTES`.
+- 'vmem_aligned': the same blocks, but no access off the tile grid, in
+  case the chip's compiler refuses (or is slow at) single rows at dynamic
+  sublane offsets: each index loads its whole aligned tile (8 rows; 16 of
+  bfloat16), keeps its row by a select and a sublane sum, and a tile's
+  worth of output rows is assembled by selects and stored at once. Needs
+  `L` and `block_rows` to be whole tiles; a -0.0 comes out +0.0.
 - 'dma': `x` stays in HBM; every output row is one DMA of a row of `x`
   into the output's VMEM block, at most `IN_FLIGHT` outstanding on one DMA
   semaphore (each wait takes one row's bytes, as JAX's paged attention
@@ -22,7 +28,7 @@ them.
 The indices go in SMEM by blocks, not as a scalar prefetch of the whole
 `[U, N]` array: the LSH shapes' 524,288 int32 (2 MiB) exceed a v5e core's
 1 MiB of SMEM. Indices are not checked (the kernels read out of bounds
-where XLA would clamp). Off a TPU both kernels run in Pallas interpret
+where XLA would clamp). Off a TPU the kernels run in Pallas interpret
 mode (correct, slow: for tests).
 """
 
@@ -36,7 +42,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from retrax import validation
 
-METHODS = ('vmem', 'dma')
+METHODS = ('vmem', 'vmem_aligned', 'dma')
 # A v5e core has 128 MiB of VMEM (JAX's `pltpu.get_tpu_info_for_chip`);
 # Mosaic's default scoped limit is 16 MiB, so the kernels ask for more.
 VMEM_LIMIT_BYTES = 100 << 20
@@ -64,7 +70,7 @@ def _padded_bytes(rows, width, dtype):
 
 
 def vmem_bytes(length, width, dtype, block_rows=BLOCK_ROWS):
-  """VMEM the 'vmem' kernel's blocks take: source and output, double-buffered."""
+  """VMEM the 'vmem' kernels' blocks take: source and output, double-buffered."""
   return 2 * (_padded_bytes(length, width, dtype) +
               _padded_bytes(block_rows, width, dtype))
 
@@ -90,11 +96,17 @@ def _check(x, indices, method, block_rows):
     raise validation.ArgumentValueError(
         f'{owner}: block_rows ({block_rows}) must divide N ({n}) and be a '
         f'multiple of {LANES} or N itself.')
-  if method == 'vmem':
+  tile = _sublanes(x.dtype)
+  if method == 'vmem_aligned' and (x.shape[1] % tile or block_rows % tile):
+    raise validation.ArgumentValueError(
+        f"{owner}: method 'vmem_aligned' needs L ({x.shape[1]}) and "
+        f'block_rows ({block_rows}) to be multiples of {tile} ({x.dtype} '
+        'tile rows).')
+  if method != 'dma':
     need = vmem_bytes(x.shape[1], x.shape[2], x.dtype, block_rows)
     if need > VMEM_LIMIT_BYTES:
       raise validation.ArgumentValueError(
-          f"{owner}: method 'vmem' needs x[u] {x.shape[1:]} {x.dtype} and "
+          f"{owner}: method {method!r} needs x[u] {x.shape[1:]} {x.dtype} and "
           f'the output block in VMEM, {need} bytes double-buffered, over the '
           f"limit of {VMEM_LIMIT_BYTES}; use method 'dma'.")
 
@@ -106,7 +118,9 @@ def gather_rows(x, indices, *, method='vmem', interpret=None,
   Args:
     x: `[U, L, W]` float32 or bfloat16.
     indices: int32 `[U, N]` in `[0, L)`.
-    method: 'vmem' (`x[u]` held in VMEM) or 'dma' (a DMA per row from HBM).
+    method: 'vmem' (`x[u]` held in VMEM, rows copied one by one),
+      'vmem_aligned' (the same by whole tiles) or 'dma' (a DMA a row from
+      HBM).
     interpret: Pallas interpret mode; None: off a TPU only.
     block_rows: output rows per grid step, dividing `N`: a multiple of 128
       or `N` itself. None: `BLOCK_ROWS` where it divides `N`, else `N`.
@@ -126,8 +140,10 @@ def gather_rows(x, indices, *, method='vmem', interpret=None,
   blocked = indices.reshape(u, steps, 1, block_rows)
   index_spec = pl.BlockSpec((None, None, 1, block_rows),
                             lambda a, b: (a, b, 0, 0), memory_space=pltpu.SMEM)
-  if method == 'vmem':
-    kernel = functools.partial(_vmem_kernel, block_rows)
+  if method != 'dma':
+    kernel = (functools.partial(_vmem_kernel, block_rows) if method == 'vmem'
+              else functools.partial(_vmem_aligned_kernel, block_rows,
+                                     _sublanes(x.dtype)))
     source_spec = pl.BlockSpec((None,) + x.shape[1:], lambda a, b: (a, 0, 0))
     out_spec = pl.BlockSpec((None, block_rows, width), lambda a, b: (a, b, 0))
     scratch = []
@@ -162,6 +178,24 @@ def _vmem_kernel(block_rows, idx_ref, x_ref, o_ref):
     o_ref[pl.ds(j, 1), :] = x_ref[pl.ds(idx_ref[0, j], 1), :]
     return carry
   lax.fori_loop(0, block_rows, body, 0, unroll=min(UNROLL, block_rows))
+
+
+def _vmem_aligned_kernel(block_rows, tile, idx_ref, x_ref, o_ref):
+  sublane = lax.broadcasted_iota(jnp.int32, (tile, 1), 0)
+
+  def body(t, carry):
+    out = jnp.zeros((tile,) + o_ref.shape[1:], o_ref.dtype)
+    for k in range(tile):
+      i = idx_ref[0, t * tile + k]
+      rows = x_ref[pl.ds(pl.multiple_of(i - i % tile, tile), tile), :]
+      # Exact: the other rows are replaced by zeros (no NaN reaches the
+      # sum) and x + 0 is x (a -0.0 comes out +0.0).
+      row = jnp.sum(jnp.where(sublane == i % tile, rows, 0), axis=0,
+                    keepdims=True)
+      out = jnp.where(sublane == k, row.astype(out.dtype), out)
+    o_ref[pl.ds(pl.multiple_of(t * tile, tile), tile), :] = out
+    return carry
+  lax.fori_loop(0, block_rows // tile, body, 0)
 
 
 def _dma_kernel(block_rows, in_flight, idx_ref, x_hbm, o_ref, sem):

@@ -21,7 +21,7 @@ def _case(seed, u, length, n, width, dtype):
 @pytest.mark.parametrize('method', gather_kernel.METHODS)
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize('length, n, width, block_rows', [
-    (40, 256, 64, 128), (300, 128, 65, 128), (24, 48, 128, None)])
+    (48, 256, 64, 128), (304, 128, 65, 128), (32, 48, 128, None)])
 def test_kernels_equal_fancy_indexing(method, dtype, length, n, width,
                                       block_rows):
   x, indices = _case(length + width, 2, length, n, width, dtype)
@@ -33,6 +33,16 @@ def test_kernels_equal_fancy_indexing(method, dtype, length, n, width,
   np.testing.assert_array_equal(
       np.asarray(got),
       np.asarray(jnp.take_along_axis(x, indices[..., None], axis=1)))
+
+
+@pytest.mark.parametrize('method', ['vmem', 'dma'])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_rows_off_the_tile_grid(method, dtype):
+  """37 rows: the last tile partial (the aligned method refuses them)."""
+  x, indices = _case(7, 1, 37, 128, 64, dtype)
+  got = gather_kernel.gather_rows(x, indices, method=method)
+  np.testing.assert_array_equal(np.asarray(got),
+                                np.asarray(x)[0][np.asarray(indices[0])][None])
 
 
 def test_kernels_under_jit_and_vmap():
@@ -64,6 +74,11 @@ def test_kernels_under_jit_and_vmap():
      ArgumentValueError, 'block_rows (256) must divide N (384)'),
     ((2, 8, 4), jnp.float32, (2, 8), jnp.int32, {'method': 'xla'},
      ArgumentValueError, 'method'),
+    ((2, 40, 4), jnp.bfloat16, (2, 32), jnp.int32, {'method': 'vmem_aligned'},
+     ArgumentValueError, "method 'vmem_aligned' needs L (40) and block_rows "
+     '(32) to be multiples of 16 (bfloat16 tile rows)'),
+    ((2, 40, 4), jnp.float32, (2, 12), jnp.int32, {'method': 'vmem_aligned'},
+     ArgumentValueError, 'block_rows (12) to be multiples of 8'),
     # 2**18 rows of 128 float32: 128 MiB, double-buffered 256 MiB.
     ((1, 1 << 18, 128), jnp.float32, (1, 128), jnp.int32, {},
      ArgumentValueError, "method 'vmem' needs x[u] (262144, 128) float32"),
@@ -90,13 +105,18 @@ def test_vmem_limit_counts_padded_tiles():
   rows = gather_kernel.VMEM_LIMIT_BYTES // (2 * 128 * 4) - 128 + 8
   x = jax.ShapeDtypeStruct((1, rows, 128), jnp.float32)
   indices = jax.ShapeDtypeStruct((1, 128), jnp.int32)
-  with pytest.raises(ArgumentValueError):
-    jax.eval_shape(lambda a, i: gather_kernel.gather_rows(a, i), x, indices)
+  for method in ('vmem', 'vmem_aligned'):
+    with pytest.raises(ArgumentValueError, match='limit'):
+      jax.eval_shape(lambda a, i, m=method: gather_kernel.gather_rows(
+          a, i, method=m), x, indices)
   out = jax.eval_shape(
       lambda a, i: gather_kernel.gather_rows(a, i, method='dma'), x, indices)
   assert out.shape == (1, 128, 128)
   x = jax.ShapeDtypeStruct((1, rows - 8, 128), jnp.float32)
-  jax.eval_shape(lambda a, i: gather_kernel.gather_rows(a, i), x, indices)
+  for method in ('vmem', 'vmem_aligned'):
+    out = jax.eval_shape(lambda a, i, m=method: gather_kernel.gather_rows(
+        a, i, method=m), x, indices)
+    assert out.shape == (1, 128, 128)
 
 
 @pytest.mark.parametrize('method', gather_kernel.METHODS)
