@@ -15,7 +15,8 @@
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
 #            Pallas kernels of gather_kernel at the LSH shapes (16 units of
-#            32768 rows, 524,288 indices); not in the default stages
+#            32768 rows, 524,288 indices); not in the default stages.
+#            More arguments: TPU_SH_GATHER_ARGS="--dtype bfloat16"
 #   real_text  benchmarks/real_text.py (the paper's claims) in a piece that
 #            ends before the stage's budget; its run directory
 #            (TPU_SH_REAL_TEXT_DIR, default /tmp/retrax-real-text) stays on
@@ -136,8 +137,8 @@ if want decode; then
 fi
 if want gather; then
   echo "== row gathers, XLA vs Pallas (budget $(share 20) s)"
-  GATHER=()
-  [ -n "$TINY" ] && GATHER=(--tiny)
+  read -r -a GATHER <<< "${TPU_SH_GATHER_ARGS:-}"
+  [ -n "$TINY" ] && GATHER+=(--tiny)
   timeout -k 10 "$(share 20)" "$PY" benchmarks/gather_bench.py "${GATHER[@]}" \
     --json "$OUT_DIR/tpu_gather.json"
   echo "gather: rc $?"
