@@ -178,6 +178,12 @@ class EfficientAttentionBase(base.Layer):
     # XLA ops unless `_record_chunking` resolves another (layers without
     # chunked attention, e.g. `EncDecAttention`, never run the kernel).
     self._implementation = 'xla'
+    # Until a subclass records its own (what `unit_bytes` reads): one hash
+    # round, no chunks (each query sees the whole length). Head depths have
+    # no default: every subclass records them.
+    self._n_hashes = 1
+    self._chunk_len: Any = None  # An int once recorded.
+    self._n_chunks_before = self._n_chunks_after = 0
 
   def _record_depths_and_dropout(self, d_qk, d_v, mode, attention_dropout,
                                  output_dropout):
@@ -247,11 +253,11 @@ class EfficientAttentionBase(base.Layer):
     compiled pass (tests/layers/attention/test_parallel_heads.py). The
     Pallas kernel (`chunked_kernel`) keeps no scores at all.
     """
-    rows = getattr(self, '_n_hashes', 1) * length
-    chunk = getattr(self, '_chunk_len', None) or length
-    window = min(length, chunk * (1 + getattr(self, '_n_chunks_before', 0) +
-                                  getattr(self, '_n_chunks_after', 0)))
-    depth = getattr(self, '_d_qk', 64) + getattr(self, '_d_v', 64)
+    rows = self._n_hashes * length
+    chunk = self._chunk_len or length
+    window = min(length,
+                 chunk * (1 + self._n_chunks_before + self._n_chunks_after))
+    depth = self._d_qk + self._d_v
     logit_rows = rows
     if self._runs_kernel():
       logit_rows = 0

@@ -107,6 +107,7 @@ class PureLSHSelfAttention(EfficientAttentionBase):
                      use_python_loop=use_python_loop,
                      use_reference_code=use_reference_code)
     self._lsh_heads = n_heads
+    self._d_qk, self._d_v = d_qk, d_v
     # `lsh_attend` runs XLA ops here: the kernel is not wired in, so the
     # environment's `RETRAX_ATTENTION_IMPL` must not claim it (nor shrink
     # `unit_bytes`' estimate).
