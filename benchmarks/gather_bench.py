@@ -30,7 +30,7 @@ rewritten after every row, so a run cut short keeps what it measured.
 
 import argparse
 import functools
-import json
+import importlib
 import os
 import statistics
 import sys
@@ -41,7 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
 sys.path.insert(0, os.path.dirname(_HERE))
+# Its JSON writer (rewritten after every row, aside then renamed).
+step_profile = importlib.import_module('step_profile')
 
 from retrax.layers.attention import gather_kernel  # noqa: E402
 
@@ -123,12 +126,12 @@ def bench(units, length, n, widths, dtype, repeats=5, block_rows=None,
       log(f'{width:5d} {name:22s} {compile_s:9.2f} {1e3 * step_s:9.3f} '
           f'{here[name]["ns_per_index"]:9.2f} {here[name]["gb_per_s"]:7.1f} '
           f'{ratio}')
-      _write_json(json_path, summary)
+      step_profile.write_json(json_path, summary)
 
     def failed(name, error, width=width, here=here):
       here[name] = dict(error=error)
       log(f'{width:5d} {name:22s} FAILED: {error}')
-      _write_json(json_path, summary)
+      step_profile.write_json(json_path, summary)
 
     for name, fn in xla_gathers().items():
       try:
@@ -161,15 +164,6 @@ def bench(units, length, n, widths, dtype, repeats=5, block_rows=None,
       record(name, compile_s, step_s,
              step_s / best_xla if best_xla else None)
   return summary
-
-
-def _write_json(path, summary):
-  """Rewrites `path` with `summary` (written aside, then renamed into place)."""
-  if not path:
-    return
-  with open(path + '.tmp', 'w') as f:
-    json.dump(summary, f, indent=1)
-  os.replace(path + '.tmp', path)
 
 
 def main(argv=None):

@@ -144,7 +144,7 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
                      tflops=rate / 1e12, of_matmul=rate / peak)
     log(f'{name:10s} {compile_s:10.2f} {1e3 * step_s:10.2f} '
         f'{rate / 1e12:8.2f} {rate / peak:9.2f}')
-    _write_json(json_path, summary)
+    write_json(json_path, summary)
 
   a = jax.random.normal(jax.random.PRNGKey(2), (length, d), jnp.bfloat16)
   b = jax.random.normal(jax.random.PRNGKey(3), (d, cfg['d_ff']), jnp.bfloat16)
@@ -168,7 +168,7 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
       for _ in range(3):
         jax.block_until_ready(fn(w, batch))
     summary['top_ops'] = top_ops(trace_dir)
-    _write_json(json_path, summary)
+    write_json(json_path, summary)
   del fn, w, batch
 
   for k in units:
@@ -188,11 +188,11 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
     log(f'LSHSelfAttention fwd+bwd, Pallas kernel / XLA: {ratio:.3f} '
         f'({1e3 * out["lsh_pallas"]["step_s"]:.2f} / '
         f'{1e3 * out["lsh"]["step_s"]:.2f} ms)')
-  _write_json(json_path, summary)
+  write_json(json_path, summary)
   return summary
 
 
-def _write_json(path, summary):
+def write_json(path, summary):
   """Rewrites `path` with `summary` (written aside, then renamed into place)."""
   if not path:
     return
