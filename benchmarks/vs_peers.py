@@ -89,10 +89,11 @@ def axial_depths(d_model):
 def _trax_lm(cfg, length, mode, mem_len=None):
   import trax.layers as tl
   from trax import models
-  extra = {} if mem_len is None else dict(predict_mem_len=mem_len,
-                                          predict_drop_len=mem_len)
+  predict = {} if mem_len is None else dict(predict_mem_len=mem_len,
+                                            predict_drop_len=mem_len)
   attention = functools.partial(tl.LSHSelfAttention, n_hashes=cfg['n_hashes'],
-                                chunk_len=cfg['chunk_len'], **extra)
+                                chunk_len=cfg['chunk_len'], **predict)
+  extra = {}
   if cfg.get('axial_pos'):  # Two small tables instead of one of max_len rows.
     extra.update(pos_type='axial', pos_axial_shape=axial_shape(length),
                  pos_d_axial_embs=axial_depths(cfg['d_model']))
@@ -359,8 +360,18 @@ def run_worker(python, peer, argv, timeout, cpus=None):
   for line in reversed(proc.stdout.splitlines()):
     if line.startswith(RESULT_TAG):
       return json.loads(line[len(RESULT_TAG):])
-  tail = (proc.stderr.strip().splitlines() or ['no output'])[-1]
-  return {'error': f'exit {proc.returncode}: {tail[:300]}'}
+  return {'error': f'exit {proc.returncode}: {error_line(proc.stderr)[:300]}',
+          'stderr_tail': proc.stderr[-4000:]}
+
+
+def error_line(stderr):
+  """The line of a worker's stderr that names its error: the last one,
+  skipping JAX's closing note on filtered tracebacks and separator rules."""
+  for line in reversed(stderr.strip().splitlines()):
+    line = line.strip()
+    if line and not line.startswith('For simplicity, JAX') and set(line) != {'-'}:
+      return line
+  return 'no output'
 
 
 # --- Driver and table ----------------------------------------------------------
@@ -425,7 +436,7 @@ def search_max_length(args, cfg, log=print):
   start, stop, most = bounds[0], bounds[1], bounds[-1]
   budget = Budget(args.budget)
   tries, fits, length = {}, None, stop
-  while start <= length <= most:
+  while start <= length <= most and str(length) not in tries:
     result = run_worker(sys.executable, 'retrax', [
         '--cfg', json.dumps(cfg), '--worker', 'train', '--length',
         str(length), '--steps', '1'], budget.timeout(args.timeout))

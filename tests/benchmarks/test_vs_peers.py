@@ -214,3 +214,41 @@ def test_axial_positions_grow_the_weights_by_sqrt_length_not_length():
   assert n_weights(1024, True) - n_weights(256, True) == (32 - 16) * 16 + (
       32 - 16) * 16  # (16x16 -> 32x32 rows) x 16 deep, per table
   assert n_weights(1024, False) - n_weights(256, False) == (1024 - 256) * 32
+
+
+def test_decode_worker_runs_lsh_predict_mode():
+  # The predict memory goes to the attention layers only (ReformerLM takes no
+  # predict_mem_len); the chip's decode rows once failed on exactly that.
+  result = vs_peers.run_worker(sys.executable, 'retrax', [
+      '--cfg', json.dumps(dict(vs_peers.TINY, n_layers=1)), '--worker',
+      'decode', '--tokens', '4', '--decode-batches', '1'], timeout=300)
+  assert 'error' not in result, result
+  assert result['1']['tok_s'] > 0
+
+
+def test_error_line_names_the_error_not_jax_closing_note():
+  stderr = ('Traceback (most recent call last):\n  File "x.py", line 1\n'
+            'jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory\n'
+            '--------------------\nFor simplicity, JAX has removed its internal '
+            'frames from the traceback of the following exception.\n\n')
+  assert vs_peers.error_line(stderr) == (
+      'jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory')
+  assert vs_peers.error_line('') == 'no output'
+
+
+def test_search_tries_each_length_once(monkeypatch):
+  # 2M fails, 1M fits: the search reports 1M and keeps 2M's own error
+  # instead of trying 2M again with what is left of the budget.
+  calls = []
+
+  def fake_worker(python, peer, argv, timeout, cpus=None):
+    length = int(argv[argv.index('--length') + 1])
+    calls.append(length)
+    return {'error': 'exit 1: OOM'} if length > 1 << 20 else {
+        'step_s': [1.0], 'first_s': 2.0, 'rss_bytes': 1e9}
+  monkeypatch.setattr(vs_peers, 'run_worker', fake_worker)
+  args = vs_peers.parse_args(['--search', f'{1 << 20},{1 << 21}'])
+  found = vs_peers.search_max_length(args, {}, log=lambda *a, **k: None)
+  assert calls == [1 << 21, 1 << 20]
+  assert found['fits'] == 1 << 20
+  assert found['tries'][str(1 << 21)] == {'error': 'exit 1: OOM'}
