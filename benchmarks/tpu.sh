@@ -3,14 +3,17 @@
 # machine lacks from its own package index (and wheels carried in .whl-tpu/),
 # then, stage by stage, each within its share of TPU_SH_TOTAL_S seconds:
 #
+#   float32  benchmarks/float32_error.py: the chip's float32 arithmetic
+#            against float64 NumPy (what the tests' TPU tolerance rests on)
 #   main     the README's main job, unchanged (`retrax train` in a new folder)
 #   tests    `pytest --quick` in one process (the chip admits one program);
 #            TPU_SH_TEST_PATHS="tests/layers tests/models" runs a part
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
 #   profile  benchmarks/step_profile.py: the paper-size step part by part,
-#            and one LSHSelfAttention fwd+bwd by XLA ops (all heads at once,
-#            and TPU_SH_LSH_UNITS at a time) and by the Pallas kernel
+#            and one LSHSelfAttention fwd+bwd by XLA ops (the default, one
+#            head at a time on a TPU, and TPU_SH_LSH_UNITS heads at a time)
+#            and by the Pallas kernel
 #            (implementation='pallas'), its ratio to XLA printed
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
@@ -35,7 +38,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT_DIR="${OUT:-$(mktemp -d)}"
 TOTAL_S="${TPU_SH_TOTAL_S:-560}"
-STAGES="${TPU_SH_STAGES:-main tests search table profile decode}"
+STAGES="${TPU_SH_STAGES:-float32 main tests search table profile decode}"
 SITE="${TPU_SH_SITE:-/tmp/retrax-site}"
 INDEX=/opt/pypi/simple
 TINY="${RETRAX_TPU_SH_TINY:-}"
@@ -63,6 +66,13 @@ left() { echo $((TOTAL_S - SECONDS)); }
 share() { local s=$((TOTAL_S * $1 / 100)); local l; l=$(left)
           echo $(( s < l ? s : l )); }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if want float32; then
+  echo "== float32 arithmetic against float64 NumPy (the tests' TPU tolerance)"
+  SIZE=512; [ -n "$TINY" ] && SIZE=64
+  timeout -k 10 "$(share 10)" "$PY" benchmarks/float32_error.py --size "$SIZE" \
+    --json "$OUT_DIR/tpu_float32.json"
+fi
 
 if want main; then
   echo "== main job: retrax train (budget $(share 20) s)"
@@ -118,7 +128,7 @@ fi
 if want profile; then
   echo "== step profile, paper size (budget $(share 20) s)"
   PROF=(--length 16384 --trace /tmp/retrax-trace
-        --units "${TPU_SH_LSH_UNITS:-1,4}")
+        --units "${TPU_SH_LSH_UNITS:-4,16}")
   [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace
                           --units 1)
   timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \

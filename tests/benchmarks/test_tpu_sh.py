@@ -50,7 +50,7 @@ def test_top_ops_sums_leaf_device_ops_per_step(tmp_path):
 def test_tpu_sh_tiny_on_cpu(tmp_path):
   env = dict(os.environ, RETRAX_TPU_SH_TINY='1', OUT=str(tmp_path),
              PYTHON=sys.executable, JAX_PLATFORMS='cpu',
-             TPU_SH_STAGES='main profile table search decode real_text',
+             TPU_SH_STAGES='float32 main profile table search decode real_text',
              TPU_SH_REAL_TEXT_DIR=str(tmp_path / 'real_text_run'))
   proc = subprocess.run(['bash', os.path.join(_BENCH, 'tpu.sh')],
                         capture_output=True, text=True, env=env, timeout=900)
@@ -65,6 +65,8 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   assert profile['lsh_kernel_over_xla'] == pytest.approx(
       profile['parts']['lsh_pallas']['step_s'] /
       profile['parts']['lsh']['step_s'])
+  f32 = json.loads((tmp_path / 'tpu_float32.json').read_text())
+  assert f32['backend'] == 'cpu' and f32['cases']['exp']['rel'] < 1e-6
   search = json.loads((tmp_path / 'tpu_max_length.json').read_text())
   assert search['fits'] == 64
   table = json.loads((tmp_path / 'tpu_vs_peers.json').read_text())

@@ -69,18 +69,21 @@ def fit_to_memory(rows, mem_len):
 
 @functools.lru_cache(maxsize=None)
 def group_memory_bytes():
-  """Working memory one group of units may take: 1/4 of an accelerator's.
+  """Working memory one group of units may take: 0 means one unit at a time.
 
-  One unit at a time leaves an accelerator idle on small per-head ops (on a
-  TPU v5e, 16 heads one by one ran LSH attention at 5% of its matmul rate),
-  so units are batched up to this; 3/4 are left for the model's weights,
-  optimizer slots and other activations. On CPUs it is 0 (one unit at a
-  time, as in Trax): XLA:CPU copies per-head cotangents into its batched
-  dots' layouts, and the default ReformerLM step at 4K took 2.36 s with its
-  4 heads batched against 1.65 s one by one.
+  CPUs and TPUs run one (example, head) unit at a time, as Trax did. On
+  XLA:CPU batched heads cost layout copies of per-head cotangents (the
+  default ReformerLM step at 4K: 2.36 s with its 4 heads batched, 1.65 s one
+  by one). On a TPU v5e (JAX 0.10.2, 2026-12-06) the paper-size LSH layer
+  at 16K (16 heads, forward and backward) took 19.7 ms one head at a time,
+  37.3 ms four at a time and 57.7 ms all 16 at once: the batched row
+  gathers and sorts of all heads cost more than the loop
+  (`benchmarks/step_profile.py --units`). Elsewhere (GPUs) units are
+  batched up to 1/4 of the device's memory; 3/4 are left for the model's
+  weights, optimizer slots and other activations.
   """
   device = jax.local_devices()[0]
-  if device.platform == 'cpu':
+  if device.platform in ('cpu', 'tpu'):
     return 0
   limit = (device.memory_stats() or {}).get('bytes_limit')
   return limit // 4 if limit else 1 << 30
@@ -131,9 +134,9 @@ class EfficientAttentionBase(base.Layer):
     n_heads: number of attention heads.
     n_in: number of inputs.
     n_parallel_heads: (example, head) units computed at once. None: as many
-      as fit `group_memory_bytes()` by `unit_bytes`' estimate (on an
-      accelerator all of them at ordinary lengths, fewer as sequences grow;
-      on a CPU one at a time); 1: one at a time (least
+      as fit `group_memory_bytes()` by `unit_bytes`' estimate (on a GPU
+      all of them at ordinary lengths, fewer as sequences grow; on a CPU or
+      a TPU one at a time, measured fastest there); 1: one at a time (least
       memory); a divisor of `n_heads`: that many heads of one example; a
       multiple of `n_heads`: `n_parallel_heads // n_heads` whole examples.
       A predict-mode call of one position computes all units at once.

@@ -40,8 +40,9 @@ def _lsh(n_parallel_heads):
                              n_parallel_heads=n_parallel_heads)
 
 
-def test_cpus_run_one_unit_at_a_time():
-  assert jax.default_backend() != 'cpu' or (
+def test_cpus_and_tpus_run_one_unit_at_a_time():
+  # Measured fastest on both (group_memory_bytes' docstring).
+  assert jax.default_backend() not in ('cpu', 'tpu') or (
       efficient_base.group_memory_bytes() == 0 and
       _lsh(None)._units_at_once((2, 64, 16)) == 1)
 

@@ -1,0 +1,35 @@
+"""benchmarks/float32_error.py: the error measure and the CPU's figures."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
+                     'float32_error.py')
+_spec = importlib.util.spec_from_file_location('float32_error', _PATH)
+float32_error = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(float32_error)
+
+
+def test_errors_is_max_abs_and_relative_away_from_zero():
+  want = np.array([4.0, -3.0, 0.001, 0.0])  # RMS 2.5: the first two count.
+  got = want + np.array([0.04, 0.0, 0.01, 0.5])
+  abs_err, rel_err = float32_error.errors(got, want)
+  assert abs_err == pytest.approx(0.5)
+  assert rel_err == pytest.approx(0.01)
+
+
+def test_cpu_float32_is_at_float32_numpys_rounding(tmp_path):
+  out = tmp_path / 'f32.json'
+  assert float32_error.main(['--size', '64', '--json', str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result['backend'] == 'cpu'
+  cases = result['cases']
+  assert set(cases) >= {'matmul default', 'matmul highest', 'exp', 'softmax',
+                        'attention (highest)'}
+  for name, c in cases.items():
+    # XLA:CPU computes float32 as NumPy does: within a few ulps of it.
+    assert c['rel'] <= 4 * c['numpy32_rel'] + 1e-6, (name, c)
