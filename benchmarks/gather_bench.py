@@ -2,7 +2,7 @@
 
     python benchmarks/gather_bench.py [--tiny] [--widths 128,65,64]
         [--units 16] [--length 32768] [--n 32768] [--dtype float32]
-        [--json out.json]
+        [--methods vmem,vmem_aligned,dma] [--block-rows B] [--json out.json]
 
 `out[u, n, :] = x[u, idx[u, n], :]` for `x [U, L, W]` and random int32
 `idx [U, N]` (repeats included), at the chip's LSH shapes by default: 16
@@ -16,7 +16,11 @@ paper-size step's sorts and `gather_rounds` take them. Rows, per width:
   units, what lsh.py's `gather_rounds` becomes under the heads' vmap;
 * `pallas_vmem`, `pallas_vmem_aligned`, `pallas_dma`:
   `gather_kernel.gather_rows` by each method (compiled on a TPU,
-  interpreted elsewhere: there their times mean nothing).
+  interpreted elsewhere: there their times mean nothing). Other than
+  float32 (`--dtype bfloat16`, `int8`, ...), the kernels move int32
+  words, and their times include XLA's conversions to and from them (a
+  relayout of `x` and of the output, a pad for a width that is not whole
+  words): what a caller would pay.
 
 Each is jitted and timed as the median of `--repeats` calls after a
 first one (compile, run and copy to the host: `compile s`), with
@@ -69,6 +73,15 @@ def _median_seconds(fn, *args, repeats=5):
   return statistics.median(times)
 
 
+def _random_rows(rng, shape, dtype):
+  """Normal values for a float type, the whole range for an integer one."""
+  if jnp.issubdtype(dtype, jnp.integer):
+    info = jnp.iinfo(dtype)
+    return jnp.asarray(rng.randint(info.min, int(info.max) + 1, shape,
+                                   dtype=np.int64), dtype)
+  return jnp.asarray(rng.randn(*shape), dtype)
+
+
 def xla_gathers():
   """`{name: jitted f(x, idx)}` of the XLA forms."""
   def flat(x, idx):
@@ -107,7 +120,7 @@ def bench(units, length, n, widths, dtype, repeats=5, block_rows=None,
       f'{"ns/index":>9s} {"GB/s":>7s} {"over_xla":>8s}')
   rng = np.random.RandomState(0)
   for width in widths:
-    x = jnp.asarray(rng.randn(units, length, width), dtype)
+    x = _random_rows(rng, (units, length, width), dtype)
     idx = jnp.asarray(rng.randint(0, length, (units, n)), jnp.int32)
     # Bytes read and written: each output row once, each gathered row once.
     moved = 2 * units * n * width * jnp.dtype(dtype).itemsize
@@ -175,7 +188,7 @@ def main(argv=None):
   parser.add_argument('--n', type=int, default=None)
   parser.add_argument('--widths', default='128,65,64')
   parser.add_argument('--dtype', default='float32',
-                      choices=('float32', 'bfloat16'))
+                      choices=[d.name for d in gather_kernel.DTYPES])
   parser.add_argument('--methods', default=','.join(gather_kernel.METHODS))
   parser.add_argument('--block-rows', type=int, default=None)
   parser.add_argument('--repeats', type=int, default=5)

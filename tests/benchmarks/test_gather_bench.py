@@ -56,3 +56,19 @@ def test_a_wrong_or_failing_kernel_is_recorded_not_timed(monkeypatch):
   assert rows['pallas_dma'] == {'error': 'ValueError: Mosaic says no'}
   assert all(rows[name]['step_s'] > 0 for name in XLA_ROWS)
   assert any('pallas_dma' in line and 'FAILED' in line for line in lines)
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'int8'])
+def test_narrow_types_timed_with_kernels_equal_to_xla(dtype, tmp_path):
+  """bfloat16 (odd width: a padded column) and int8 rows, moved as words."""
+  path = str(tmp_path / 'g.json')
+  gather_bench.main(['--units', '2', '--length', '24', '--n', '128',
+                     '--widths', '65', '--repeats', '1', '--dtype', dtype,
+                     '--json', path])
+  with open(path) as f:
+    summary = json.load(f)
+  assert summary['dtype'] == dtype
+  rows = summary['rows']['65']
+  assert set(rows) == XLA_ROWS | KERNEL_ROWS
+  # Timed, not recorded as failed: each kernel equals xla_take_along_axis.
+  assert all(r['step_s'] > 0 for r in rows.values())

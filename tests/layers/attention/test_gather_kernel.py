@@ -1,5 +1,8 @@
 """The Pallas row-gather kernels (interpret mode on CPU) against numpy's fancy indexing."""
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,16 +48,58 @@ def test_rows_off_the_tile_grid(method, dtype):
                                 np.asarray(x)[0][np.asarray(indices[0])][None])
 
 
-def test_kernels_under_jit_and_vmap():
-  """Jitted and vmapped over a leading axis (as the layers vmap heads)."""
-  x, indices = _case(1, 6, 32, 128, 64, jnp.float32)
-  x, indices = x.reshape(2, 3, 32, 64), indices.reshape(2, 3, 128)
-  want = np.asarray(x)[np.arange(2)[:, None, None], np.arange(3)[:, None],
-                       np.asarray(indices)]
+@pytest.mark.parametrize('dtype, width', [
+    (jnp.bfloat16, 64), (jnp.bfloat16, 65), (jnp.float16, 130),
+    (jnp.int16, 3), (jnp.uint16, 1), (jnp.int8, 64), (jnp.uint8, 67),
+    (jnp.int8, 66), (jnp.int8, 5), (jnp.int32, 65), (jnp.uint32, 8)])
+def test_narrow_types_move_as_words_bit_exact(dtype, width):
+  """Pairs (fours) of 16-bit (8-bit) values as a word, odd widths padded.
+
+  Every bit pattern, NaN payloads, -0.0 and denormals of bfloat16 and
+  float16 included, comes out as it went in, by every method.
+  """
+  rng = np.random.RandomState(width)
+  bits = jnp.dtype(dtype).itemsize * 8
+  raw = rng.randint(0, 1 << min(bits, 31), (2, 40, width)).astype(
+      f'uint{bits}')
+  if bits == 16:
+    raw[0, :3, 0] = [0x7fc1, 0x8000, 0x0001]  # a NaN's payload, -0, denormal
+  x = jnp.asarray(raw.view(jnp.dtype(dtype)))
+  indices = rng.randint(0, 40, (2, 128)).astype(np.int32)
+  indices[0, :3] = [0, 1, 2]
+  indices = jnp.asarray(indices)
+  want = raw[np.arange(2)[:, None], np.asarray(indices)]
   for method in gather_kernel.METHODS:
-    f = jax.jit(jax.vmap(lambda a, i, m=method: gather_kernel.gather_rows(
-        a, i, method=m)))
+    got = gather_kernel.gather_rows(x, indices, method=method)
+    assert got.dtype == x.dtype and got.shape == (2, 128, width)
+    np.testing.assert_array_equal(np.asarray(got).view(want.dtype), want,
+                                  err_msg=method)
+
+
+@pytest.mark.parametrize('method', gather_kernel.METHODS)
+def test_kernels_under_jit_and_vmap(method):
+  """Jitted and vmapped (as the layers vmap heads): the axes fold into U.
+
+  Once and twice vmapped, and with `x` shared (not vmapped) by indices
+  that are, in float32 and (moved as words) an odd-width bfloat16.
+  """
+  gather = functools.partial(gather_kernel.gather_rows, method=method)
+  for dtype, width in ((jnp.float32, 64), (jnp.bfloat16, 65)):
+    x, indices = _case(1, 6, 32, 128, width, dtype)
+    x, indices = x.reshape(2, 3, 32, width), indices.reshape(2, 3, 128)
+    xs, ids = np.asarray(x), np.asarray(indices)
+    want = xs[np.arange(2)[:, None, None], np.arange(3)[:, None], ids]
+    f = jax.jit(jax.vmap(gather))
     np.testing.assert_array_equal(np.asarray(f(x, indices)), want)
+    # Each [1, L, W] slice vmapped twice: an outer vmap folds in too.
+    f = jax.jit(jax.vmap(jax.vmap(lambda a, i: gather(a[None], i[None])[0])))
+    np.testing.assert_array_equal(np.asarray(f(x[:, :2], indices[:, :2])),
+                                  want[:, :2])
+    # x[0] not vmapped, shared by both batches of indices.
+    f = jax.vmap(gather, in_axes=(None, 0))
+    got = f(x[0], indices)
+    np.testing.assert_array_equal(
+        np.asarray(got), xs[0][np.arange(3)[:, None], ids])
 
 
 @pytest.mark.parametrize('x_shape, x_dtype, i_shape, i_dtype, kwargs, error, '
@@ -63,8 +108,11 @@ def test_kernels_under_jit_and_vmap():
      'x must be [U, L, W] and indices [U, N]; got x (2, 8, 4), indices'),
     ((2, 8, 4), jnp.float32, (3, 8), jnp.int32, {}, ArgumentValueError,
      'x must be [U, L, W]'),
-    ((2, 8, 4), jnp.float16, (2, 8), jnp.int32, {}, ArgumentTypeError,
-     'x must be float32 or bfloat16; got float16'),
+    ((2, 8, 4), jnp.bool_, (2, 8), jnp.int32, {}, ArgumentTypeError,
+     'x must be of a 32-, 16- or 8-bit type (float32, int32, uint32, '
+     'bfloat16, float16, int16, uint16, int8, uint8); got bool'),
+    ((2, 8, 4), jnp.complex64, (2, 8), jnp.int32, {}, ArgumentTypeError,
+     'got complex64'),
     ((2, 8, 4), jnp.float32, (2, 8), jnp.uint32, {}, ArgumentTypeError,
      'indices must be int32; got uint32'),
     ((2, 8, 4), jnp.float32, (2, 256), jnp.int32, {'block_rows': 64},
@@ -74,9 +122,10 @@ def test_kernels_under_jit_and_vmap():
      ArgumentValueError, 'block_rows (256) must divide N (384)'),
     ((2, 8, 4), jnp.float32, (2, 8), jnp.int32, {'method': 'xla'},
      ArgumentValueError, 'method'),
-    ((2, 40, 4), jnp.bfloat16, (2, 32), jnp.int32, {'method': 'vmem_aligned'},
-     ArgumentValueError, "method 'vmem_aligned' needs L (40) and block_rows "
-     '(32) to be multiples of 16 (bfloat16 tile rows)'),
+    # Words are moved whatever the type: 8-row tiles for bfloat16 too.
+    ((2, 36, 4), jnp.bfloat16, (2, 32), jnp.int32, {'method': 'vmem_aligned'},
+     ArgumentValueError, "method 'vmem_aligned' needs L (36) and block_rows "
+     '(32) to be multiples of 8 (tile rows of the 32-bit words moved)'),
     ((2, 40, 4), jnp.float32, (2, 12), jnp.int32, {'method': 'vmem_aligned'},
      ArgumentValueError, 'block_rows (12) to be multiples of 8'),
     # 2**18 rows of 128 float32: 128 MiB, double-buffered 256 MiB.
@@ -95,12 +144,21 @@ def test_bad_arguments_are_one_clear_line(x_shape, x_dtype, i_shape, i_dtype,
 
 
 def test_vmem_limit_counts_padded_tiles():
-  """Rows of 64 or 65 lanes take 128 of VMEM, of 130 take 256; bfloat16 tiles are 16 rows."""
+  """Counted in the words moved: (8, 128) tiles of 32 bits, whatever the type.
+
+  Rows of 64 or 65 float32 take 128 lanes, of 130 take 256; bfloat16 rows
+  of 64 values are 32 words, of 257 values 129 words (256 lanes), 8-bit
+  rows of 512 values 128 words.
+  """
   for width, lanes in ((64, 128), (65, 128), (130, 256)):
     assert gather_kernel.vmem_bytes(1024, width, jnp.float32, 128) == (
         2 * (1024 + 128) * lanes * 4)
   assert gather_kernel.vmem_bytes(17, 64, jnp.bfloat16, 16) == (
-      2 * (32 + 16) * 128 * 2)
+      2 * (24 + 16) * 128 * 4)
+  assert gather_kernel.vmem_bytes(8, 257, jnp.bfloat16, 8) == (
+      2 * (8 + 8) * 256 * 4)
+  assert gather_kernel.vmem_bytes(8, 512, jnp.int8, 8) == 2 * 16 * 128 * 4
+  assert gather_kernel.vmem_bytes(8, 513, jnp.uint8, 8) == 2 * 16 * 256 * 4
   # The limit is where 'vmem' starts refusing and 'dma' does not.
   rows = gather_kernel.VMEM_LIMIT_BYTES // (2 * 128 * 4) - 128 + 8
   x = jax.ShapeDtypeStruct((1, rows, 128), jnp.float32)
@@ -119,22 +177,42 @@ def test_vmem_limit_counts_padded_tiles():
     assert out.shape == (1, 128, 128)
 
 
+# A tensor type of 8 or 16 bits in the module's text.
+_NARROW = re.compile(r'tensor<[0-9x]*(bf16|f16|i16|ui16|i8|ui8)>')
+
+
 @pytest.mark.parametrize('method', gather_kernel.METHODS)
 @pytest.mark.parametrize('dtype, width', [
-    (jnp.float32, 64), (jnp.float32, 65), (jnp.bfloat16, 128)])
-def test_kernels_lower_for_tpu(method, dtype, width):
-  """Each method lowers to one Mosaic TPU kernel at two grid steps a unit.
+    (jnp.float32, 64), (jnp.float32, 65), (jnp.bfloat16, 128),
+    (jnp.bfloat16, 65), (jnp.int8, 64)])
+@pytest.mark.parametrize('vmapped', [False, True])
+def test_kernels_lower_for_tpu(method, dtype, width, vmapped):
+  """Each method lowers to one Mosaic TPU kernel on 32-bit values only.
 
   `jax.export` for the TPU platform runs Pallas' TPU lowering on a CPU
-  (block tiling rules, Mosaic's verifier); the chip's compiler itself runs
-  on a TPU only (benchmarks/gather_bench.py).
+  (block tiling rules, e.g. the 'dma' kernel's HBM operand must be one
+  whole-array block, vmapped too; Mosaic's verifier); the chip's compiler
+  itself runs on a TPU only (benchmarks/gather_bench.py), so the kernel's
+  operands are checked to be 32-bit: 16-bit single rows at dynamic
+  offsets fail to compile there.
   """
-  x = jax.ShapeDtypeStruct((2, 512, width), dtype)
-  indices = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+  lead = (2, 3) if vmapped else (2,)
+  x = jax.ShapeDtypeStruct(lead + (512, width), dtype)
+  indices = jax.ShapeDtypeStruct(lead + (256,), jnp.int32)
+  gather = functools.partial(gather_kernel.gather_rows, method=method,
+                             interpret=False, block_rows=128)
   exported = jax.export.export(
-      jax.jit(lambda a, i: gather_kernel.gather_rows(
-          a, i, method=method, interpret=False, block_rows=128)),
+      jax.jit(jax.vmap(gather) if vmapped else gather),
       platforms=['tpu'])(x, indices)
   module = exported.mlir_module()
   assert module.count('tpu_custom_call') == 1
   assert f'gather_rows_{method}' in module
+  call = next(line for line in module.splitlines()
+              if 'tpu_custom_call' in line)
+  words = -(-width * jnp.dtype(dtype).itemsize // 4)
+  units = 6 if vmapped else 2
+  kind = 'f32' if dtype == jnp.float32 else 'i32'
+  assert f'-> tensor<{units}x256x{words}x{kind}>' in call
+  assert not _NARROW.search(call)
+  assert exported.out_avals[0].shape == lead + (256, width)
+  assert exported.out_avals[0].dtype == dtype
