@@ -15,6 +15,7 @@ from retrax.layers import core
 from retrax.layers import position
 from retrax.shapes import ShapeDtype
 
+from tests.backend_tolerance import float32_tolerance
 from tests.layers import predict_utils
 
 RNG = jax.random.PRNGKey(0)
@@ -74,8 +75,8 @@ def randn(*shape, seed=0):
 
 
 def close(got, want, atol=1e-5):
-  np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=atol,
-                             rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got, np.float64), want,
+                             **float32_tolerance(rtol=1e-5, atol=atol))
 
 
 # --- per-head kernels --------------------------------------------------------

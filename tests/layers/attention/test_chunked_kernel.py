@@ -21,6 +21,7 @@ from retrax.fastmath import precision
 from retrax.layers.attention import chunked_kernel
 from retrax.layers.attention import ops
 from retrax.validation import ArgumentValueError
+from tests.backend_tolerance import float32_tolerance
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +155,8 @@ def test_kernel_matches_numpy(name, rows_per_step):
   (out, lse), vjp = jax.vjp(jax.jit(f), *inputs)
   grads = vjp((jnp.asarray(ct_out, jnp.float32),
                jnp.asarray(ct_lse, jnp.float32)))
-  np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out, want_out,
+                             **float32_tolerance(rtol=1e-5, atol=1e-5))
   np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-5)
 
   def objective(q, k, v):
@@ -214,7 +216,7 @@ def test_attend_kernel_equals_xla(case):
       jax.vjp(jax.jit(functools.partial(fn, impl)), *args)
       for impl in ('pallas', 'xla')))
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(g, w, **float32_tolerance(rtol=1e-5, atol=2e-6))
 
 
 def _layer_values_and_grads(layer, inputs, weights, state):
@@ -234,7 +236,7 @@ def _assert_layers_agree(make, inputs):
   results = [_layer_values_and_grads(make(impl), inputs, weights, state)
              for impl in ('pallas', 'xla')]
   for g, w in zip(*map(jax.tree.leaves, results)):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g, w, **float32_tolerance(rtol=1e-5, atol=1e-5))
 
 
 @pytest.mark.parametrize('n_hashes, causal', [

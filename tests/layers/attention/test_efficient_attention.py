@@ -13,6 +13,7 @@ from retrax.layers.attention import groups as eag
 from retrax.layers.attention import lsh
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
+from tests.backend_tolerance import float32_tolerance
 
 import efficient_attention_refs as refs
 
@@ -67,7 +68,7 @@ def test_self_attention_matches_local_window_reference(case):
   ref_kwargs = {k: v for k, v in case.items() if k != 'masked'}
   want = refs.local_self_attention(np.asarray(x), weights, mask=mask,
                                    **ref_kwargs)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got, want, **float32_tolerance(rtol=1e-5, atol=1e-5))
 
 
 MERGED_CASES = [
@@ -387,7 +388,8 @@ def test_self_attention_matches_golden_reformerlm_copy():
 
   logits = refs.reformer_lm_logits(weights, state, data['inputs'], attention,
                                    n_attn_weights=4, n_attn_state=0)
-  np.testing.assert_allclose(logits, data['logits'], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(logits, data['logits'],
+                             **float32_tolerance(rtol=1e-4, atol=1e-4))
 
 
 # --- EncDecAttention ---------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 from retrax.layers import attention as attn
 from retrax.layers.attention import kv_cache
 from retrax.shapes import ShapeDtype
+from tests.backend_tolerance import float32_tolerance
 
 
 def randn(*shape, seed=0):
@@ -96,7 +97,8 @@ def test_attend_equals_numpy(backend):
     want = np_attention(np.float64(q), np.float64(ks), np.float64(vs), mask)
     for got in (attend(q, cache_k, cache_v, start),
                 jitted(q, cache_k, cache_v, np.int32(start))):
-      np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+      np.testing.assert_allclose(got, want,
+                                 **float32_tolerance(rtol=1e-5, atol=1e-5))
 
 
 def test_segments_equal_whole_cache():

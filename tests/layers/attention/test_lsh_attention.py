@@ -11,6 +11,7 @@ from retrax.layers.attention import ops
 from retrax.layers.attention import lsh
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
+from tests.backend_tolerance import float32_tolerance
 
 import efficient_attention_refs as refs
 
@@ -319,7 +320,7 @@ def test_eval_equals_predict_when_the_window_covers_the_prefix(
   want, _ = jax.jit(_layer(**common).pure_fn)(x, weights, _state(2, length, 1),
                                               jax.random.PRNGKey(0))
   np.testing.assert_allclose(want, _full_attention(x, weights, True),
-                             rtol=1e-5, atol=1e-5)
+                             **float32_tolerance(rtol=1e-5, atol=1e-5))
   predict = _layer(mode='predict', predict_mem_len=length, predict_drop_len=4,
                    **common)
   got = refs.predict_outputs(predict, x, weights, jax.random.PRNGKey(0))

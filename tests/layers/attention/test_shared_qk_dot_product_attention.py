@@ -7,6 +7,7 @@ import pytest
 
 from retrax import layers as tl
 from retrax.layers.attention import efficient as ea
+from tests.backend_tolerance import float32_tolerance
 
 import efficient_attention_refs as refs
 
@@ -43,7 +44,7 @@ def test_matches_numpy_reference(causal):
                                          causal=causal, mode='eval')
   got, _ = jax.jit(layer.pure_fn)(x, weights, (), jax.random.PRNGKey(0))
   np.testing.assert_allclose(got, numpy_reference(x, weights, causal),
-                             rtol=1e-5, atol=1e-5)
+                             **float32_tolerance(rtol=1e-5, atol=1e-5))
 
 
 def test_differs_from_normalised_shared_qk_and_attends_to_itself():
