@@ -157,7 +157,8 @@ def test_kernel_matches_numpy(name, rows_per_step):
                jnp.asarray(ct_lse, jnp.float32)))
   np.testing.assert_allclose(out, want_out,
                              **float32_tolerance(rtol=1e-5, atol=1e-5))
-  np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-5)
+  np.testing.assert_allclose(lse, want_lse,
+                             **float32_tolerance(rtol=1e-6, atol=1e-5))
 
   def objective(q, k, v):
     o, l = ref(q, k, v)
@@ -169,7 +170,8 @@ def test_kernel_matches_numpy(name, rows_per_step):
     minus = objective(*(a - eps * b for a, b in zip((q, k, v), u)))
     want = (plus - minus) / (2 * eps)
     got = sum(np.sum(np.asarray(g, np.float64) * b) for g, b in zip(grads, u))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, want,
+                               **float32_tolerance(rtol=1e-4, atol=1e-4))
 
 
 def test_block_chunks_divide_the_chunks_within_the_step():

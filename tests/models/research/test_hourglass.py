@@ -57,14 +57,20 @@ def _loaded(golden, name):
 
 
 # Run op by op, as Trax wrote them: under jit, XLA's fusions round the
-# deepest model's logits differently (up to 2e-5 of their scale).
+# deepest model's logits differently (up to 2e-5 of their scale). Hourglass
+# amplifies float32 rounding: weights changed by one ulp (a relative 1e-7)
+# move its logits by up to 1.8e-5 of their scale and its gradients by up to
+# 1.2e-4 (golden_leaves.close), so the deep configurations are held to 5e-5
+# and the gradients to 2e-4 of their scale; retrax's op order is not Trax's
+# (hg_naive_train's logits were 1.6e-5 off, the gradients 5.7e-5).
+_LOGITS_TOL = {'hg_default': 5e-5, 'hg_naive_train': 5e-5}
 @pytest.mark.parametrize('name', [
     pytest.param('hg_default', marks=pytest.mark.slow), 'hg_linear',
     pytest.param('hg_naive_train', marks=pytest.mark.slow)])
 def test_logits_match_trax(golden, name):
   model, _, arg, weights, state = _loaded(golden, name)
   y, _ = model.pure_fn(arg, weights, state, jax.random.PRNGKey(CALL_SEED))
-  gl.close(y, golden[f'{name}/out0'])
+  gl.close(y, golden[f'{name}/out0'], tol=_LOGITS_TOL.get(name, 1e-5))
 
 
 @pytest.mark.slow
@@ -73,7 +79,7 @@ def test_gradients_match_trax(golden):
   gw, _ = gl.grads(model, inputs, weights, state,
                    jax.random.PRNGKey(CALL_SEED), jit=False)(
                        golden['hg_default/ct'])
-  gl.close_trees(gw, gl.group(golden, 'hg_default', 'gw'))
+  gl.close_trees(gw, gl.group(golden, 'hg_default', 'gw'), tol=2e-4)
 
 
 @pytest.mark.parametrize('hierarchy', ['2@4', '1@2 1@4 1@2'])
