@@ -7,7 +7,8 @@
 #            against float64 NumPy (what the tests' TPU tolerance rests on)
 #   main     the README's main job, unchanged (`retrax train` in a new folder)
 #   tests    `pytest --quick` in one process (the chip admits one program);
-#            TPU_SH_TEST_PATHS="tests/layers tests/models" runs a part
+#            TPU_SH_TEST_PATHS="tests/layers tests/models" runs a part,
+#            TPU_SH_TEST_SHARD=2/4 the second of four fixed parts
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
 #   profile  benchmarks/step_profile.py: the paper-size step part by part,
@@ -88,8 +89,10 @@ fi
 if want tests; then
   echo "== pytest --quick, one process (budget $(share 45) s)"
   # TPU_SH_TEST_PATHS: a part of the suite (the chip compiles each test's
-  # programs: the whole suite takes more than one call).
+  # programs: the whole suite takes more than one call); TPU_SH_TEST_SHARD
+  # K/N: the K-th of N fixed parts of it (e.g. 1/4 .. 4/4 over four calls).
   read -r -a TESTS <<< "${TPU_SH_TEST_PATHS:-tests}"
+  [ -n "${TPU_SH_TEST_SHARD:-}" ] && TESTS+=(--shard "$TPU_SH_TEST_SHARD")
   [ -n "$TINY" ] && TESTS=(tests/cli/test_multiprocess.py)
   # SIGINT at the budget: pytest stops and still prints its summary; -v
   # logs each test's outcome as it ends.

@@ -7,11 +7,17 @@ everything else (tests added since the file was written included) in a
 fraction of the suite's time. `pytest --record-durations` times a full run
 and writes the file again (with `-n 2` too: the reports reach the
 controlling process).
+
+`--shard K/N` keeps the K-th of N parts of what is selected (each test's
+part fixed by a hash of its id, so adding tests moves no other): a TPU
+chip compiles every test's programs, and the quick suite there takes
+several calls of 10 minutes (`TPU_SH_TEST_SHARD` in benchmarks/tpu.sh).
 """
 
 import collections
 import json
 import os
+import zlib
 
 QUICK_SECONDS = 1.0
 SLOW_TESTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -27,6 +33,27 @@ def pytest_addoption(parser):
                   help='time this run and write --slow-tests-file from it')
   group.addoption('--slow-tests-file', default=SLOW_TESTS_FILE,
                   help='the slow tests file (default tests/slow_tests.json)')
+  group.addoption('--shard', default=None, metavar='K/N',
+                  help='run only the K-th of N parts of the selected tests '
+                  '(parts fixed by a hash of each test id)')
+
+
+def parse_shard(text):
+  """`'K/N'` as `(K, N)` with 1 <= K <= N; a one-line error otherwise."""
+  import pytest
+  try:
+    k, n = (int(v) for v in text.split('/'))
+  except ValueError:
+    k = n = 0
+  if not 1 <= k <= n:
+    raise pytest.UsageError(f'--shard: expected K/N with 1 <= K <= N, e.g. '
+                            f'2/4; got {text!r}.')
+  return k, n
+
+
+def shard_of(nodeid, n):
+  """The part (1..n) test `nodeid` belongs to."""
+  return zlib.crc32(nodeid.encode()) % n + 1
 
 
 def read_slow_tests(path):
@@ -73,10 +100,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  if not config.getoption('quick'):
-    return
-  slow = read_slow_tests(config.getoption('slow_tests_file'))
-  drop = [item for item in items if item.nodeid in slow]
-  if drop:
-    config.hook.pytest_deselected(items=drop)
-    items[:] = [item for item in items if item.nodeid not in slow]
+  slow = (read_slow_tests(config.getoption('slow_tests_file'))
+          if config.getoption('quick') else {})
+  shard = config.getoption('shard')
+  k, n = parse_shard(shard) if shard else (1, 1)
+  keep = [item for item in items
+          if item.nodeid not in slow and shard_of(item.nodeid, n) == k]
+  if len(keep) < len(items):
+    kept = set(map(id, keep))
+    config.hook.pytest_deselected(
+        items=[item for item in items if id(item) not in kept])
+    items[:] = keep

@@ -53,3 +53,30 @@ def test_the_repository_file_lists_only_existing_slow_tests():
   assert all(s >= quick_subset.QUICK_SECONDS for s in slow.values())
   for test in slow:
     assert os.path.exists(os.path.join(_REPO, test.split('::')[0])), test
+
+
+def test_shards_split_the_selection_into_disjoint_parts(tmp_path):
+  (tmp_path / 'test_many.py').write_text(''.join(
+      f'def test_{i}():\n  pass\n' for i in range(12)))
+  ids = [f'test_many.py::test_{i}' for i in range(12)]
+  parts = []
+  for k in (1, 2, 3):
+    out = _pytest(tmp_path, '--shard', f'{k}/3')
+    ran = [t for t in ids if f'{t} PASSED' in out]
+    assert ran == [t for t in ids if quick_subset.shard_of(t, 3) == k]
+    parts.append(set(ran))
+  assert set().union(*parts) == set(ids)
+  assert sum(map(len, parts)) == len(ids) and all(parts)
+
+
+def test_a_bad_shard_is_one_line(tmp_path):
+  (tmp_path / 'pytest.ini').write_text('[pytest]\n')
+  (tmp_path / 'test_x.py').write_text('def test_x():\n  pass\n')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-p', 'tests.quick_subset', '-p',
+       'no:randomly', '-n', '0', '--shard', '4/3'], cwd=tmp_path,
+      env=dict(os.environ, PYTHONPATH=_REPO), capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 4
+  assert "--shard: expected K/N with 1 <= K <= N, e.g. 2/4; got '4/3'." in (
+      proc.stderr)
