@@ -14,8 +14,8 @@
 #   profile  benchmarks/step_profile.py: the paper-size step part by part,
 #            and one LSHSelfAttention fwd+bwd by XLA ops (the default, one
 #            head at a time on a TPU, and TPU_SH_LSH_UNITS heads at a time)
-#            and by the Pallas kernel
-#            (implementation='pallas'), its ratio to XLA printed
+#            and by the Pallas kernel (implementation='pallas'), its ratio
+#            to XLA printed
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
 #            Pallas kernels of gather_kernel at the LSH shapes (16 units of
