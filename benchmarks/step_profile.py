@@ -1,7 +1,7 @@
 """Where a ReformerLM training step's time goes, part by part, on any device.
 
     python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
-        [--units 1,4] [--json out.json]
+        [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz]
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
 layers, LSH-2, chunk 128, vocab 256, batch 1). Each part is jitted alone,
@@ -28,8 +28,9 @@ median of five calls after a compiling one:
   against: each part's TFLOP/s is printed beside its share of it).
 
 FLOPs are the closed forms of `vs_peers_report` (matmuls only), so the rates
-compare with vs_peers' table. `--trace DIR` also writes a `jax.profiler` trace
-of three whole steps there (open it with xprof / TensorBoard's profile tab).
+compare with vs_peers' table. `--trace DIR` also writes `jax.profiler` traces
+of three calls of the step and of each LSH layer there (open them with xprof /
+TensorBoard's profile tab) and sums their device ops by HLO category.
 Each row is printed, and `--json` rewritten, as soon as it is measured, so
 a run cut short by a time limit keeps the rows it finished.
 """
@@ -121,10 +122,14 @@ def _lsh_layer(cfg, implementation, n_parallel_heads=None):
 
 
 def profile(cfg, length, trace_dir=None, log=print, json_path=None,
-            units=()):
+            units=(), hlo_path=None):
   """Times the parts; returns `{part: {compile_s, step_s, flops, tflops,
   of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran. `units`:
-  the `n_parallel_heads` of the `lsh_unitsK` rows."""
+  the `n_parallel_heads` of the `lsh_unitsK` rows. With `trace_dir`, the
+  step and both LSH layers are traced: `traces[part]` holds each one's
+  device time by HLO category and its slowest ops (the step's also as
+  `top_ops`). `hlo_path`: the XLA layer's compiled HLO, gzipped, for
+  reading what its slowest fusions are."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
   d = cfg['d_model']
@@ -157,18 +162,30 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   fn, w = _layer_grad_fn(ff, x)
   record('ff', *_median_seconds(fn, w, x), ff_flops)
 
+  def trace(part, fn, *args):
+    if not trace_dir:
+      return
+    folder = os.path.join(trace_dir, part)
+    with jax.profiler.trace(folder):
+      for _ in range(3):
+        jax.block_until_ready(fn(*args))
+    summary.setdefault('traces', {})[part] = dict(
+        categories=op_categories(folder), top_ops=top_ops(folder, top=25))
+    write_json(json_path, summary)
+
   fn, w = _layer_grad_fn(_lsh_layer(cfg, 'xla'), x)
   record('lsh', *_median_seconds(fn, w, x), lsh_flops)
+  if hlo_path:
+    with gzip.open(hlo_path, 'wt') as f:
+      f.write(fn.lower(w, x).compile().as_text())
+  trace('lsh', fn, w, x)
 
   fn, w, batch = step_fn(cfg, length)
   record('step', *_median_seconds(fn, w, batch, repeats=3),
          report.train_flops(cfg, length))
+  trace('step', fn, w, batch)
   if trace_dir:
-    jax.block_until_ready(fn(w, batch))
-    with jax.profiler.trace(trace_dir):
-      for _ in range(3):
-        jax.block_until_ready(fn(w, batch))
-    summary['top_ops'] = top_ops(trace_dir)
+    summary['top_ops'] = summary['traces']['step']['top_ops'][:15]
     write_json(json_path, summary)
   del fn, w, batch
 
@@ -179,6 +196,7 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   try:
     fn, w = _layer_grad_fn(_lsh_layer(cfg, 'pallas'), x)
     record('lsh_pallas', *_median_seconds(fn, w, x), lsh_flops)
+    trace('lsh_pallas', fn, w, x)
   except Exception as e:  # noqa: BLE001 -- a kernel the chip rejects is a result
     error = f'{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}'
     out['lsh_pallas'] = dict(error=error)
@@ -202,17 +220,17 @@ def write_json(path, summary):
   os.replace(path + '.tmp', path)
 
 
-def top_ops(trace_dir, n_steps=3, top=15):
-  """`[(ms per step, calls per step, op, HLO category)]` of a device trace.
+def _device_op_totals(trace_dir):
+  """`{op: [microseconds, calls, HLO category]}` of a device trace, or None.
 
   Reads the Chrome-format `*.trace.json.gz` that `jax.profiler.trace`
   writes: the leaf XLA ops of the first device (loops and conditionals,
-  which contain other ops, are left out), slowest first.
+  which contain other ops, are left out).
   """
   paths = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'),
                     recursive=True)
   if not paths:
-    return []
+    return None
   with gzip.open(sorted(paths)[-1]) as f:
     events = json.load(f)['traceEvents']
   names = {(e['pid'], e['tid']): e['args']['name'] for e in events
@@ -230,9 +248,23 @@ def top_ops(trace_dir, n_steps=3, top=15):
     t[0] += e['dur']
     t[1] += 1
     t[2] = t[2] or e.get('args', {}).get('hlo_category', '')
+  return totals
+
+
+def top_ops(trace_dir, n_steps=3, top=15):
+  """`[(ms per step, calls per step, op, HLO category)]`, slowest first."""
+  totals = _device_op_totals(trace_dir) or {}
   rows = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
   return [(us / n_steps / 1e3, calls // n_steps, name, category)
           for name, (us, calls, category) in rows]
+
+
+def op_categories(trace_dir, n_steps=3):
+  """`{HLO category: ms per step}` of a device trace, largest first."""
+  sums = collections.Counter()
+  for us, _, category in (_device_op_totals(trace_dir) or {}).values():
+    sums[category or 'other'] += us / n_steps / 1e3
+  return dict(sums.most_common())
 
 
 def main(argv=None):
@@ -244,11 +276,14 @@ def main(argv=None):
                       help='also time the LSH layer with these '
                       'n_parallel_heads, e.g. 1,4')
   parser.add_argument('--json', default=None)
+  parser.add_argument('--hlo', default=None,
+                      help="write the XLA LSH layer's compiled HLO here "
+                      '(gzipped text)')
   args = parser.parse_args(argv)
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]
   summary = profile(cfg, args.length, args.trace, json_path=args.json,
-                    units=units)
+                    units=units, hlo_path=args.hlo)
   ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')

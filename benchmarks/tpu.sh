@@ -130,14 +130,15 @@ fi
 
 if want profile; then
   echo "== step profile, paper size (budget $(share 20) s)"
-  PROF=(--length 16384 --trace /tmp/retrax-trace
-        --units "${TPU_SH_LSH_UNITS:-4,16}")
+  # Traces stay on the machine (too large to bring back); their device time
+  # by HLO category and slowest ops go into the JSON, the XLA LSH layer's
+  # compiled HLO beside it (to read what those ops are).
+  PROF=(--length 16384 --trace /tmp/retrax-trace --units "${TPU_SH_LSH_UNITS:-}"
+        --hlo "$OUT_DIR/tpu_lsh_hlo.txt.gz")
   [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace
                           --units 1)
   timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
     --json "$OUT_DIR/tpu_profile.json"
-  find /tmp/retrax-trace -name '*.trace.json.gz' -exec cp {} \
-    "$OUT_DIR/tpu_trace.json.gz" \; 2>/dev/null
 fi
 
 if want decode; then
