@@ -41,6 +41,14 @@ from retrax.shapes import ShapeDtype
 from retrax.validation import ArgumentValueError
 
 
+# Largest projected inputs of all units (`UnitStages.unit_depth` floats per
+# unit and position) for which a pass projects all heads at once. 1 GiB:
+# the paper-size model (16 heads of 64 + 64) up to 128K tokens, the default
+# ReformerLM (4 heads) up to 512K; longer inputs keep the per-unit loop's
+# working set (the 1M-token step fits a 16 GB chip with it).
+PROJECTED_MAX_BYTES = 1 << 30
+
+
 def _tree_stack(trees):
   return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=0), *trees)
 
@@ -245,7 +253,7 @@ class EfficientAttentionBase(base.Layer):
     """(example, head) units computed at once (None: as many as fit)."""
     return self._n_parallel_heads
 
-  def unit_bytes(self, length):
+  def unit_bytes(self, length, projected=False):
     """Estimated working memory of one (example, head) unit's forward-backward.
 
     What a group's vjp keeps: per attended row (`n_hashes` rounds of
@@ -254,7 +262,11 @@ class EfficientAttentionBase(base.Layer):
     rematerializes them), and its gathered queries, keys, values and their
     cotangents, in float32. Calibrated against `memory_analysis()` of the
     compiled pass (tests/layers/attention/test_parallel_heads.py). The
-    Pallas kernel (`chunked_kernel`) keeps no scores at all.
+    Pallas kernel (`chunked_kernel`) keeps no scores at all. `projected`:
+    the unit's core alone (`groups.run_projected`, all heads projected at
+    once), whose vjp keeps about 3/4 of the scores and 2/5 of the
+    per-depth arrays of a whole unit's (no per-head copies of the input and
+    its cotangent).
     """
     rows = self._n_hashes * length
     chunk = self._chunk_len or length
@@ -266,6 +278,8 @@ class EfficientAttentionBase(base.Layer):
       logit_rows = 0
     elif attention_ops.in_blocks(rows // chunk, chunk, window):
       logit_rows = attention_ops.BLOCK_CHUNKS * chunk
+    if projected:
+      return 4 * (logit_rows * 3 * window + rows * 5 * depth // 2)
     return 4 * (logit_rows * 4 * window + rows * 6 * depth)
 
   def hash_length(self, length):
@@ -320,6 +334,18 @@ class EfficientAttentionBase(base.Layer):
     subclass's own step runs. Default: None, the per-unit function runs.
     """
     del inputs, weights, state, q_start, q_len
+    return None
+
+  def _unit_stages(self):
+    """`groups.UnitStages` splitting `forward_unbatched`, or None (the default).
+
+    A subclass whose per-unit function projects its inputs, runs a core and
+    projects the core's output returns the three (and the forward pass
+    then projects all heads at once: `groups.run_projected`); None where a
+    pass must run `forward_unbatched` whole (e.g. output dropout, which
+    acts per head before the heads are summed, or a subclass's own
+    `forward_unbatched`).
+    """
     return None
 
   # `*inputs: Any, **kwargs: Any`: a subclass names its own inputs (`x, mask`,
@@ -627,20 +653,47 @@ class EfficientAttentionBase(base.Layer):
     groups.check_state(self, state)
     todo = groups_lib.Todo(compute_output, output_grad is not None, update_state,
                  tuple(groups_lib.is_differentiable(x) for x in inputs))
-    out, new_state, dx, w_ct = self._run_groups(
-        groups_lib.GroupRunner(fn, groups, todo), inputs, weights, state, output_grad,
-        shape, subtract_from)
+    stages = self._projected_stages(shape)
+    if stages is not None:
+      out, new_state, dx, weights_grad = groups_lib.run_projected(
+          stages, self._n_heads, groups.heads * groups.examples, inputs,
+          weights, state, rng, todo, output_grad, subtract_from, self._loop)
+    else:
+      out, new_state, dx, w_ct = self._run_groups(
+          groups_lib.GroupRunner(fn, groups, todo), inputs, weights, state,
+          output_grad, shape, subtract_from)
+      if update_state:
+        new_state = jax.tree_util.tree_map(groups.merge_units, new_state)
+      if todo.grad:
+        weights_grad = jax.tree_util.tree_map(
+            lambda a: a.reshape((self._n_heads,) + a.shape[2:]), w_ct)
 
     output = out.reshape(shape) if compute_output else None
     if update_state:
-      new_state = jax.tree_util.tree_map(groups.merge_units, new_state)
       new_state = tuple(merge_rows(new_state))
-    inputs_grad = weights_grad = None
+    inputs_grad = None
     if todo.grad:
-      weights_grad = jax.tree_util.tree_map(
-          lambda a: a.reshape((self._n_heads,) + a.shape[2:]), w_ct)
       inputs_grad = groups_lib.inputs_grad(raw_inputs, dx, todo.differentiable)
+    else:
+      weights_grad = None
     return output, new_state, inputs_grad, weights_grad
+
+  def _projected_stages(self, shape):
+    """The `UnitStages` if a pass over inputs of `shape` projects all heads at once.
+
+    Not in predict mode (a step's few positions gain nothing), nor when the
+    projected inputs of all units would take more than
+    `PROJECTED_MAX_BYTES`: there the per-unit loop's smaller working set
+    matters more than its speed (the longest sequences).
+    """
+    if self._incremental:
+      return None
+    stages = self._unit_stages()
+    if stages is None:
+      return None
+    batch, length = shape[:2]
+    projected_bytes = 4 * batch * length * self._n_heads * stages.unit_depth
+    return stages if projected_bytes <= PROJECTED_MAX_BYTES else None
 
   def _check_pass(self, shape, output_grad, compute_output, update_state):
     """Raises unless the pass asked for is possible and its arguments agree."""
@@ -669,8 +722,10 @@ class EfficientAttentionBase(base.Layer):
       return None
     if self._n_parallel_heads is not None:
       return self._n_parallel_heads
-    return units_that_fit(shape[0], self._n_heads,
-                          self.unit_bytes(shape[1]), group_memory_bytes())
+    unit_bytes = self.unit_bytes(
+        shape[1], projected=self._projected_stages(shape) is not None)
+    return units_that_fit(shape[0], self._n_heads, unit_bytes,
+                          group_memory_bytes())
 
   def _unit_function(self, inputs, weights, state, rng, update_state):
     """The per-unit function of this pass and what it runs on.

@@ -3,9 +3,12 @@
 `batch * n_heads` units are cut into groups of `n_parallel_heads` (`Groups`);
 `GroupRunner` runs the per-unit function over one group (vmapped) and, for
 the backward pass, differentiates it right away (`jax.vjp`).
+`run_projected` runs layers whose per-unit function is an input projection,
+a core and an output projection (`UnitStages`) with the projections of all
+heads at once and only the core per group.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -147,6 +150,115 @@ class GroupRunner(NamedTuple):
     out, vjp_fn, new_s = jax.vjp(f, d_xs, w, has_aux=True)
     d_xs_ct, w_ct = vjp_fn(ct.astype(out.dtype))
     return out, new_s, d_xs_ct, w_ct
+
+
+class UnitStages(NamedTuple):
+  """A per-unit function as projection, core and output projection.
+
+  `project(inputs, weights)`: the float inputs of every unit, a tuple of
+  `[batch * n_heads, ...]` arrays (row `example * n_heads + head`), linear
+  in the layer's inputs up to a bias; `core(*units, *extras, state, rng,
+  update_state) -> (o, new_state)` for one unit, `extras` being the layer's
+  non-float inputs (masks) of the unit's example; `combine(o, weights)`:
+  the layer's output `[batch, ...]` from every unit's `o` (`[batch *
+  n_heads, ...]`), linear in `o`. `unit_depth`: the summed last dimension
+  of `project`'s arrays (what their memory is planned by).
+  """
+  project: Callable[..., Any]
+  core: Callable[..., Any]
+  combine: Callable[..., Any]
+  unit_depth: int
+
+
+def run_projected(stages, n_heads, group_size, inputs, weights, state, rng,
+                  todo, output_grad, subtract_from, loop):
+  """`(out, new_state, inputs cotangents, weights cotangent)` by `stages`.
+
+  The projections of all units are two matmuls of the whole batch (input
+  and output), not one pair per unit: a unit's own `[L, d_model] @
+  [d_model, d_head]` projection read the whole input and added an `[L,
+  d_model]` output into an accumulator, once per head in both passes (on
+  a TPU v5e, 10 of the paper-size LSH layer's 20 ms at 16K). The cores run
+  `group_size` units at a time (`loop`: `lax.scan` or its Python
+  unrolling); the backward pass recomputes them and differentiates each
+  group right away, as `GroupRunner` does. Costs the projected inputs of
+  all units, their cotangents and the cores' outputs in memory (about
+  three copies of the layer's input for `n_heads * d_head == d_model`).
+  `state` holds one row per unit; `new_state` comes back the same way.
+  """
+  batch = inputs[0].shape[0]
+  n_units = batch * n_heads
+  n_groups = n_units // group_size
+  differentiable = todo.differentiable
+  extras = tuple(jnp.repeat(x, n_heads, axis=0)
+                 for x, d in zip(inputs, differentiable) if not d)
+  d_xs = tuple(x for x, d in zip(inputs, differentiable) if d)
+
+  def project(d_xs, w):
+    d_iter = iter(d_xs)
+    full = tuple(next(d_iter) if d else x for x, d in zip(inputs, differentiable))
+    return stages.project(full, w)
+
+  if todo.grad:
+    units, project_vjp = jax.vjp(project, d_xs, weights)
+  else:
+    units = project(d_xs, weights)
+  combine = lambda o, w: stages.combine(o, w).astype(inputs[0].dtype)
+
+  def group_fn(units_g, extras_g, s_g):
+    def unit(units_u, extras_u, s_u):
+      return stages.core(*units_u, *extras_u, state=s_u, rng=rng,
+                         update_state=todo.state)
+    if group_size > 1:
+      return jax.vmap(unit)(units_g, extras_g, s_g)
+    # One unit: no vmap (see `GroupRunner.forward`).
+    first = lambda t: jax.tree_util.tree_map(lambda a: a[0], t)
+    o, new_s = unit(first(units_g), first(extras_g), first(s_g))
+    return jax.tree_util.tree_map(lambda a: a[None], (o, new_s))
+
+  split = lambda t: jax.tree_util.tree_map(
+      lambda a: a.reshape((n_groups, group_size) + a.shape[1:]), t)
+  merge = lambda t: jax.tree_util.tree_map(
+      lambda a: a.reshape((n_units,) + a.shape[2:]), t)
+  s = lax.stop_gradient(state)
+  d_o = None
+  if todo.grad:
+    o_shape = jax.eval_shape(lambda: group_fn(
+        *jax.tree_util.tree_map(lambda a: a[:group_size],
+                                (units, extras, s)))[0])
+    # `combine` is linear in `o`: its vjp at zeros is its transpose (the
+    # forward product at zeros is unused, and XLA drops it).
+    _, d_o_vjp = jax.vjp(
+        lambda o: combine(o, weights),
+        jnp.zeros((n_units,) + o_shape.shape[1:], o_shape.dtype))
+    (d_o,) = d_o_vjp(output_grad.astype(inputs[0].dtype))
+
+  def body(carry, xs):
+    units_g, extras_g, s_g, d_o_g = xs
+    if not todo.grad:
+      o, new_s = group_fn(units_g, extras_g, s_g)
+      return carry, (o, new_s if todo.state else None, None)
+    o, vjp_fn, new_s = jax.vjp(lambda u: group_fn(u, extras_g, s_g), units_g,
+                               has_aux=True)
+    (d_units,) = vjp_fn(d_o_g.astype(o.dtype))
+    return carry, (o, new_s if todo.state else None, d_units)
+
+  _, (o, new_state, d_units) = loop(
+      body, None, split((units, extras, s, d_o)), n_groups)
+  o = merge(o)
+  new_state = merge(new_state) if todo.state else None
+  out = None
+  if todo.output:
+    out = combine(o, weights)
+    if subtract_from is not None:
+      out = subtract_from - out
+  if not todo.grad:
+    return out, new_state, None, None
+  _, combine_vjp = jax.vjp(lambda w: combine(o, w), weights)
+  (w_ct_out,) = combine_vjp(output_grad.astype(inputs[0].dtype))
+  dx, w_ct_in = project_vjp(merge(d_units))
+  w_ct = jax.tree_util.tree_map(jnp.add, w_ct_in, w_ct_out)
+  return out, new_state, dx, w_ct
 
 
 def inputs_grad(raw_inputs, dx, differentiable):

@@ -55,6 +55,7 @@ from retrax.layers.attention.efficient import normalize_mask
 from retrax.layers.attention.efficient_base import drop_oldest
 from retrax.layers.attention.efficient_base import EfficientAttentionBase
 from retrax.layers.attention.efficient_base import fit_to_memory
+from retrax.layers.attention import groups
 from retrax.layers.attention.ops import apply_broadcasted_dropout
 from retrax.layers.attention.ops import attend
 from retrax.layers.attention.ops import attend_queries_scaled
@@ -443,12 +444,22 @@ class LSHSelfAttention(EfficientAttentionBase):
   def forward_unbatched(self, x, mask=None, *, weights, state, rng,
                         update_state):
     """LSH attention of one head over one example `x [L, M]`."""
+    q, v = self._project(x, weights)
+    o, state = self._attend_unit(q, v, mask, state=state, rng=rng,
+                                 update_state=update_state)
+    out = precision.matmul(o, self._unpack_weights(weights)[2])
+    _, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                 self._output_dropout)
+    return apply_broadcasted_dropout(out, self._output_dropout,
+                                     output_rng), state
+
+  def _attend_unit(self, q, v, mask=None, *, state, rng, update_state):
+    """One unit's LSH attention of projected `q`, `v` `[L, d]`: `(o, state)`."""
     if (mask is not None) != self._masked:
       raise InputValueError(f'{self.name}: masked={self._masked} but a mask was '
                             f'{"given" if mask is not None else "not given"}.')
-    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
-                                          self._output_dropout)
-    q, v = self._project(x, weights)
+    attend_rng, _ = dropout_rngs(rng, self._attention_dropout,
+                                 self._output_dropout)
     buckets, state = buckets_and_state(
         self.name, self.hash_vectors, q, state, mask, n_hashes=self._n_hashes,
         max_length_for_buckets=self._max_length_for_buckets,
@@ -461,10 +472,40 @@ class LSHSelfAttention(EfficientAttentionBase):
                    implementation=self.implementation,
                    n_ids=n_bucket_ids(self._n_buckets, self._n_hashes,
                                       self._chunk_len,
-                                      self.hash_length(x.shape[0])))
-    out = precision.matmul(o, self._unpack_weights(weights)[2])
-    return apply_broadcasted_dropout(out, self._output_dropout,
-                                     output_rng), state
+                                      self.hash_length(q.shape[0])))
+    return o, state
+
+  def _unit_stages(self):
+    """Projections of all heads at once, `_attend_unit` per unit.
+
+    None with output dropout or where a subclass has its own
+    `forward_unbatched` or `_project`.
+    """
+    own = all(getattr(getattr(self, name), '__func__', None) is
+              getattr(LSHSelfAttention, name)
+              for name in ('forward_unbatched', '_project'))
+    if self._output_dropout or not own:
+      return None
+    return groups.UnitStages(self._project_heads, self._attend_unit,
+                             self._combine_heads, self._d_qk + self._d_v)
+
+  def _project_heads(self, inputs, weights):
+    """`(q, v)` of every unit, `[B * n_heads, L, d]` (`_project` of all heads)."""
+    w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
+    x = inputs[0]
+
+    def heads(w, b):
+      y = precision.einsum('blm,hmd->bhld', x, w)
+      if b is not None:
+        y = y + b[None, :, None, :]
+      return y.reshape((-1,) + y.shape[2:])
+    return heads(w_q, b_q), heads(w_v, b_v)
+
+  def _combine_heads(self, o, weights):
+    """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`."""
+    o = o.reshape((-1, self._n_heads) + o.shape[1:])
+    return precision.einsum('bhld,hdm->blm', o,
+                            self._unpack_weights(weights)[2])
 
   def _roll_predict_state(self, state):
     buckets, buckets_idx, rng, k_cache, v_cache = state

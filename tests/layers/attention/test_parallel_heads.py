@@ -63,12 +63,17 @@ def test_default_batches_heads_and_equals_one_at_a_time(monkeypatch):
                                atol=1e-6 * float(jnp.max(jnp.abs(want))))
 
 
+@pytest.mark.parametrize('projected', [True, False])
 @pytest.mark.parametrize('length,d,chunk_len', [
     (2048, 32, 32),    # every row's logits live in the backward
     pytest.param(65536, 16, 64, marks=pytest.mark.slow),  # in blocks
 ])
-def test_unit_bytes_bounds_the_compiled_group(length, d, chunk_len):
-  """`unit_bytes` is within 1.5x of what XLA:CPU plans per extra unit."""
+def test_unit_bytes_bounds_the_compiled_group(length, d, chunk_len, projected,
+                                              monkeypatch):
+  """`unit_bytes` is within 1.5x of what XLA:CPU plans per extra unit, with
+  all heads projected at once (the default) and per unit (long inputs)."""
+  if not projected:
+    monkeypatch.setattr(efficient_base, 'PROJECTED_MAX_BYTES', 0)
   x = jax.ShapeDtypeStruct((1, length, 2 * d), jnp.float32)
 
   def temp_bytes(n):
@@ -81,14 +86,19 @@ def test_unit_bytes_bounds_the_compiled_group(length, d, chunk_len):
   one, layer = temp_bytes(1)
   four, _ = temp_bytes(4)
   per_unit = (four - one) / 3
-  assert per_unit / 1.5 <= layer.unit_bytes(length) <= 1.5 * per_unit
+  assert (layer._projected_stages(x.shape) is not None) == projected
+  estimate = layer.unit_bytes(length, projected=projected)
+  assert per_unit / 1.5 <= estimate <= 1.5 * per_unit
 
 
 def test_default_shrinks_groups_as_sequences_grow(monkeypatch):
   monkeypatch.setattr(efficient_base, 'group_memory_bytes', lambda: 1 << 30)
   layer = tl.LSHSelfAttention(n_heads=16, d_qk=64, d_v=64, n_hashes=2,
                               chunk_len=128, mode='train')
-  at = [layer._units_at_once((1, n, 1024)) for n in (4096, 16384, 65536)]
-  assert at == [16, 4, 2]  # 64K attends in blocks: 436 MB a head
+  at = [layer._units_at_once((1, n, 1024))
+        for n in (4096, 16384, 65536, 262144)]
+  # 64K attends in blocks: 193 MB a head's core; from 256K on the heads
+  # are projected one by one (1.6 GB a head).
+  assert at == [16, 4, 4, 1]
   explicit = tl.LSHSelfAttention(n_heads=16, n_parallel_heads=2)
   assert explicit._units_at_once((1, 65536, 1024)) == 2

@@ -1,0 +1,134 @@
+"""All heads projected at once (`groups.run_projected`) against the per-unit loop."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from retrax import layers as tl
+from retrax import shapes
+from retrax.layers.attention import efficient_base
+from retrax.layers.attention import lsh
+
+
+def _pass(layer, inputs, weights, state, projected, monkeypatch, **kwargs):
+  """`forward_and_or_backward` with all heads projected at once or per unit."""
+  monkeypatch.setattr(efficient_base, 'PROJECTED_MAX_BYTES',
+                      1 << 30 if projected else 0)
+  assert (layer._projected_stages(jnp.shape(
+      inputs[0] if isinstance(inputs, tuple) else inputs)) is not None) == (
+          projected)
+  return jax.jit(lambda i, w, s: layer.forward_and_or_backward(
+      i, w, s, jax.random.PRNGKey(3), **kwargs))(inputs, weights, state)
+
+
+def _assert_close(got, want):
+  for g, w in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(want)):
+    if jnp.issubdtype(w.dtype, jnp.inexact):
+      # The heads are summed in another order: float32 rounding.
+      np.testing.assert_allclose(g, w, rtol=1e-5,
+                                 atol=2e-6 * float(jnp.max(jnp.abs(w))))
+    else:
+      np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize('masked,bias,n_parallel_heads,batch', [
+    (False, False, None, 1),
+    (True, True, None, 2),   # a mask per example, biases per head
+    (False, False, 2, 2),    # groups of two units (vmapped cores)
+    (True, False, 8, 2),     # both examples' heads at once
+])
+def test_projected_pass_equals_per_unit_loop(masked, bias, n_parallel_heads,
+                                             batch, monkeypatch):
+  layer = tl.LSHSelfAttention(n_heads=4, d_qk=8, d_v=8, n_hashes=2,
+                              chunk_len=8, causal=True, masked=masked,
+                              bias=bias, mode='train',
+                              n_parallel_heads=n_parallel_heads)
+  x = jax.random.normal(jax.random.PRNGKey(0), (batch, 64, 16))
+  inputs = x
+  if masked:
+    inputs = (x, jnp.ones((batch, 64), bool).at[-1, 50:].set(False))
+  weights, state = layer.init(shapes.signature(inputs))
+  # Biases start at zero; make them count.
+  weights = jax.tree_util.tree_map(
+      lambda w: w + 0.1 * jax.random.normal(jax.random.PRNGKey(7), w.shape),
+      weights)
+  base = jax.random.normal(jax.random.PRNGKey(1), x.shape)
+  ct = jax.random.normal(jax.random.PRNGKey(2), x.shape)
+  runs = {}
+  for projected in (True, False):
+    forward = _pass(layer, inputs, weights, state, projected, monkeypatch)
+    backward = _pass(layer, inputs, weights, forward[1], projected,
+                     monkeypatch, output_grad=ct, update_state=False)
+    # A reversible layer's reconstruction: base - attention, and gradients.
+    both = _pass(layer, inputs, weights, forward[1], projected, monkeypatch,
+                 output_grad=ct, update_state=False, subtract_from=base)
+    runs[projected] = (forward, backward, both)
+  _assert_close(runs[True], runs[False])
+  forward, backward, both = runs[True]
+  assert forward[2] is None and forward[3] is None
+  np.testing.assert_allclose(both[0], base - forward[0], rtol=1e-6, atol=1e-6)
+  _assert_close(both[2:], backward[2:])
+  if masked:  # The mask's cotangent is float0 zeros, as before.
+    assert backward[2][1].dtype == jax.dtypes.float0
+
+
+def test_gradients_match_finite_differences(monkeypatch):
+  """The projected pass's custom backward against JAX's own autodiff of it."""
+  monkeypatch.setattr(efficient_base, 'PROJECTED_MAX_BYTES', 1 << 30)
+  layer = tl.LSHSelfAttention(n_heads=2, d_qk=4, d_v=4, n_hashes=1,
+                              chunk_len=4, causal=True, mode='train')
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, 16, 8), jnp.float32)
+  weights, state = layer.init(shapes.signature(x))
+  _, state = layer.pure_fn(x, weights, state, jax.random.PRNGKey(3))
+
+  def loss(w, x):
+    y, _ = layer.pure_fn(x, w, state, jax.random.PRNGKey(3))
+    return jnp.sum(jnp.sin(y))
+  grads = jax.grad(loss, argnums=(0, 1))(weights, x)
+  direction = jax.random.normal(jax.random.PRNGKey(5), x.shape)
+  eps = 1e-3
+  numeric = (loss(weights, x + eps * direction) -
+             loss(weights, x - eps * direction)) / (2 * eps)
+  np.testing.assert_allclose(jnp.vdot(grads[1], direction), numeric,
+                             rtol=2e-3)
+  w_dir = jax.tree_util.tree_map(
+      lambda w: jax.random.normal(jax.random.PRNGKey(6), w.shape), weights)
+  shifted = lambda s: jax.tree_util.tree_map(lambda w, d: w + s * d, weights,
+                                             w_dir)
+  numeric = (loss(shifted(eps), x) - loss(shifted(-eps), x)) / (2 * eps)
+  analytic = sum(jnp.vdot(g, d) for g, d in zip(
+      jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(w_dir)))
+  np.testing.assert_allclose(analytic, numeric, rtol=2e-3)
+
+
+class _OwnForward(tl.LSHSelfAttention):
+  def forward_unbatched(self, x, mask=None, **kwargs):
+    out, state = super().forward_unbatched(x, mask, **kwargs)
+    return 2 * out, state
+
+
+def test_per_unit_loop_where_heads_cannot_be_projected_at_once():
+  shape = (1, 64, 16)
+  plain = dict(n_heads=2, d_qk=8, d_v=8, chunk_len=8, mode='train')
+  assert tl.LSHSelfAttention(**plain)._projected_stages(shape) is not None
+  # Output dropout acts per head before the heads are summed.
+  assert tl.LSHSelfAttention(output_dropout=0.1, **plain)._projected_stages(
+      shape) is None
+  assert tl.LSHSelfAttention(output_dropout=0.1, **dict(
+      plain, mode='eval'))._projected_stages(shape) is not None
+  # A subclass's own per-unit function is what runs.
+  assert _OwnForward(**plain)._projected_stages(shape) is None
+  layer = _OwnForward(**plain)
+  x = jax.random.normal(jax.random.PRNGKey(0), shape)
+  weights, state = layer.init(shapes.signature(x))
+  doubled, _ = layer.pure_fn(x, weights, state, jax.random.PRNGKey(0))
+  single, _ = tl.LSHSelfAttention(**plain).pure_fn(x, weights, state,
+                                                   jax.random.PRNGKey(0))
+  np.testing.assert_allclose(doubled, 2 * single, rtol=1e-5, atol=1e-6)
+  # Longer than the budget: the per-unit loop's smaller working set.
+  long = (1, efficient_base.PROJECTED_MAX_BYTES // (4 * 2 * 16) + 1, 16)
+  assert tl.LSHSelfAttention(**plain)._projected_stages(long) is None
+  assert lsh.LSHSelfAttention(**dict(plain, mode='predict', causal=True))._projected_stages(
+      shape) is None
