@@ -35,9 +35,7 @@ def _assert_close(got, want):
 
 @pytest.mark.parametrize('masked,bias,n_parallel_heads,batch', [
     (False, False, None, 1),
-    (True, True, None, 2),   # a mask per example, biases per head
-    (False, False, 2, 2),    # groups of two units (vmapped cores)
-    (True, False, 8, 2),     # both examples' heads at once
+    (True, True, 2, 2),  # a mask per example, biases, vmapped pairs of units
 ])
 def test_projected_pass_equals_per_unit_loop(masked, bias, n_parallel_heads,
                                              batch, monkeypatch):
@@ -45,10 +43,10 @@ def test_projected_pass_equals_per_unit_loop(masked, bias, n_parallel_heads,
                               chunk_len=8, causal=True, masked=masked,
                               bias=bias, mode='train',
                               n_parallel_heads=n_parallel_heads)
-  x = jax.random.normal(jax.random.PRNGKey(0), (batch, 64, 16))
+  x = jax.random.normal(jax.random.PRNGKey(0), (batch, 32, 16))
   inputs = x
   if masked:
-    inputs = (x, jnp.ones((batch, 64), bool).at[-1, 50:].set(False))
+    inputs = (x, jnp.ones((batch, 32), bool).at[-1, 25:].set(False))
   weights, state = layer.init(shapes.signature(inputs))
   # Biases start at zero; make them count.
   weights = jax.tree_util.tree_map(
@@ -59,17 +57,16 @@ def test_projected_pass_equals_per_unit_loop(masked, bias, n_parallel_heads,
   runs = {}
   for projected in (True, False):
     forward = _pass(layer, inputs, weights, state, projected, monkeypatch)
+    # A reversible layer's backward: base - attention, and gradients.
     backward = _pass(layer, inputs, weights, forward[1], projected,
-                     monkeypatch, output_grad=ct, update_state=False)
-    # A reversible layer's reconstruction: base - attention, and gradients.
-    both = _pass(layer, inputs, weights, forward[1], projected, monkeypatch,
-                 output_grad=ct, update_state=False, subtract_from=base)
-    runs[projected] = (forward, backward, both)
+                     monkeypatch, output_grad=ct, update_state=False,
+                     subtract_from=base)
+    runs[projected] = (forward, backward)
   _assert_close(runs[True], runs[False])
-  forward, backward, both = runs[True]
+  forward, backward = runs[True]
   assert forward[2] is None and forward[3] is None
-  np.testing.assert_allclose(both[0], base - forward[0], rtol=1e-6, atol=1e-6)
-  _assert_close(both[2:], backward[2:])
+  np.testing.assert_allclose(backward[0], base - forward[0], rtol=1e-6,
+                             atol=1e-6)
   if masked:  # The mask's cotangent is float0 zeros, as before.
     assert backward[2][1].dtype == jax.dtypes.float0
 
@@ -77,16 +74,21 @@ def test_projected_pass_equals_per_unit_loop(masked, bias, n_parallel_heads,
 def test_gradients_match_finite_differences(monkeypatch):
   """The projected pass's custom backward against JAX's own autodiff of it."""
   monkeypatch.setattr(efficient_base, 'PROJECTED_MAX_BYTES', 1 << 30)
-  layer = tl.LSHSelfAttention(n_heads=2, d_qk=4, d_v=4, n_hashes=1,
-                              chunk_len=4, causal=True, mode='train')
+  # One chunk of all 16 positions and no neighbours: every query sees every
+  # earlier key whatever the buckets, so a perturbation that moves a
+  # position to another bucket does not make the loss jump.
+  layer = tl.LSHSelfAttention(n_heads=2, d_qk=4, d_v=4, n_hashes=2,
+                              chunk_len=16, n_chunks_before=0, causal=True,
+                              mode='train')
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 16, 8), jnp.float32)
   weights, state = layer.init(shapes.signature(x))
   _, state = layer.pure_fn(x, weights, state, jax.random.PRNGKey(3))
 
+  @jax.jit
   def loss(w, x):
     y, _ = layer.pure_fn(x, w, state, jax.random.PRNGKey(3))
     return jnp.sum(jnp.sin(y))
-  grads = jax.grad(loss, argnums=(0, 1))(weights, x)
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(weights, x)
   direction = jax.random.normal(jax.random.PRNGKey(5), x.shape)
   eps = 1e-3
   numeric = (loss(weights, x + eps * direction) -
