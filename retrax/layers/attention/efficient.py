@@ -42,6 +42,7 @@ from retrax import validation
 from retrax.layers.attention.efficient_base import drop_oldest
 from retrax.layers.attention.efficient_base import fit_to_memory
 from retrax.layers.attention.efficient_base import EfficientAttentionBase
+from retrax.layers.attention import groups
 from retrax.layers.attention.ops import apply_broadcasted_dropout
 from retrax.layers.attention.ops import attend
 from retrax.layers.attention.ops import attend_queries_scaled
@@ -273,13 +274,29 @@ class SelfAttention(EfficientAttentionBase):
   def forward_unbatched(self, x, mask=None, *, weights, state, rng,
                         update_state):
     """Attention of one head over one example `x [L, M]`; returns `(y, state)`."""
+    q, k, v, w_o = self._attend_inputs(x, weights)
+    units = (q, v) if self._share_qk else (q, k, v)
+    o, state = self._attend_unit(*units, mask, state=state, rng=rng,
+                                 update_state=update_state)
+    out = o if w_o is None else precision.matmul(o, w_o)
+    _, output_rng = dropout_rngs(rng, self._attention_dropout,
+                                 self._output_dropout)
+    return apply_broadcasted_dropout(out, self._output_dropout,
+                                     output_rng), state
+
+  def _attend_unit(self, *units_and_mask, state, rng, update_state):
+    """One unit's attention of projected `q, [k,] v` `[L, d]` (k absent with
+    `share_qk`) and the example's mask (or None): `(o, state)`."""
     del update_state
+    n_units = 2 if self._share_qk else 3
+    units, rest = units_and_mask[:n_units], units_and_mask[n_units:]
+    mask = rest[0] if rest else None
+    q, k, v = (units[0], None, units[1]) if self._share_qk else units
     if (mask is not None) != self._masked:
       raise InputValueError(f'{self.name}: masked={self._masked} but a mask was '
                             f'{"given" if mask is not None else "not given"}.')
-    attend_rng, output_rng = dropout_rngs(rng, self._attention_dropout,
-                                          self._output_dropout)
-    q, k, v, w_o = self._attend_inputs(x, weights)
+    attend_rng, _ = dropout_rngs(rng, self._attention_dropout,
+                                 self._output_dropout)
     k = self._shared_keys(q, k)
     length = q.shape[-2]
     positions = jnp.arange(length, dtype=jnp.int32)
@@ -307,9 +324,45 @@ class SelfAttention(EfficientAttentionBase):
                   q_info=positions, kv_info=kv_info,
                   dropout=self._attention_dropout, rng=attend_rng,
                   implementation=self.implementation)
-    out = o[:length] if w_o is None else precision.matmul(o[:length], w_o)
-    return apply_broadcasted_dropout(out, self._output_dropout,
-                                     output_rng), state
+    return o[:length], state
+
+  def _unit_stages(self, shape):
+    """Projections of all heads at once, `_attend_unit` per unit.
+
+    None with output dropout, where `_attend_inputs` multiplies the weights
+    first (small `d_model`: its keys are the input itself), or where a
+    subclass has its own `forward_unbatched`, `_project` or `_attend_inputs`.
+    """
+    own = all(getattr(getattr(self, name), '__func__', None) is
+              getattr(SelfAttention, name)
+              for name in ('forward_unbatched', '_project', '_attend_inputs'))
+    weight_products = not (self._share_qk or self._bias or
+                           2 * shape[-1] > min(self._d_qk, self._d_v))
+    if self._output_dropout or weight_products or not own:
+      return None
+    depth = self._d_qk * (1 if self._share_qk else 2) + self._d_v
+    return groups.UnitStages(self._project_heads, self._attend_unit,
+                             self._combine_heads, depth)
+
+  def _project_heads(self, inputs, weights):
+    """`(q, [k,] v)` of every unit, `[B * n_heads, L, d]` (`_project` of all heads)."""
+    w_q, w_k, w_v, _, b_q, b_k, b_v = self._unpack_weights(weights)
+    x = inputs[0]
+
+    def heads(w, b):
+      y = precision.einsum('blm,hmd->bhld', x, w)
+      if b is not None:
+        y = y + b[None, :, None, :]
+      return y.reshape((-1,) + y.shape[2:])
+    if self._share_qk:
+      return heads(w_q, b_q), heads(w_v, b_v)
+    return heads(w_q, b_q), heads(w_k, b_k), heads(w_v, b_v)
+
+  def _combine_heads(self, o, weights):
+    """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`."""
+    o = o.reshape((-1, self._n_heads) + o.shape[1:])
+    return precision.einsum('bhld,hdm->blm', o,
+                            self._unpack_weights(weights)[3])
 
   def _shared_keys(self, q, k):
     """Keys for `attend`: None (normalised queries) when shared, else `k`."""

@@ -336,7 +336,7 @@ class EfficientAttentionBase(base.Layer):
     del inputs, weights, state, q_start, q_len
     return None
 
-  def _unit_stages(self):
+  def _unit_stages(self, shape):
     """`groups.UnitStages` splitting `forward_unbatched`, or None (the default).
 
     A subclass whose per-unit function projects its inputs, runs a core and
@@ -344,8 +344,10 @@ class EfficientAttentionBase(base.Layer):
     then projects all heads at once: `groups.run_projected`); None where a
     pass must run `forward_unbatched` whole (e.g. output dropout, which
     acts per head before the heads are summed, or a subclass's own
-    `forward_unbatched`).
+    `forward_unbatched`). `shape`: the first input's, `[batch, length,
+    d_model]`.
     """
+    del shape
     return None
 
   # `*inputs: Any, **kwargs: Any`: a subclass names its own inputs (`x, mask`,
@@ -688,7 +690,7 @@ class EfficientAttentionBase(base.Layer):
     """
     if self._incremental:
       return None
-    stages = self._unit_stages()
+    stages = self._unit_stages(shape)
     if stages is None:
       return None
     batch, length = shape[:2]

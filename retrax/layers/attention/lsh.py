@@ -475,7 +475,7 @@ class LSHSelfAttention(EfficientAttentionBase):
                                       self.hash_length(q.shape[0])))
     return o, state
 
-  def _unit_stages(self):
+  def _unit_stages(self, shape):
     """Projections of all heads at once, `_attend_unit` per unit.
 
     None with output dropout or where a subclass has its own
@@ -484,6 +484,7 @@ class LSHSelfAttention(EfficientAttentionBase):
     own = all(getattr(getattr(self, name), '__func__', None) is
               getattr(LSHSelfAttention, name)
               for name in ('forward_unbatched', '_project'))
+    del shape
     if self._output_dropout or not own:
       return None
     return groups.UnitStages(self._project_heads, self._attend_unit,

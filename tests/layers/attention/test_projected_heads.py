@@ -33,16 +33,23 @@ def _assert_close(got, want):
       np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize('masked,bias,n_parallel_heads,batch', [
-    (False, False, None, 1),
-    (True, True, 2, 2),  # a mask per example, biases, vmapped pairs of units
+@pytest.mark.parametrize('kind,masked,bias,n_parallel_heads,batch', [
+    ('lsh', False, False, None, 1),
+    ('lsh', True, True, 2, 2),  # a mask per example, biases, pairs of units
+    ('local', True, False, 2, 2),  # queries, keys and values
+    ('shared', False, True, None, 1),  # queries and values
 ])
-def test_projected_pass_equals_per_unit_loop(masked, bias, n_parallel_heads,
-                                             batch, monkeypatch):
-  layer = tl.LSHSelfAttention(n_heads=4, d_qk=8, d_v=8, n_hashes=2,
-                              chunk_len=8, causal=True, masked=masked,
-                              bias=bias, mode='train',
-                              n_parallel_heads=n_parallel_heads)
+def test_projected_pass_equals_per_unit_loop(kind, masked, bias,
+                                             n_parallel_heads, batch,
+                                             monkeypatch):
+  common = dict(n_heads=4, d_qk=8, d_v=8, chunk_len=8, causal=True,
+                masked=masked, bias=bias, mode='train',
+                n_parallel_heads=n_parallel_heads)
+  if kind == 'lsh':
+    layer = tl.LSHSelfAttention(n_hashes=2, **common)
+  else:  # Chunked local attention, one chunk back.
+    layer = tl.SelfAttention(share_qk=kind == 'shared', n_chunks_before=1,
+                             **common)
   x = jax.random.normal(jax.random.PRNGKey(0), (batch, 32, 16))
   inputs = x
   if masked:
@@ -120,6 +127,11 @@ def test_per_unit_loop_where_heads_cannot_be_projected_at_once():
       shape) is None
   assert tl.LSHSelfAttention(output_dropout=0.1, **dict(
       plain, mode='eval'))._projected_stages(shape) is not None
+  # SelfAttention with d_model at most half the head depths multiplies its
+  # weights first (its keys are the input itself): per unit.
+  wide_heads = tl.SelfAttention(n_heads=2, d_qk=64, d_v=64, mode='train')
+  assert wide_heads._projected_stages((1, 64, 16)) is None
+  assert wide_heads._projected_stages((1, 64, 256)) is not None
   # A subclass's own per-unit function is what runs.
   assert _OwnForward(**plain)._projected_stages(shape) is None
   layer = _OwnForward(**plain)
