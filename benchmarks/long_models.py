@@ -14,6 +14,15 @@ L tokens per example, batch 1, with the sizes of issue 22's benchmark (d_model
   LSH attention in both (the decoder runs over the concatenation of source
   and target), source L/2 + target L/2 tokens: L tokens in all.
 
+The step is the one `training.Loop` compiles (with its XLA:CPU options,
+`fastmath.xla_cpu`): the loss of `Serial(model, loss)` as
+`supervised.loss_chunks.forward_fn` computes it, so a long
+sequence's head and loss (ReformerLM's `Concatenate, LayerNorm, Dense` and
+the cross-entropy) run over chunks of positions as in training; `--plain-loss`
+differentiates `Serial(model, loss).pure_fn` whole instead (at 1M tokens the
+ReformerLM step's plan is then 15.6 KB per token, not 10.3: the head's
+`[L, 512]` LayerNorm activations and the `[L, vocab]` logits at once).
+
 Printed per model and length: XLA's memory plan of the compiled training step
 (`memory_analysis()`: temporaries, i.e. activations and workspace, and the
 arguments), compile time, the median step time (after two untimed steps), and each column's ratio to
@@ -34,6 +43,8 @@ from retrax import layers as tl
 from retrax import models
 from retrax import optimizers
 from retrax import shapes
+from retrax.fastmath import xla_cpu
+from retrax.supervised import loss_chunks
 
 FULL = dict(vocab=256, d_model=256, d_ff=1024, n_heads=4, d_head=64,
             n_layers=6, n_hashes=2, chunk_len=64)
@@ -74,14 +85,24 @@ def batch_for(cfg, length, n_inputs, seed=0):
   return (*tokens, tokens[-1], np.ones((1, part), np.float32))
 
 
-def train_step_of(model):
-  """`(init, step)`: a jitted Adam step of `Serial(model, CrossEntropyLoss)`."""
-  net = tl.Serial(model, tl.WeightedCategoryCrossEntropy())
+def train_step_of(model, plain_loss=False):
+  """`(init, step)`: a jitted Adam step of `Serial(model, CrossEntropyLoss)`.
+
+  The loss as the training loop computes it (`loss_chunks.forward_fn`: the
+  head and loss over chunks of positions for long sequences), or with
+  `plain_loss` as `Serial(model, loss).pure_fn`.
+  """
+  loss_layer = tl.WeightedCategoryCrossEntropy()
+  net = tl.Serial(model, loss_layer)
   opt = optimizers.Adam(1e-4)
+  forward = (None if plain_loss else
+             loss_chunks.forward_fn(model, loss_layer))
 
   def step(weights, state, opt_state, batch, rng):
     def loss(w):
-      return net.pure_fn(batch, w, state, rng)
+      if forward is None:
+        return net.pure_fn(batch, w, state, rng)
+      return forward(w, state, batch, rng)
     (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(weights)
     slots, opt_params = opt_state
     weights, slots, _ = opt.tree_update(0, grads, weights, slots, opt_params,
@@ -91,14 +112,14 @@ def train_step_of(model):
   def init(batch):
     weights, state = net.init(shapes.signature(batch), rng=jax.random.PRNGKey(0))
     return weights, state, opt.tree_init(weights)
-  return init, jax.jit(step, donate_argnums=(0, 1, 2))
+  return init, xla_cpu.jit(step, donate_argnums=(0, 1, 2))
 
 
-def measure(name, cfg, length, steps, budget_bytes):
+def measure(name, cfg, length, steps, budget_bytes, plain_loss=False):
   """Memory plan, compile time and step times of one model at one length."""
   model, n_inputs = build(name, cfg, length)
   batch = batch_for(cfg, length, n_inputs)
-  init, step = train_step_of(model)
+  init, step = train_step_of(model, plain_loss)
   weights, state, opt_state = init(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
@@ -161,6 +182,9 @@ def parse_args(argv=None):
   p.add_argument('--memory-budget-gb', type=float, default=12.0)
   p.add_argument('--models', default=','.join(MODELS))
   p.add_argument('--tiny', action='store_true', help='toy sizes (for the test)')
+  p.add_argument('--plain-loss', action='store_true',
+                 help='differentiate Serial(model, loss) whole (no head and '
+                 'loss chunks)')
   p.add_argument('--json', help='also write the results here')
   return p.parse_args(argv)
 
@@ -174,7 +198,8 @@ def main(argv=None):
   for length in lengths:
     results[str(length)] = {}
     for name in names:
-      r = measure(name, cfg, length, args.steps, args.memory_budget_gb * 1e9)
+      r = measure(name, cfg, length, args.steps, args.memory_budget_gb * 1e9,
+                  args.plain_loss)
       results[str(length)][name] = r
       print(f'{name} L={length}: {r}', flush=True)
   print(format_table(results, lengths))
