@@ -73,7 +73,8 @@ def test_reformer_step_runs_head_and_loss_over_position_chunks(monkeypatch):
                                 budget_bytes=1e12)
   plain = long_models.measure('ReformerLM', cfg, length, steps=1,
                               budget_bytes=1e12, plain_loss=True)
-  # Measured: ~XX KB of temporaries against ~YY KB whole.
-  assert chunked['temp_bytes'] < 0.0 * plain['temp_bytes'], (chunked, plain)
+  # Measured: 3.6 MB of temporaries against 7.8 MB with the [L, vocab]
+  # logits and the loss's activations whole.
+  assert chunked['temp_bytes'] < 0.6 * plain['temp_bytes'], (chunked, plain)
   # The same three Adam steps: the same loss, up to float rounding.
   assert chunked['loss'] == pytest.approx(plain['loss'], rel=1e-5)
