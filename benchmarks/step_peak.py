@@ -1,0 +1,153 @@
+"""What the training step holds at its memory peak, by XLA:CPU's plan.
+
+    python benchmarks/step_peak.py [--lengths 262144,1048576] [--top 16]
+        [--model ReformerLM] [--axial-pos] [--plain-loss] [--tiny]
+
+Compiles `long_models`' training step (the one `training.Loop` compiles;
+`--plain-loss`: `Serial(model, loss)` differentiated whole) and prints, per
+length, the planned temporaries (`memory_analysis()`) per token and the
+largest buffers live at the plan's peak: size, shape and the JAX operation
+that made each (its `op_name`: `transpose(jvp())/while/...` is the backward
+pass, `jvp()/...` the forward). They come from the compiler's dump of the
+module (`xla_dump_to`, a temporary folder, deleted after): its
+`*-live-range.txt` lists the values live at the peak. Nothing is run, so
+lengths a TPU would hold compile here in seconds; XLA:TPU plans differently
+(layouts pad a minor dimension of 64 to 128, for one), but the values live
+at the peak are the same program's.
+"""
+
+import argparse
+import functools
+import glob
+import importlib
+import os
+import re
+import sys
+import tempfile
+
+import jax
+
+from retrax import layers as tl
+from retrax import models
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+long_models = importlib.import_module('long_models')  # Its model and step.
+
+DUMP_OPTIONS = {'xla_dump_hlo_as_text': True,
+                'xla_dump_hlo_module_re': 'jit_step'}
+
+
+def axial_shape(length):
+  """`(a, b)`, `a * b = length` (a power of two), `a` the power of two at
+  or below its square root (as `vs_peers.axial_shape`)."""
+  if length < 4 or length & (length - 1):
+    raise ValueError(f'--axial-pos needs lengths that are powers of two >= 4;'
+                     f' got {length}.')
+  a = 1 << ((length.bit_length() - 1) // 2)
+  return a, length // a
+
+
+def build(name, cfg, length, axial_pos=False):
+  """`long_models.build`'s model; ReformerLM with axial positions if asked."""
+  if not axial_pos:
+    return long_models.build(name, cfg, length)
+  if name != 'ReformerLM':
+    raise ValueError(f'--axial-pos is for ReformerLM; got {name!r}.')
+  lsh = functools.partial(tl.LSHSelfAttention, n_hashes=cfg['n_hashes'],
+                          chunk_len=cfg['chunk_len'])
+  d = cfg['d_model']
+  return models.ReformerLM(
+      cfg['vocab'], d_model=d, d_ff=cfg['d_ff'],
+      d_attention_key=cfg['d_head'], d_attention_value=cfg['d_head'],
+      n_layers=cfg['n_layers'], n_heads=cfg['n_heads'], dropout=0.0,
+      max_len=length, attention_type=lsh, pos_type='axial',
+      pos_axial_shape=axial_shape(length),
+      pos_d_axial_embs=(d // 2, d - d // 2)), 1
+
+
+def _read(folder, suffix):
+  paths = glob.glob(os.path.join(folder, f'*jit_step*{suffix}'))
+  if len(paths) != 1:
+    raise RuntimeError(f'expected one *jit_step*{suffix} in the dump; got '
+                       f'{[os.path.basename(p) for p in paths]}.')
+  with open(paths[0], encoding='utf-8') as f:
+    return f.read()
+
+
+def peak_values(live_ranges, hlo):
+  """`[(bytes, value, shape, op_name)]` live at the peak, largest first.
+
+  `live_ranges`: the dump's `*-live-range.txt`; `hlo`: its
+  `*cpu_after_optimizations.txt` (where each instruction's shape and
+  `op_name` are).
+  """
+  start = live_ranges.index('(peak):')
+  values = []
+  for line in live_ranges[start:].splitlines()[1:]:
+    m = re.match(r'\s+(\S+?)\{(.*?)\}: (\d+) bytes', line)
+    if not m:
+      break
+    name, index, size = m.groups()
+    found = re.search(r'^\s*(?:ROOT )?%' + re.escape(name) + r' = (.*)$',
+                      hlo, re.M)
+    text = found.group(1) if found else ''
+    shape = '(tuple)' if text.startswith('(') else text.split(' ')[0]
+    op = re.search(r'op_name="([^"]*)"', text)
+    values.append((int(size), name + (f'{{{index}}}' if index else ''),
+                   shape, op.group(1).removeprefix('jit(step)/') if op else ''))
+  return sorted(values, key=lambda v: -v[0])
+
+
+def measure(name, cfg, length, axial_pos=False, plain_loss=False):
+  """The step's plan at `length`: temp bytes and the values live at its peak."""
+  model, n_inputs = build(name, cfg, length, axial_pos)
+  batch = long_models.batch_for(cfg, length, n_inputs)
+  init, step = long_models.train_step_of(model, plain_loss)
+  weights, state, opt_state = init(batch)
+  lowered = step.lower(weights, state, opt_state, batch,
+                       jax.random.PRNGKey(1))
+  with tempfile.TemporaryDirectory() as folder:
+    compiled = lowered.compile(dict(DUMP_OPTIONS, xla_dump_to=folder))
+    values = peak_values(_read(folder, 'live-range.txt'),
+                         _read(folder, 'cpu_after_optimizations.txt'))
+  return dict(temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
+              peak=values)
+
+
+def format_peak(length, result, top):
+  temp = result['temp_bytes']
+  lines = [f'L={length}: planned temporaries {temp / 1e9:.3f} GB, '
+           f'{temp / length:.0f} bytes per token; largest live at the peak:']
+  for size, value, shape, op in result['peak'][:top]:
+    lines.append(f'  {size / 2**20:10.1f} MiB  {size / length:7.0f} B/token  '
+                 f'{shape:28s} {value}  {op}')
+  return '\n'.join(lines)
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--lengths', default='262144')
+  p.add_argument('--model', default='ReformerLM')
+  p.add_argument('--top', type=int, default=16)
+  p.add_argument('--axial-pos', action='store_true',
+                 help="ReformerLM with pos_type='axial' (tables of ~sqrt(L) "
+                 'rows, as vs_peers --axial-pos)')
+  p.add_argument('--plain-loss', action='store_true',
+                 help='differentiate Serial(model, loss) whole')
+  p.add_argument('--tiny', action='store_true', help='toy sizes (for the test)')
+  return p.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  cfg = long_models.TINY if args.tiny else long_models.FULL
+  results = {}
+  for length in [int(n) for n in args.lengths.split(',')]:
+    results[length] = measure(args.model, cfg, length, args.axial_pos,
+                              args.plain_loss)
+    print(format_peak(length, results[length], args.top), flush=True)
+  return results
+
+
+if __name__ == '__main__':
+  main()
