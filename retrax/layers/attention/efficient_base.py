@@ -41,14 +41,6 @@ from retrax.shapes import ShapeDtype
 from retrax.validation import ArgumentValueError
 
 
-# Largest projected inputs of all units (`UnitStages.unit_depth` floats per
-# unit and position) for which a pass projects all heads at once. 1 GiB:
-# the paper-size model (16 heads of 64 + 64) up to 128K tokens, the default
-# ReformerLM (4 heads) up to 512K; longer inputs keep the per-unit loop's
-# working set (the 1M-token step fits a 16 GB chip with it).
-PROJECTED_MAX_BYTES = 1 << 30
-
-
 def _tree_stack(trees):
   return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=0), *trees)
 
@@ -95,6 +87,24 @@ def group_memory_bytes():
     return 0
   limit = (device.memory_stats() or {}).get('bytes_limit')
   return limit // 4 if limit else 1 << 30
+
+
+def projected_max_bytes():
+  """Largest projected inputs of all units for which a pass projects all heads at once.
+
+  (`UnitStages.unit_depth` floats per unit and position; see
+  `groups.run_projected`.) Projecting all heads at once holds the projected
+  inputs, their cotangents and the cores' outputs of every unit: for the
+  default ReformerLM (4 heads of 64 over d_model 256) XLA:CPU plans 16.3
+  KB of temporaries a token at 256K against 10.4 one head at a time. On
+  a TPU v5e it made the paper-size step 1.33x faster at 16K and 1.38x at
+  64K (2026-12-06); on a CPU it is neutral for speed (the default model's
+  step, 1K-16K). So 1 GiB on accelerators (the paper-size model, 16 heads
+  of 64 + 64, up to 128K tokens; the default model up to 512K) and 256 MiB
+  on a CPU (128K and 32K). Longer inputs keep the per-unit loop's smaller
+  working set (1M tokens fit a 16 GB chip with it).
+  """
+  return 1 << 28 if jax.default_backend() == 'cpu' else 1 << 30
 
 
 def units_that_fit(batch_size, n_heads, unit_bytes, budget_bytes):
@@ -685,7 +695,7 @@ class EfficientAttentionBase(base.Layer):
 
     Not in predict mode (a step's few positions gain nothing), nor when the
     projected inputs of all units would take more than
-    `PROJECTED_MAX_BYTES`: there the per-unit loop's smaller working set
+    `projected_max_bytes()`: there the per-unit loop's smaller working set
     matters more than its speed (the longest sequences).
     """
     if self._incremental:
@@ -695,7 +705,7 @@ class EfficientAttentionBase(base.Layer):
       return None
     batch, length = shape[:2]
     projected_bytes = 4 * batch * length * self._n_heads * stages.unit_depth
-    return stages if projected_bytes <= PROJECTED_MAX_BYTES else None
+    return stages if projected_bytes <= projected_max_bytes() else None
 
   def _check_pass(self, shape, output_grad, compute_output, update_state):
     """Raises unless the pass asked for is possible and its arguments agree."""

@@ -73,7 +73,7 @@ def test_unit_bytes_bounds_the_compiled_group(length, d, chunk_len, projected,
   """`unit_bytes` is within 1.5x of what XLA:CPU plans per extra unit, with
   all heads projected at once (the default) and per unit (long inputs)."""
   if not projected:
-    monkeypatch.setattr(efficient_base, 'PROJECTED_MAX_BYTES', 0)
+    monkeypatch.setattr(efficient_base, 'projected_max_bytes', lambda: 0)
   x = jax.ShapeDtypeStruct((1, length, 2 * d), jnp.float32)
 
   def temp_bytes(n):
@@ -92,7 +92,9 @@ def test_unit_bytes_bounds_the_compiled_group(length, d, chunk_len, projected,
 
 
 def test_default_shrinks_groups_as_sequences_grow(monkeypatch):
+  # An accelerator's budgets (a GPU's: a TPU runs one unit at a time).
   monkeypatch.setattr(efficient_base, 'group_memory_bytes', lambda: 1 << 30)
+  monkeypatch.setattr(efficient_base, 'projected_max_bytes', lambda: 1 << 30)
   layer = tl.LSHSelfAttention(n_heads=16, d_qk=64, d_v=64, n_hashes=2,
                               chunk_len=128, mode='train')
   at = [layer._units_at_once((1, n, 1024))

@@ -13,8 +13,8 @@ from retrax.layers.attention import lsh
 
 def _pass(layer, inputs, weights, state, projected, monkeypatch, **kwargs):
   """`forward_and_or_backward` with all heads projected at once or per unit."""
-  monkeypatch.setattr(efficient_base, 'PROJECTED_MAX_BYTES',
-                      1 << 30 if projected else 0)
+  monkeypatch.setattr(efficient_base, 'projected_max_bytes',
+                      lambda: 1 << 30 if projected else 0)
   assert (layer._projected_stages(jnp.shape(
       inputs[0] if isinstance(inputs, tuple) else inputs)) is not None) == (
           projected)
@@ -80,7 +80,7 @@ def test_projected_pass_equals_per_unit_loop(kind, masked, bias,
 
 def test_gradients_match_finite_differences(monkeypatch):
   """The projected pass's custom backward against JAX's own autodiff of it."""
-  monkeypatch.setattr(efficient_base, 'PROJECTED_MAX_BYTES', 1 << 30)
+  monkeypatch.setattr(efficient_base, 'projected_max_bytes', lambda: 1 << 30)
   # One chunk of all 16 positions and no neighbours: every query sees every
   # earlier key whatever the buckets, so a perturbation that moves a
   # position to another bucket does not make the loss jump.
@@ -142,7 +142,17 @@ def test_per_unit_loop_where_heads_cannot_be_projected_at_once():
                                                    jax.random.PRNGKey(0))
   np.testing.assert_allclose(doubled, 2 * single, rtol=1e-5, atol=1e-6)
   # Longer than the budget: the per-unit loop's smaller working set.
-  long = (1, efficient_base.PROJECTED_MAX_BYTES // (4 * 2 * 16) + 1, 16)
+  long = (1, efficient_base.projected_max_bytes() // (4 * 2 * 16) + 1, 16)
   assert tl.LSHSelfAttention(**plain)._projected_stages(long) is None
   assert lsh.LSHSelfAttention(**dict(plain, mode='predict', causal=True))._projected_stages(
       shape) is None
+
+
+def test_all_heads_at_once_up_to_a_backends_budget(monkeypatch):
+  """1 GiB of projections on accelerators, 256 MiB on a CPU (speed-neutral
+  there, so memory decides)."""
+  paper = tl.LSHSelfAttention(n_heads=16, d_qk=64, d_v=64, mode='train')
+  at = lambda n: paper._projected_stages((1, n, 1024)) is not None
+  for backend, longest in (('tpu', 131072), ('gpu', 131072), ('cpu', 32768)):
+    monkeypatch.setattr(jax, 'default_backend', lambda b=backend: b)
+    assert at(longest) and not at(2 * longest), backend
