@@ -38,14 +38,10 @@ SELF_PENALTY = 1e5
 # of logits a head) the ReformerLM training step is 4-6% faster and takes 4x
 # fewer page faults. At 16K (16 MB), and with bfloat16 matmuls (64K: 22.5 ->
 # 25.1 s), the loop's slicing and stacking cost more than the cache saves.
+# On a TPU v5e the blocks pay too: the paper-size step at 64K took 0.977 s
+# with them and 1.229 s with whole arrays (2026-12-06).
 BLOCK_CHUNKS = 64
 BLOCK_MIN_LOGITS = 2**23
-# Backends where that speed rule does not apply: a TPU core computes from
-# HBM through its own VMEM (no cache for a block to stay in), and the
-# paper-size step grew 5.0x from 16K (whole) to 64K (in blocks, each one's
-# logits recomputed in the backward pass) on a TPU v5e. Blocks for memory
-# (REMAT_MIN_LOGITS, below) still run there.
-UNBLOCKED_BACKENDS = ('tpu',)
 # Above this many logits (256 MB in float32: 512K tokens, 2 rounds, W = 128)
 # blocks run under every matmul policy: memory, not speed, decides. The
 # blocks are rematerialized (`jax.checkpoint`), so a backward pass never
@@ -370,10 +366,8 @@ def in_blocks(n_chunks, chunk_len, width):
   if n_chunks <= BLOCK_CHUNKS:
     return False
   n_logits = n_chunks * chunk_len * width
-  for_speed = (precision.matmul_dtype() == 'float32' and
-               jax.default_backend() not in UNBLOCKED_BACKENDS)
-  return ((for_speed and n_logits > BLOCK_MIN_LOGITS) or
-          n_logits > REMAT_MIN_LOGITS)
+  return ((precision.matmul_dtype() == 'float32' and
+           n_logits > BLOCK_MIN_LOGITS) or n_logits > REMAT_MIN_LOGITS)
 
 
 def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,

@@ -179,7 +179,6 @@ def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
   whole = attend(q, v), jax.grad(loss, (0, 1))(q, v)
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
   monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
-  monkeypatch.setattr(ops, 'UNBLOCKED_BACKENDS', ())  # blocks on a TPU too
   jaxpr = str(jax.make_jaxpr(attend)(q, v))
   assert 'scan' in jaxpr or 'while' in jaxpr  # the blocks are a loop
   with precision.matmul_precision('bfloat16'):  # bfloat16: whole arrays
@@ -330,14 +329,3 @@ def test_attend_bf16_logits_in_both_layouts(monkeypatch, dropout):
     scale = np.median(np.abs(b))  # (lse has -1e5 where a query sees itself)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
     assert np.max(np.abs(a - c)) > 1e-4 * scale  # bfloat16 did round.
-
-
-def test_blocks_for_speed_not_on_a_tpu(monkeypatch):
-  """The cache-sized blocks are a CPU rule; memory's blocks run everywhere."""
-  over_speed_rule = (ops.BLOCK_MIN_LOGITS // (64 * 128)) + 1
-  over_memory_rule = (ops.REMAT_MIN_LOGITS // (64 * 128)) + 1
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
-  assert ops.in_blocks(over_speed_rule, 64, 128)
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'tpu')
-  assert not ops.in_blocks(over_speed_rule, 64, 128)
-  assert ops.in_blocks(over_memory_rule, 64, 128)

@@ -58,7 +58,6 @@ def test_attend_in_blocks_with_a_wide_window_equals_whole(monkeypatch, shared):
   whole = jax.jit(grad)(q, k, v)
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
   monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
-  monkeypatch.setattr(ops, 'UNBLOCKED_BACKENDS', ())  # blocks on a TPU too
   blocked = jax.jit(grad)(q, k, v)
   for got, want in zip(jax.tree_util.tree_leaves(blocked),
                        jax.tree_util.tree_leaves(whole)):
