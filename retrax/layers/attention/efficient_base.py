@@ -5,6 +5,10 @@ An efficient-attention layer is written for ONE example and ONE head
 class runs it over all `batch * n_heads` (example, head) units and sums the
 heads' outputs. Units are processed in groups of `n_parallel_heads` (vmapped
 inside a group, `lax.scan` across groups), so peak memory is that of one group.
+A layer that splits its unit into input projection, core and output
+projection (`_unit_stages`: `LSHSelfAttention`, `SelfAttention`) has the
+projections of all heads computed at once and only the cores run per group
+(`groups.run_projected`), up to `projected_max_bytes()` of projections.
 
 The backward pass is custom (Trax's `forward_and_or_backward`): nothing of the
 forward pass is kept but the inputs; each group is recomputed and
@@ -676,18 +680,14 @@ class EfficientAttentionBase(base.Layer):
           output_grad, shape, subtract_from)
       if update_state:
         new_state = jax.tree_util.tree_map(groups.merge_units, new_state)
-      if todo.grad:
-        weights_grad = jax.tree_util.tree_map(
-            lambda a: a.reshape((self._n_heads,) + a.shape[2:]), w_ct)
+      weights_grad = None if w_ct is None else jax.tree_util.tree_map(
+          lambda a: a.reshape((self._n_heads,) + a.shape[2:]), w_ct)
 
     output = out.reshape(shape) if compute_output else None
     if update_state:
       new_state = tuple(merge_rows(new_state))
-    inputs_grad = None
-    if todo.grad:
-      inputs_grad = groups_lib.inputs_grad(raw_inputs, dx, todo.differentiable)
-    else:
-      weights_grad = None
+    inputs_grad = (groups_lib.inputs_grad(raw_inputs, dx, todo.differentiable)
+                   if todo.grad else None)
     return output, new_state, inputs_grad, weights_grad
 
   def _projected_stages(self, shape):
