@@ -44,6 +44,10 @@ def test_top_ops_sums_leaf_device_ops_per_step(tmp_path):
   assert got == [(0.4, 2, 'gather.1', 'custom fusion'),
                  (0.25, 1, 'sort.2', 'sort')]
   assert step_profile.top_ops(str(tmp_path / 'plugins' / 'none')) == []
+  # By HLO category, per step: an op's category comes from any of its events.
+  assert step_profile.op_categories(str(tmp_path), n_steps=2) == {
+      'custom fusion': 0.4, 'sort': 0.25}
+  assert step_profile.op_categories(str(tmp_path / 'plugins' / 'none')) == {}
 
 
 @pytest.mark.slow  # ~70 s on a quiet 2-core CPU: a 20-step main job, 4 workers.
