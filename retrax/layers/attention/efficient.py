@@ -46,11 +46,13 @@ from retrax.layers.attention import groups
 from retrax.layers.attention.ops import apply_broadcasted_dropout
 from retrax.layers.attention.ops import attend
 from retrax.layers.attention.ops import attend_queries_scaled
+from retrax.layers.attention.ops import combine_heads
 from retrax.layers.attention.ops import hash_vecs as hash_vecs  # re-export
 from retrax.layers.attention.ops import length_normalized
 from retrax.layers.attention.ops import look_adjacent as look_adjacent  # re-export
 from retrax.layers.attention.ops import MASK_PENALTY
 from retrax.layers.attention.ops import mask_self_attention
+from retrax.layers.attention.ops import project_heads
 from retrax.layers.attention.ops import project_step_heads
 from retrax.layers.attention.ops import permute_via_gather as permute_via_gather  # re-export
 from retrax.layers.attention.ops import permute_via_sort as permute_via_sort  # re-export
@@ -348,21 +350,14 @@ class SelfAttention(EfficientAttentionBase):
     """`(q, [k,] v)` of every unit, `[B * n_heads, L, d]` (`_project` of all heads)."""
     w_q, w_k, w_v, _, b_q, b_k, b_v = self._unpack_weights(weights)
     x = inputs[0]
-
-    def heads(w, b):
-      y = precision.einsum('blm,hmd->bhld', x, w)
-      if b is not None:
-        y = y + b[None, :, None, :]
-      return y.reshape((-1,) + y.shape[2:])
     if self._share_qk:
-      return heads(w_q, b_q), heads(w_v, b_v)
-    return heads(w_q, b_q), heads(w_k, b_k), heads(w_v, b_v)
+      return project_heads(x, w_q, b_q), project_heads(x, w_v, b_v)
+    return (project_heads(x, w_q, b_q), project_heads(x, w_k, b_k),
+            project_heads(x, w_v, b_v))
 
   def _combine_heads(self, o, weights):
     """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`."""
-    o = o.reshape((-1, self._n_heads) + o.shape[1:])
-    return precision.einsum('bhld,hdm->blm', o,
-                            self._unpack_weights(weights)[3])
+    return combine_heads(o, self._unpack_weights(weights)[3])
 
   def _shared_keys(self, q, k):
     """Keys for `attend`: None (normalised queries) when shared, else `k`."""

@@ -59,13 +59,15 @@ from retrax.layers.attention import groups
 from retrax.layers.attention.ops import apply_broadcasted_dropout
 from retrax.layers.attention.ops import attend
 from retrax.layers.attention.ops import attend_queries_scaled
+from retrax.layers.attention.ops import combine_heads
 from retrax.layers.attention.ops import hash_vecs
 from retrax.layers.attention.ops import inverse_permutation
 from retrax.layers.attention.ops import length_normalized
 from retrax.layers.attention.ops import mask_self_attention
 from retrax.layers.attention.ops import merge_rounds
-from retrax.layers.attention.ops import project_step_heads
 from retrax.layers.attention.ops import permute_via_gather
+from retrax.layers.attention.ops import project_heads
+from retrax.layers.attention.ops import project_step_heads
 from retrax.validation import ArgumentValueError
 
 
@@ -493,20 +495,12 @@ class LSHSelfAttention(EfficientAttentionBase):
   def _project_heads(self, inputs, weights):
     """`(q, v)` of every unit, `[B * n_heads, L, d]` (`_project` of all heads)."""
     w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
-    x = inputs[0]
-
-    def heads(w, b):
-      y = precision.einsum('blm,hmd->bhld', x, w)
-      if b is not None:
-        y = y + b[None, :, None, :]
-      return y.reshape((-1,) + y.shape[2:])
-    return heads(w_q, b_q), heads(w_v, b_v)
+    return (project_heads(inputs[0], w_q, b_q),
+            project_heads(inputs[0], w_v, b_v))
 
   def _combine_heads(self, o, weights):
     """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`."""
-    o = o.reshape((-1, self._n_heads) + o.shape[1:])
-    return precision.einsum('bhld,hdm->blm', o,
-                            self._unpack_weights(weights)[2])
+    return combine_heads(o, self._unpack_weights(weights)[2])
 
   def _roll_predict_state(self, state):
     buckets, buckets_idx, rng, k_cache, v_cache = state

@@ -575,6 +575,27 @@ def _masked_logits(q, k, mask_fn, q_info, kv_info, keys_major):
     dots = mask_fn(dots, q_info[..., :, None], kv_info[..., None, :])
   return jnp.swapaxes(dots, -1, -2) if keys_major else dots
 
+def project_heads(x, w, b=None):
+  """Rows `x [B, L, M]` times every head's `w [H, M, d]` (+ `b [H, d]`).
+
+  Returns `[B * H, L, d]` (unit `example * H + head`): all heads' projections
+  as one matmul (`groups.run_projected`).
+  """
+  y = precision.einsum('blm,hmd->bhld', x, w)
+  if b is not None:
+    y = y + b[None, :, None, :]
+  return y.reshape((-1,) + y.shape[2:])
+
+
+def combine_heads(o, w_o):
+  """Units' outputs `o [B * H, L, d]` through each head's `w_o [H, d, M]`, summed.
+
+  Returns `[B, L, M]`: all heads' output projections as one matmul.
+  """
+  o = o.reshape((-1, w_o.shape[0]) + o.shape[1:])
+  return precision.einsum('bhld,hdm->blm', o, w_o)
+
+
 def project_step_heads(x, w, b=None):
   """A decoding step's rows `x [B, 1, M]` times every head's `w [H, M, d]` (+ `b [H, d]`).
 
