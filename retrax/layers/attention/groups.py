@@ -179,10 +179,10 @@ def run_projected(stages, n_heads, group_size, inputs, weights, state, rng,
   [d_model, d_head]` projection read the whole input and added an `[L,
   d_model]` output into an accumulator, once per head in both passes (on
   a TPU v5e, 62 of the paper-size training step's 257 ms at 16K; the step
-  took 194 ms with this). The cores run
-  `group_size` units at a time (`loop`: `lax.scan` or its Python
-  unrolling); the backward pass recomputes them and differentiates each
-  group right away, as `GroupRunner` does. Costs the projected inputs of
+  took 194 ms with this). The cores run `group_size` units at a time
+  (`loop`: `lax.scan` or its Python unrolling); the backward pass
+  recomputes them and differentiates each group right away, as
+  `GroupRunner` does. Costs the projected inputs of
   all units, their cotangents and the cores' outputs in memory (about
   three copies of the layer's input for `n_heads * d_head == d_model`).
   `state` holds one row per unit; `new_state` comes back the same way.

@@ -483,10 +483,10 @@ class LSHSelfAttention(EfficientAttentionBase):
     None with output dropout or where a subclass has its own
     `forward_unbatched` or `_project`.
     """
+    del shape
     own = all(getattr(getattr(self, name), '__func__', None) is
               getattr(LSHSelfAttention, name)
               for name in ('forward_unbatched', '_project'))
-    del shape
     if self._output_dropout or not own:
       return None
     return groups.UnitStages(self._project_heads, self._attend_unit,
