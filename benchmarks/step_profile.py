@@ -129,7 +129,8 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   step and both LSH layers are traced: `traces[part]` holds each one's
   device time by HLO category and its slowest ops (the step's also as
   `top_ops`). `hlo_path`: the XLA layer's compiled HLO, gzipped, for
-  reading what its slowest fusions are."""
+  reading what its slowest fusions are (the step's beside it, `_step`
+  added before `.txt`)."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
   d = cfg['d_model']
@@ -162,7 +163,7 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   fn, w = _layer_grad_fn(ff, x)
   record('ff', *_median_seconds(fn, w, x), ff_flops)
 
-  def trace(part, fn, *args):
+  def trace(part, fn, *args, top=25):
     if not trace_dir:
       return
     folder = os.path.join(trace_dir, part)
@@ -170,20 +171,21 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
       for _ in range(3):
         jax.block_until_ready(fn(*args))
     summary.setdefault('traces', {})[part] = dict(
-        categories=op_categories(folder), top_ops=top_ops(folder, top=25))
+        categories=op_categories(folder), top_ops=top_ops(folder, top=top))
     write_json(json_path, summary)
 
   fn, w = _layer_grad_fn(_lsh_layer(cfg, 'xla'), x)
   record('lsh', *_median_seconds(fn, w, x), lsh_flops)
-  if hlo_path:
-    with gzip.open(hlo_path, 'wt') as f:
-      f.write(fn.lower(w, x).compile().as_text())
+  write_hlo(hlo_path, fn, w, x)
   trace('lsh', fn, w, x)
 
   fn, w, batch = step_fn(cfg, length)
   record('step', *_median_seconds(fn, w, batch, repeats=3),
          report.train_flops(cfg, length))
-  trace('step', fn, w, batch)
+  if hlo_path:
+    write_hlo(hlo_path.replace('.txt', '_step.txt'), fn, w, batch)
+  # The step has ~10x the layer's distinct ops: more of them to read.
+  trace('step', fn, w, batch, top=80)
   if trace_dir:
     summary['top_ops'] = summary['traces']['step']['top_ops'][:15]
     write_json(json_path, summary)
@@ -209,6 +211,13 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
         f'{1e3 * out["lsh"]["step_s"]:.2f} ms)')
   write_json(json_path, summary)
   return summary
+
+
+def write_hlo(path, fn, *args):
+  """Writes `fn`'s compiled HLO for `args` to `path`, gzipped (None: nothing)."""
+  if path:
+    with gzip.open(path, 'wt') as f:
+      f.write(fn.lower(*args).compile().as_text())
 
 
 def write_json(path, summary):
@@ -278,7 +287,8 @@ def main(argv=None):
   parser.add_argument('--json', default=None)
   parser.add_argument('--hlo', default=None,
                       help="write the XLA LSH layer's compiled HLO here "
-                      '(gzipped text)')
+                      "(gzipped text; the step's beside it, '_step' added "
+                      "before '.txt')")
   args = parser.parse_args(argv)
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]

@@ -11,11 +11,12 @@
 #            TPU_SH_TEST_SHARD=2/4 the second of four fixed parts
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
-#   profile  benchmarks/step_profile.py: the paper-size step part by part,
-#            and one LSHSelfAttention fwd+bwd by XLA ops (the default, one
-#            head at a time on a TPU, and TPU_SH_LSH_UNITS heads at a time)
-#            and by the Pallas kernel (implementation='pallas'), its ratio
-#            to XLA printed
+#   profile  benchmarks/step_profile.py: the paper-size step part by part
+#            (at TPU_SH_PROFILE_LENGTH tokens, default 16384), and one
+#            LSHSelfAttention fwd+bwd by XLA ops (the default, and
+#            TPU_SH_LSH_UNITS heads at a time) and by the Pallas kernel
+#            (implementation='pallas'), its ratio to XLA printed; the
+#            layer's and the step's compiled HLO come back gzipped
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
 #            Pallas kernels of gather_kernel at the LSH shapes (16 units of
@@ -132,8 +133,9 @@ if want profile; then
   echo "== step profile, paper size (budget $(share 20) s)"
   # Traces stay on the machine (too large to bring back); their device time
   # by HLO category and slowest ops go into the JSON, the XLA LSH layer's
-  # compiled HLO beside it (to read what those ops are).
-  PROF=(--length 16384 --trace /tmp/retrax-trace --units "${TPU_SH_LSH_UNITS:-}"
+  # and the step's compiled HLO beside it (to read what those ops are).
+  PROF=(--length "${TPU_SH_PROFILE_LENGTH:-16384}" --trace /tmp/retrax-trace
+        --units "${TPU_SH_LSH_UNITS:-}"
         --hlo "$OUT_DIR/tpu_lsh_hlo.txt.gz")
   [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace
                           --units 1)
