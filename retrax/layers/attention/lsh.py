@@ -68,6 +68,7 @@ from retrax.layers.attention.ops import merge_rounds
 from retrax.layers.attention.ops import permute_via_gather
 from retrax.layers.attention.ops import project_heads
 from retrax.layers.attention.ops import project_step_heads
+from retrax.layers.attention.ops import take_rows
 from retrax.validation import ArgumentValueError
 
 
@@ -142,7 +143,7 @@ def gather_rounds(x, sticker, undo_sort, n_hashes):
   the scatter-add autodiff would write; and `x` is never tiled `n_hashes`
   times.
   """
-  return jnp.take(x, sticker % x.shape[0], axis=0)
+  return take_rows(x, sticker % x.shape[0])
 
 
 def _gather_rounds_fwd(x, sticker, undo_sort, n_hashes):
@@ -150,7 +151,7 @@ def _gather_rounds_fwd(x, sticker, undo_sort, n_hashes):
 
 
 def _gather_rounds_bwd(n_hashes, undo_sort, ct):
-  rounds = jnp.take(ct, undo_sort, axis=0)
+  rounds = take_rows(ct, undo_sort)
   return (jnp.sum(rounds.reshape((n_hashes, -1) + ct.shape[1:]), axis=0),
           None, None)
 

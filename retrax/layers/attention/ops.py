@@ -398,7 +398,7 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
     if middle:
       mid = jnp.reshape(x[start:start + blocks * count],
                         (blocks, count) + x.shape[1:])
-    return (jnp.take(x, lo, axis=0), mid, jnp.take(x, hi, axis=0))
+    return (take_rows(x, lo), mid, take_rows(x, hi))
 
   def block(args):
     q_b, qi_b, k_parts, v_parts, kvi_parts = args
@@ -642,19 +642,30 @@ def apply_broadcasted_dropout(vecs, dropout_rate, rng):
   return vecs * (keep.astype(vecs.dtype) / keep_prob)
 
 
+def take_rows(x, indices):
+  """`x[indices]` along axis 0, for indices the caller knows are in range.
+
+  `jnp.take`'s default fills out-of-range rows with NaN: a select over the
+  whole output, and a clamp, after every gather. The LSH permutations and
+  the chunk windows index within range by construction, and on a TPU v5e
+  those selects took 6 of a 16K paper-size step's 192 ms.
+  """
+  return jnp.asarray(x).at[indices].get(mode='promise_in_bounds')
+
+
 @jax.custom_vjp
 def _gather_permute(permutation, inverse_permutation, val):
-  return jnp.take(val, permutation, axis=0)
+  return take_rows(val, permutation)
 
 
 def _gather_permute_fwd(permutation, inverse_permutation, val):
-  return jnp.take(val, permutation, axis=0), inverse_permutation
+  return take_rows(val, permutation), inverse_permutation
 
 
 def _gather_permute_bwd(inverse_permutation, ct):
   # A gather by the inverse permutation instead of the scatter-add autodiff
   # would synthesise: the indices are known to form a permutation.
-  return None, None, jnp.take(ct, inverse_permutation, axis=0)
+  return None, None, take_rows(ct, inverse_permutation)
 
 
 _gather_permute.defvjp(_gather_permute_fwd, _gather_permute_bwd)
