@@ -297,14 +297,23 @@ def _split_refs(refs, config, kinds):
   return out, refs[i:]
 
 
+# The kernel's dots name their precision: left to the caller's
+# `jax.default_matmul_precision('highest')`, a product of bfloat16 operands
+# asks Mosaic for a float32 contraction, which it refuses ("Bad lhs type").
+_PRECISIONS = {'bfloat16': lax.Precision.DEFAULT,
+               'float32': lax.Precision.HIGHEST}
+
+
 def _operand(x, config):
-  return x.astype(jnp.bfloat16) if config.matmul_dtype == 'bfloat16' else x
+  if config.matmul_dtype is None:
+    return x
+  return x.astype(config.matmul_dtype)
 
 
 def _dot(a, b, dims, config):
-  highest = lax.Precision.HIGHEST if config.matmul_dtype == 'float32' else None
   return lax.dot_general(_operand(a, config), _operand(b, config), dims,
-                         precision=highest, preferred_element_type=jnp.float32)
+                         precision=_PRECISIONS.get(config.matmul_dtype),
+                         preferred_element_type=jnp.float32)
 
 
 def _masked_logits(q, k, q_info, kv_info, config):
