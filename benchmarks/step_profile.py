@@ -1,7 +1,7 @@
 """Where a ReformerLM training step's time goes, part by part, on any device.
 
     python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
-        [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz]
+        [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz] [--step-only]
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
 layers, LSH-2, chunk 128, vocab 256, batch 1). Each part is jitted alone,
@@ -122,7 +122,7 @@ def _lsh_layer(cfg, implementation, n_parallel_heads=None):
 
 
 def profile(cfg, length, trace_dir=None, log=print, json_path=None,
-            units=(), hlo_path=None):
+            units=(), hlo_path=None, step_only=False):
   """Times the parts; returns `{part: {compile_s, step_s, flops, tflops,
   of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran. `units`:
   the `n_parallel_heads` of the `lsh_unitsK` rows. With `trace_dir`, the
@@ -130,7 +130,8 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   device time by HLO category and its slowest ops (the step's also as
   `top_ops`). `hlo_path`: the XLA layer's compiled HLO, gzipped, for
   reading what its slowest fusions are (the step's beside it, `_step`
-  added before `.txt`)."""
+  added before `.txt`). `step_only`: the matmul baseline and the step
+  alone (a long length's trace within a time limit)."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
   d = cfg['d_model']
@@ -158,11 +159,6 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   mm = jax.jit(lambda a, b: a @ b)
   record('matmul', *_median_seconds(mm, a, b), 2 * length * d * cfg['d_ff'])
 
-  ff = tl.Serial(tl.LayerNorm(), tl.Dense(cfg['d_ff']), tl.Relu(),
-                 tl.Dense(d))
-  fn, w = _layer_grad_fn(ff, x)
-  record('ff', *_median_seconds(fn, w, x), ff_flops)
-
   def trace(part, fn, *args, top=25):
     if not trace_dir:
       return
@@ -174,22 +170,21 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
         categories=op_categories(folder), top_ops=top_ops(folder, top=top))
     write_json(json_path, summary)
 
+  if step_only:
+    _step_part(cfg, length, record, trace, summary, json_path, hlo_path)
+    return summary
+
+  ff = tl.Serial(tl.LayerNorm(), tl.Dense(cfg['d_ff']), tl.Relu(),
+                 tl.Dense(d))
+  fn, w = _layer_grad_fn(ff, x)
+  record('ff', *_median_seconds(fn, w, x), ff_flops)
+
   fn, w = _layer_grad_fn(_lsh_layer(cfg, 'xla'), x)
   record('lsh', *_median_seconds(fn, w, x), lsh_flops)
   write_hlo(hlo_path, fn, w, x)
   trace('lsh', fn, w, x)
 
-  fn, w, batch = step_fn(cfg, length)
-  record('step', *_median_seconds(fn, w, batch, repeats=3),
-         report.train_flops(cfg, length))
-  if hlo_path:
-    write_hlo(hlo_path.replace('.txt', '_step.txt'), fn, w, batch)
-  # The step has ~10x the layer's distinct ops: more of them to read.
-  trace('step', fn, w, batch, top=80)
-  if trace_dir:
-    summary['top_ops'] = summary['traces']['step']['top_ops'][:15]
-    write_json(json_path, summary)
-  del fn, w, batch
+  _step_part(cfg, length, record, trace, summary, json_path, hlo_path)
 
   for k in units:
     fn, w = _layer_grad_fn(_lsh_layer(cfg, 'xla', k), x)
@@ -211,6 +206,20 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
         f'{1e3 * out["lsh"]["step_s"]:.2f} ms)')
   write_json(json_path, summary)
   return summary
+
+
+def _step_part(cfg, length, record, trace, summary, json_path, hlo_path):
+  """Times (and traces) the whole step: `profile`'s 'step' row."""
+  fn, w, batch = step_fn(cfg, length)
+  record('step', *_median_seconds(fn, w, batch, repeats=3),
+         report.train_flops(cfg, length))
+  if hlo_path:
+    write_hlo(hlo_path.replace('.txt', '_step.txt'), fn, w, batch)
+  # The step has ~10x the layer's distinct ops: more of them to read.
+  trace('step', fn, w, batch, top=80)
+  if 'traces' in summary:
+    summary['top_ops'] = summary['traces']['step']['top_ops'][:15]
+    write_json(json_path, summary)
 
 
 def write_hlo(path, fn, *args):
@@ -289,11 +298,15 @@ def main(argv=None):
                       help="write the XLA LSH layer's compiled HLO here "
                       "(gzipped text; the step's beside it, '_step' added "
                       "before '.txt')")
+  parser.add_argument('--step-only', action='store_true',
+                      help='time (and trace) only the matmul baseline and '
+                      'the step')
   args = parser.parse_args(argv)
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]
   summary = profile(cfg, args.length, args.trace, json_path=args.json,
-                    units=units, hlo_path=args.hlo)
+                    units=units, hlo_path=args.hlo,
+                    step_only=args.step_only)
   ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')
