@@ -2,6 +2,7 @@
 
     python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
         [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz] [--step-only]
+        [--trace-steps 3]
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
 layers, LSH-2, chunk 128, vocab 256, batch 1). Each part is jitted alone,
@@ -122,7 +123,7 @@ def _lsh_layer(cfg, implementation, n_parallel_heads=None):
 
 
 def profile(cfg, length, trace_dir=None, log=print, json_path=None,
-            units=(), hlo_path=None, step_only=False):
+            units=(), hlo_path=None, step_only=False, trace_steps=3):
   """Times the parts; returns `{part: {compile_s, step_s, flops, tflops,
   of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran. `units`:
   the `n_parallel_heads` of the `lsh_unitsK` rows. With `trace_dir`, the
@@ -131,7 +132,8 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   `top_ops`). `hlo_path`: the XLA layer's compiled HLO, gzipped, for
   reading what its slowest fusions are (the step's beside it, `_step`
   added before `.txt`). `step_only`: the matmul baseline and the step
-  alone (a long length's trace within a time limit)."""
+  alone; `trace_steps`: calls per trace (fewer: a long length's trace
+  read within a time limit)."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
   d = cfg['d_model']
@@ -164,10 +166,11 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
       return
     folder = os.path.join(trace_dir, part)
     with jax.profiler.trace(folder):
-      for _ in range(3):
+      for _ in range(trace_steps):
         jax.block_until_ready(fn(*args))
     summary.setdefault('traces', {})[part] = dict(
-        categories=op_categories(folder), top_ops=top_ops(folder, top=top))
+        categories=op_categories(folder, trace_steps),
+        top_ops=top_ops(folder, trace_steps, top=top))
     write_json(json_path, summary)
 
   if step_only:
@@ -301,12 +304,14 @@ def main(argv=None):
   parser.add_argument('--step-only', action='store_true',
                       help='time (and trace) only the matmul baseline and '
                       'the step')
+  parser.add_argument('--trace-steps', type=int, default=3,
+                      help='calls of each part per trace (default 3)')
   args = parser.parse_args(argv)
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]
   summary = profile(cfg, args.length, args.trace, json_path=args.json,
                     units=units, hlo_path=args.hlo,
-                    step_only=args.step_only)
+                    step_only=args.step_only, trace_steps=args.trace_steps)
   ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')

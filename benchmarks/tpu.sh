@@ -16,7 +16,8 @@
 #            LSHSelfAttention fwd+bwd by XLA ops (the default, and
 #            TPU_SH_LSH_UNITS heads at a time) and by the Pallas kernel
 #            (implementation='pallas'), its ratio to XLA printed; the
-#            layer's and the step's compiled HLO come back gzipped
+#            layer's and the step's compiled HLO come back gzipped. More
+#            arguments: TPU_SH_PROFILE_ARGS="--step-only --trace-steps 1"
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
 #            Pallas kernels of gather_kernel at the LSH shapes (16 units of
@@ -137,8 +138,12 @@ if want profile; then
   PROF=(--length "${TPU_SH_PROFILE_LENGTH:-16384}" --trace /tmp/retrax-trace
         --units "${TPU_SH_LSH_UNITS:-}"
         --hlo "$OUT_DIR/tpu_lsh_hlo.txt.gz")
+  # TPU_SH_PROFILE_ARGS: e.g. "--step-only --trace-steps 1" (64K's step
+  # trace, read within a call: it takes minutes with every part).
   [ -n "$TINY" ] && PROF=(--tiny --length 256 --trace /tmp/retrax-trace
                           --units 1)
+  read -r -a PROF_ARGS <<< "${TPU_SH_PROFILE_ARGS:-}"
+  PROF+=("${PROF_ARGS[@]}")
   timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
     --json "$OUT_DIR/tpu_profile.json"
 fi
