@@ -335,9 +335,8 @@ class SelfAttention(EfficientAttentionBase):
     first (small `d_model`: its keys are the input itself), or where a
     subclass has its own `forward_unbatched`, `_project` or `_attend_inputs`.
     """
-    own = all(getattr(getattr(self, name), '__func__', None) is
-              getattr(SelfAttention, name)
-              for name in ('forward_unbatched', '_project', '_attend_inputs'))
+    own = self._runs_own(SelfAttention, 'forward_unbatched', '_project',
+                         '_attend_inputs')
     weight_products = not (self._share_qk or self._bias or
                            2 * shape[-1] > min(self._d_qk, self._d_v))
     if self._output_dropout or weight_products or not own:
@@ -407,8 +406,7 @@ class SelfAttention(EfficientAttentionBase):
     reference loop runs.
     """
     if (q_len != 1 or inputs[0].shape[1] == 1 or
-        getattr(self._incremental_forward_unbatched, '__func__', None) is not
-        SelfAttention._incremental_forward_unbatched):  # A subclass's own.
+        not self._runs_own(SelfAttention, '_incremental_forward_unbatched')):
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     q, k, v = self._project_heads_step(x, weights)  # [B * H, 1, d]

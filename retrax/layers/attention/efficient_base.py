@@ -252,6 +252,15 @@ class EfficientAttentionBase(base.Layer):
     """
     return self._implementation
 
+  def _runs_own(self, cls, *names):
+    """Whether this layer's methods `names` are `cls`'s own, no subclass's.
+
+    The all-heads fast paths of `cls` stand in for those methods, so they
+    run only where a subclass has not replaced one of them.
+    """
+    return all(getattr(getattr(self, name), '__func__', None) is
+               getattr(cls, name) for name in names)
+
   def _runs_kernel(self):
     """Whether chunked attention runs the Pallas kernel on this backend."""
     return self.implementation == 'pallas' or (

@@ -485,10 +485,8 @@ class LSHSelfAttention(EfficientAttentionBase):
     `forward_unbatched` or `_project`.
     """
     del shape
-    own = all(getattr(getattr(self, name), '__func__', None) is
-              getattr(LSHSelfAttention, name)
-              for name in ('forward_unbatched', '_project'))
-    if self._output_dropout or not own:
+    if (self._output_dropout or
+        not self._runs_own(LSHSelfAttention, 'forward_unbatched', '_project')):
       return None
     return groups.UnitStages(self._project_heads, self._attend_unit,
                              self._combine_heads, self._d_qk + self._d_v)
@@ -517,9 +515,8 @@ class LSHSelfAttention(EfficientAttentionBase):
     queries over `[units, mem_len, d]` caches. Per unit this is
     `_one_position_forward`, which the reference loop runs.
     """
-    if (q_len != 1 or
-        getattr(self._incremental_forward_unbatched, '__func__', None) is not
-        LSHSelfAttention._incremental_forward_unbatched):  # A subclass's own.
+    if (q_len != 1 or not self._runs_own(LSHSelfAttention,
+                                         '_incremental_forward_unbatched')):
       return None
     x = lax.dynamic_slice_in_dim(inputs[0], q_start, 1, axis=1)  # [B, 1, M]
     w_q, w_v, w_o, b_q, b_v = self._unpack_weights(weights)
