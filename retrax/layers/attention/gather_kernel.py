@@ -218,6 +218,7 @@ def _shifts(size, ndim):
   return jnp.reshape(shifts, (1,) * (ndim - 1) + (-1,))
 
 
+@functools.lru_cache(maxsize=None)
 def _batchable(method, interpret, block_rows):
   """`_pallas_gather` with a vmap rule folding the vmapped axis into `U`."""
 

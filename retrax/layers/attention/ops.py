@@ -672,7 +672,11 @@ _gather_permute.defvjp(_gather_permute_fwd, _gather_permute_bwd)
 
 
 def permute_via_gather(val, permutation, inverse_permutation, axis=0):
-  """`take(val, permutation, axis)`, whose gradient gathers by the inverse."""
+  """`take(val, permutation, axis)`, whose gradient gathers by the inverse.
+
+  `permutation` must index within range (`take_rows`: out-of-range rows are
+  not NaN-filled); it is not checked.
+  """
   val = jnp.moveaxis(val, axis, 0)
   out = _gather_permute(permutation, inverse_permutation, val)
   return jnp.moveaxis(out, 0, axis)
