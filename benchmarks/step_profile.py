@@ -30,8 +30,9 @@ median of five calls after a compiling one:
 
 FLOPs are the closed forms of `vs_peers_report` (matmuls only), so the rates
 compare with vs_peers' table. `--trace DIR` also writes `jax.profiler` traces
-of three calls of the step and of each LSH layer there (open them with xprof /
-TensorBoard's profile tab) and sums their device ops by HLO category.
+of `--trace-steps` calls (3) of the step and of each LSH layer there (open
+them with xprof / TensorBoard's profile tab) and sums their device ops by
+HLO category; `--step-only` times and traces the step alone.
 Each row is printed, and `--json` rewritten, as soon as it is measured, so
 a run cut short by a time limit keeps the rows it finished.
 """
