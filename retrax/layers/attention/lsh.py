@@ -60,6 +60,7 @@ from retrax.layers.attention.ops import apply_broadcasted_dropout
 from retrax.layers.attention.ops import attend
 from retrax.layers.attention.ops import attend_queries_scaled
 from retrax.layers.attention.ops import combine_heads
+from retrax.layers.attention.ops import gather_rows
 from retrax.layers.attention.ops import hash_vecs
 from retrax.layers.attention.ops import inverse_permutation
 from retrax.layers.attention.ops import length_normalized
@@ -68,7 +69,6 @@ from retrax.layers.attention.ops import merge_rounds
 from retrax.layers.attention.ops import permute_via_gather
 from retrax.layers.attention.ops import project_heads
 from retrax.layers.attention.ops import project_step_heads
-from retrax.layers.attention.ops import gather_rows
 from retrax.layers.attention.ops import runs_kernel
 from retrax.validation import ArgumentValueError
 
