@@ -241,8 +241,7 @@ class EfficientAttentionBase(base.Layer):
 
     The `implementation` argument of `SelfAttention` and `LSHSelfAttention`:
     'xla' (XLA ops), 'pallas' (the Pallas TPU kernel of `chunked_kernel`,
-    and for `LSHSelfAttention` the row gathers of `gather_kernel` too;
-    interpreted off a TPU: for tests), 'auto' (the kernels on a TPU, XLA
+    interpreted off a TPU: for tests), 'auto' (the kernel on a TPU, XLA
     elsewhere), or None (the default): the environment variable
     `RETRAX_ATTENTION_IMPL` as it is when the layer is built (unset: 'xla';
     for models built from configs, e.g. benchmarks). Later changes of the
@@ -264,7 +263,8 @@ class EfficientAttentionBase(base.Layer):
 
   def _runs_kernel(self):
     """Whether chunked attention runs the Pallas kernel on this backend."""
-    return attention_ops.runs_kernel(self.implementation)
+    return self.implementation == 'pallas' or (
+        self.implementation == 'auto' and jax.default_backend() == 'tpu')
 
   @property
   def n_heads(self):

@@ -5,9 +5,8 @@ what LSH attention's sort, unsort and `gather_rounds` compute with XLA
 gathers (`jnp.take`). On a TPU v5e, XLA gathers 524,288 rows from `[16,
 32768, 128]` float32 in ~5.5 ms (~10 ns a row, whatever the row's width),
 where HBM bandwidth would allow ~0.3 ms. This module tries three kernels,
-measured by benchmarks/gather_bench.py. `LSHSelfAttention` gathers by the
-'vmem' kernel where its `implementation` runs the Pallas kernels
-(`ops.gather_rows`; 'xla', the default, keeps XLA's gathers).
+to be measured by benchmarks/gather_bench.py; nothing in the layers calls
+them.
 
 The kernels move 32-bit words only. A 16-bit row packs two to a sublane
 (16-row tiles), and Mosaic can neither prove nor lower single-row
@@ -162,7 +161,8 @@ def gather_rows(x, indices, *, method='vmem', interpret=None,
       or `N` itself. None: `BLOCK_ROWS` where it divides `N`, else `N`.
   """
   if block_rows is None and indices.ndim == 2:
-    block_rows = _default_block_rows(indices.shape[1])
+    n = indices.shape[1]
+    block_rows = BLOCK_ROWS if n % BLOCK_ROWS == 0 else n
   _check(x, indices, method, block_rows)
   if interpret is None:
     interpret = jax.default_backend() != 'tpu'
@@ -170,19 +170,6 @@ def gather_rows(x, indices, *, method='vmem', interpret=None,
   if jnp.dtype(x.dtype) == jnp.dtype(jnp.float32):
     return gather(x, indices)
   return _from_words(gather(_to_words(x), indices), x.dtype, x.shape[-1])
-
-
-def _default_block_rows(n):
-  return BLOCK_ROWS if n % BLOCK_ROWS == 0 else n
-
-
-def vmem_fits(length, width, dtype, n):
-  """Whether `gather_rows`' default method ('vmem') takes `x [U, length,
-  width]` of `dtype` and `n` indices a unit (its type, and its blocks
-  within `VMEM_LIMIT_BYTES`)."""
-  return (jnp.dtype(dtype) in DTYPES and
-          vmem_bytes(length, width, dtype, _default_block_rows(n)) <=
-          VMEM_LIMIT_BYTES)
 
 
 def _to_words(x):

@@ -60,7 +60,6 @@ from retrax.layers.attention.ops import apply_broadcasted_dropout
 from retrax.layers.attention.ops import attend
 from retrax.layers.attention.ops import attend_queries_scaled
 from retrax.layers.attention.ops import combine_heads
-from retrax.layers.attention.ops import gather_rows
 from retrax.layers.attention.ops import hash_vecs
 from retrax.layers.attention.ops import inverse_permutation
 from retrax.layers.attention.ops import length_normalized
@@ -69,7 +68,7 @@ from retrax.layers.attention.ops import merge_rounds
 from retrax.layers.attention.ops import permute_via_gather
 from retrax.layers.attention.ops import project_heads
 from retrax.layers.attention.ops import project_step_heads
-from retrax.layers.attention.ops import runs_kernel
+from retrax.layers.attention.ops import take_rows
 from retrax.validation import ArgumentValueError
 
 
@@ -135,25 +134,24 @@ def check_n_buckets(name, n_buckets):
                              f'a list of them; got {n_buckets!r}.')
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def gather_rounds(x, sticker, undo_sort, n_hashes, kernel=False):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def gather_rounds(x, sticker, undo_sort, n_hashes):
   """`x [L, D]` in sorted order for every hashing round: `x[sticker % L]`.
 
   `sticker` is a permutation of `n_hashes * L` rows (round-major), so the
   gradient is a gather by its inverse `undo_sort` summed over the rounds, not
   the scatter-add autodiff would write; and `x` is never tiled `n_hashes`
-  times. `kernel`: both gathers by `ops.gather_rows`' Pallas kernel where
-  it fits.
+  times.
   """
-  return gather_rows(x, sticker % x.shape[0], kernel)
+  return take_rows(x, sticker % x.shape[0])
 
 
-def _gather_rounds_fwd(x, sticker, undo_sort, n_hashes, kernel):
-  return gather_rounds(x, sticker, undo_sort, n_hashes, kernel), undo_sort
+def _gather_rounds_fwd(x, sticker, undo_sort, n_hashes):
+  return gather_rounds(x, sticker, undo_sort, n_hashes), undo_sort
 
 
-def _gather_rounds_bwd(n_hashes, kernel, undo_sort, ct):
-  rounds = gather_rows(ct, undo_sort, kernel)
+def _gather_rounds_bwd(n_hashes, undo_sort, ct):
+  rounds = take_rows(ct, undo_sort)
   return (jnp.sum(rounds.reshape((n_hashes, -1) + ct.shape[1:]), axis=0),
           None, None)
 
@@ -174,9 +172,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   chunks, are unsorted, and the rounds are merged weighted by their softmax
   normalisers. The buckets get no gradient; `n_ids` bounds their ids (a
   faster sort, see `sort_by_bucket`). `implementation` is `attend`'s (the
-  chunks' attention by XLA ops or the Pallas kernel); where it runs the
-  kernels, the sort's and unsort's row gathers are Pallas kernels too
-  (`ops.gather_rows`).
+  chunks' attention by XLA ops or the Pallas kernel).
   """
   seqlen = q.shape[0]
   buckets = lax.stop_gradient(buckets)
@@ -191,9 +187,8 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   # rows of 64 or of 1 alike), and these were 12 of a step's 13 costliest ops.
   columns = [q, v] + ([mask[:, None].astype(q.dtype)] if mask is not None
                       else [])
-  kernel = runs_kernel(implementation)
   sorted_columns = gather_rounds(jnp.concatenate(columns, axis=-1), sticker,
-                                 undo_sort, n_hashes, kernel)
+                                 undo_sort, n_hashes)
   sq = sorted_columns[:, :q.shape[-1]].astype(q.dtype)
   sv = sorted_columns[:, q.shape[-1]:q.shape[-1] + v.shape[-1]].astype(v.dtype)
   kv_info = None
@@ -208,8 +203,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
                        q_info=st, kv_info=kv_info, dropout=dropout, rng=rng,
                        implementation=implementation)
   unsorted = permute_via_gather(  # (the wider dtype: logits stay float32)
-      jnp.concatenate([so, slogits[:, None]], axis=-1), undo_sort, sticker,
-      kernel=kernel)
+      jnp.concatenate([so, slogits[:, None]], axis=-1), undo_sort, sticker)
   o = unsorted[:, :-1].astype(so.dtype)  # [H*L, V]
   logits = unsorted[:, -1].astype(slogits.dtype)  # [H*L]
   if n_hashes > 1:

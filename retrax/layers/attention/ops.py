@@ -24,7 +24,6 @@ import numpy as np
 from retrax.errors import InputValueError
 from retrax.fastmath import precision
 from retrax.layers.attention import chunked_kernel
-from retrax.layers.attention import gather_kernel
 from retrax import validation
 from retrax.validation import ArgumentValueError
 
@@ -295,7 +294,7 @@ def _kernel_config(implementation, q, k, v, window, mask_fn):
   validation.check_choice('attend', 'implementation', implementation,
                           chunked_kernel.IMPLEMENTATIONS)
   on_tpu = jax.default_backend() == 'tpu'
-  if not runs_kernel(implementation):
+  if implementation == 'xla' or (implementation == 'auto' and not on_tpu):
     return None
   flags = _mask_flags(mask_fn)
   if flags is None:
@@ -654,58 +653,32 @@ def take_rows(x, indices):
   return jnp.asarray(x).at[indices].get(mode='promise_in_bounds')
 
 
-def gather_rows(x, indices, kernel=False):
-  """`take_rows(x [L, W], indices [N])`; with `kernel`, by the Pallas kernel
-  of `gather_kernel` (method 'vmem') where `x` fits its VMEM limit.
-
-  On a TPU v5e that kernel gathered the LSH shapes' rows in 0.29x of XLA's
-  time at width 128, 0.42x at 65 (`benchmarks/gather_bench.py`); off a TPU
-  it runs interpreted (slow: for tests). `kernel` is what the layers'
-  `implementation` says of their Pallas kernels (`runs_kernel`).
-  """
-  if (kernel and x.ndim == 2 and indices.ndim == 1 and
-      indices.dtype == jnp.int32 and
-      gather_kernel.vmem_fits(x.shape[0], x.shape[1], x.dtype,
-                              indices.shape[0])):
-    return gather_kernel.gather_rows(x[None], indices[None])[0]
-  return take_rows(x, indices)
+@jax.custom_vjp
+def _gather_permute(permutation, inverse_permutation, val):
+  return take_rows(val, permutation)
 
 
-def runs_kernel(implementation):
-  """Whether `implementation` ('xla', 'pallas', 'auto') runs the Pallas
-  kernels on this backend ('auto': on a TPU only)."""
-  return implementation == 'pallas' or (
-      implementation == 'auto' and jax.default_backend() == 'tpu')
+def _gather_permute_fwd(permutation, inverse_permutation, val):
+  return take_rows(val, permutation), inverse_permutation
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _gather_permute(kernel, permutation, inverse_permutation, val):
-  return gather_rows(val, permutation, kernel)
-
-
-def _gather_permute_fwd(kernel, permutation, inverse_permutation, val):
-  return gather_rows(val, permutation, kernel), inverse_permutation
-
-
-def _gather_permute_bwd(kernel, inverse_permutation, ct):
+def _gather_permute_bwd(inverse_permutation, ct):
   # A gather by the inverse permutation instead of the scatter-add autodiff
   # would synthesise: the indices are known to form a permutation.
-  return None, None, gather_rows(ct, inverse_permutation, kernel)
+  return None, None, take_rows(ct, inverse_permutation)
 
 
 _gather_permute.defvjp(_gather_permute_fwd, _gather_permute_bwd)
 
 
-def permute_via_gather(val, permutation, inverse_permutation, axis=0,
-                       kernel=False):
+def permute_via_gather(val, permutation, inverse_permutation, axis=0):
   """`take(val, permutation, axis)`, whose gradient gathers by the inverse.
 
   `permutation` must index within range (`take_rows`: out-of-range rows are
-  not NaN-filled); it is not checked. `kernel`: both gathers by
-  `gather_rows`' Pallas kernel where it fits.
+  not NaN-filled); it is not checked.
   """
   val = jnp.moveaxis(val, axis, 0)
-  out = _gather_permute(bool(kernel), permutation, inverse_permutation, val)
+  out = _gather_permute(permutation, inverse_permutation, val)
   return jnp.moveaxis(out, 0, axis)
 
 

@@ -156,48 +156,22 @@ def test_sort_by_bucket_is_numpy_s_stable_argsort(n_ids):
       got, np.argsort(np.asarray(buckets), kind='stable'))
 
 
-@pytest.mark.parametrize('kernel', [False, True])
-def test_gather_rounds_is_a_tiled_take_and_its_gradient_a_sum_of_rounds(
-    kernel):
-  """By XLA's gather, and by the Pallas kernel (interpreted off a TPU)."""
+def test_gather_rounds_is_a_tiled_take_and_its_gradient_a_sum_of_rounds():
   n_hashes, length, depth = 3, 10, 4
   x = jax.random.normal(jax.random.PRNGKey(0), (length, depth))
   sticker = jax.random.permutation(jax.random.PRNGKey(1), n_hashes * length)
   undo = ops.inverse_permutation(sticker)
-  gather = lambda a: lsh.gather_rounds(a, sticker, undo, n_hashes, kernel)
-  jaxpr = str(jax.make_jaxpr(jax.grad(lambda a: jnp.sum(gather(a))))(x))
-  assert jaxpr.count('pallas_call') == (2 if kernel else 0)
-  got = gather(x)
+  got = lsh.gather_rounds(x, sticker, undo, n_hashes)
   x_np, s_np = np.asarray(x), np.asarray(sticker)
   np.testing.assert_array_equal(got, np.tile(x_np, (n_hashes, 1))[s_np])
   # The custom gradient against numpy's: each row's cotangents summed over
   # the sorted rows that copy it.
   ct = np.asarray(jax.random.normal(jax.random.PRNGKey(2), got.shape))
-  grad = jax.grad(lambda a: jnp.sum(gather(a) * ct))(x)
+  grad = jax.grad(lambda a: jnp.sum(
+      lsh.gather_rounds(a, sticker, undo, n_hashes) * ct))(x)
   want = np.zeros_like(x_np)
   np.add.at(want, s_np % length, ct)
   np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-6)
-
-
-def test_gather_rows_takes_the_kernel_only_where_asked_and_it_fits():
-  """`ops.gather_rows`: XLA's gather unless `kernel`, and where `x` would
-  exceed the kernel's VMEM limit (a 16K step's rows fit, 1M rows do not)."""
-  def kernels(length, kernel, n=1024):
-    x = jax.ShapeDtypeStruct((length, 128), jnp.float32)
-    idx = jax.ShapeDtypeStruct((n,), jnp.int32)
-    return str(jax.make_jaxpr(lambda x, i: ops.gather_rows(x, i, kernel))(
-        x, idx)).count('pallas_call')
-  assert (kernels(32768, True), kernels(32768, False)) == (1, 0)
-  assert kernels(1 << 20, True) == 0
-  # Unsorting by the kernel too, its gradient a gather by the inverse.
-  x = jax.random.normal(jax.random.PRNGKey(0), (24, 3))
-  perm = jax.random.permutation(jax.random.PRNGKey(1), 24)
-  inv = ops.inverse_permutation(perm)
-  f = lambda a: ops.permute_via_gather(a, perm, inv, kernel=True)
-  np.testing.assert_array_equal(f(x), np.asarray(x)[np.asarray(perm)])
-  ct = jax.random.normal(jax.random.PRNGKey(2), (24, 3))
-  grad = jax.grad(lambda a: jnp.sum(f(a) * ct))(x)
-  np.testing.assert_array_equal(grad, np.asarray(ct)[np.asarray(inv)])
 
 
 def test_n_bucket_ids_bounds_the_hashed_ids():
