@@ -97,9 +97,10 @@ if want tests; then
   [ -n "${TPU_SH_TEST_SHARD:-}" ] && TESTS+=(--shard "$TPU_SH_TEST_SHARD")
   [ -n "$TINY" ] && TESTS=(tests/cli/test_multiprocess.py)
   # SIGINT at the budget: pytest stops and still prints its summary; -v
-  # logs each test's outcome as it ends.
+  # logs each test's outcome as it ends, --durations the slowest (where a
+  # call's minutes go on the chip).
   timeout -s INT -k 30 "$(share 45)" "$PY" -m pytest --quick -p no:xdist \
-    -p no:cacheprovider -o addopts="" -v -rfE \
+    -p no:cacheprovider -o addopts="" -v -rfE --durations=30 \
     --junitxml="$OUT_DIR/tpu_tests.xml" ${TPU_SH_TEST_ARGS:-} "${TESTS[@]}" \
     >"$OUT_DIR/tpu_tests.log" 2>&1
   echo "tests: rc $?"
