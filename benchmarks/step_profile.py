@@ -2,7 +2,7 @@
 
     python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
         [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz] [--step-only]
-        [--trace-steps 3]
+        [--trace-steps 3] [--set MODULE.NAME=VALUE ...]
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
 layers, LSH-2, chunk 128, vocab 256, batch 1). Each part is jitted alone,
@@ -32,12 +32,16 @@ FLOPs are the closed forms of `vs_peers_report` (matmuls only), so the rates
 compare with vs_peers' table. `--trace DIR` also writes `jax.profiler` traces
 of `--trace-steps` calls (3) of the step and of each LSH layer there (open
 them with xprof / TensorBoard's profile tab) and sums their device ops by
-HLO category; `--step-only` times and traces the step alone.
+HLO category; `--step-only` times and traces the step alone. `--set
+retrax.layers.attention.ops.REMAT_SPEED_BLOCKS=False` runs with a module
+constant changed (a Python literal; repeatable): one variant of a policy per
+run, to compare on a device with the default's run.
 Each row is printed, and `--json` rewritten, as soon as it is measured, so
 a run cut short by a time limit keeps the rows it finished.
 """
 
 import argparse
+import ast
 import collections
 import functools
 import glob
@@ -124,7 +128,8 @@ def _lsh_layer(cfg, implementation, n_parallel_heads=None):
 
 
 def profile(cfg, length, trace_dir=None, log=print, json_path=None,
-            units=(), hlo_path=None, step_only=False, trace_steps=3):
+            units=(), hlo_path=None, step_only=False, trace_steps=3,
+            settings=None):
   """Times the parts; returns `{part: {compile_s, step_s, flops, tflops,
   of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran. `units`:
   the `n_parallel_heads` of the `lsh_unitsK` rows. With `trace_dir`, the
@@ -134,17 +139,18 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   reading what its slowest fusions are (the step's beside it, `_step`
   added before `.txt`). `step_only`: the matmul baseline and the step
   alone; `trace_steps`: calls per trace (fewer: a long length's trace
-  read within a time limit)."""
+  read within a time limit); `settings`: the module constants `--set`
+  changed, recorded in the summary."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
   d = cfg['d_model']
   ff_flops = 3 * 2 * 2 * d * cfg['d_ff'] * length  # forward + backward
   lsh_flops = 3 * (per_layer - 2 * 2 * d * cfg['d_ff'] * length)
   out = {}
-  summary = dict(length=length, cfg=cfg, parts=out)
+  summary = dict(length=length, cfg=cfg, settings=settings or {}, parts=out)
   x = jax.random.normal(jax.random.PRNGKey(1), (1, length, d), jnp.float32)
   log(f'L={length} device={jax.devices()[0].device_kind} '
-      f'cfg={json.dumps(cfg)}')
+      f'cfg={json.dumps(cfg)} settings={settings or {}}')
   log(f'{"part":10s} {"compile s":>10s} {"step ms":>10s} {"TFLOP/s":>8s} '
       f'{"of matmul":>9s}')
 
@@ -289,6 +295,28 @@ def op_categories(trace_dir, n_steps=3):
   return dict(sums.most_common())
 
 
+def apply_settings(assignments):
+  """Sets each `MODULE.NAME=VALUE` (VALUE a Python literal) and returns
+  `{MODULE.NAME: VALUE}`; a name the module lacks is an error, not a new
+  attribute (a misspelt policy would otherwise measure the default)."""
+  settings = {}
+  for assignment in assignments:
+    target, sep, text = assignment.partition('=')
+    module_name, _, name = target.rpartition('.')
+    if not (sep and module_name and name):
+      raise SystemExit(f'--set takes MODULE.NAME=VALUE; got {assignment!r}')
+    module = importlib.import_module(module_name)
+    if not hasattr(module, name):
+      raise SystemExit(f'--set: {module_name} has no {name}')
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      raise SystemExit(f'--set: {text!r} is not a Python literal') from None
+    setattr(module, name, value)
+    settings[target] = value
+  return settings
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--length', type=int, default=16384)
@@ -307,12 +335,18 @@ def main(argv=None):
                       'the step')
   parser.add_argument('--trace-steps', type=int, default=3,
                       help='calls of each part per trace (default 3)')
+  parser.add_argument('--set', action='append', default=[],
+                      metavar='MODULE.NAME=VALUE',
+                      help='change a module constant for this run, e.g. '
+                      'retrax.layers.attention.ops.REMAT_SPEED_BLOCKS=False')
   args = parser.parse_args(argv)
+  settings = apply_settings(args.set)
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]
   summary = profile(cfg, args.length, args.trace, json_path=args.json,
                     units=units, hlo_path=args.hlo,
-                    step_only=args.step_only, trace_steps=args.trace_steps)
+                    step_only=args.step_only, trace_steps=args.trace_steps,
+                    settings=settings)
   ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')

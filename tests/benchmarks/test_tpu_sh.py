@@ -89,3 +89,20 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   assert again.returncode == 0, again.stderr[-2000:]
   assert (json.loads((tmp_path / 'r.json').read_text())['arms'] ==
           json.loads((tmp_path / 'real_text.json').read_text())['arms'])
+
+
+def test_set_changes_a_module_constant_and_refuses_unknown_names(monkeypatch):
+  from retrax.layers.attention import ops
+  monkeypatch.setattr(ops, 'REMAT_SPEED_BLOCKS', ops.REMAT_SPEED_BLOCKS)
+  monkeypatch.setattr(ops, 'BLOCK_CHUNKS', ops.BLOCK_CHUNKS)  # restored after
+  name = 'retrax.layers.attention.ops.'
+  got = step_profile.apply_settings([f'{name}REMAT_SPEED_BLOCKS=False',
+                                     f'{name}BLOCK_CHUNKS=32'])
+  assert got == {f'{name}REMAT_SPEED_BLOCKS': False,
+                 f'{name}BLOCK_CHUNKS': 32}
+  assert ops.REMAT_SPEED_BLOCKS is False and ops.BLOCK_CHUNKS == 32
+  for bad, message in [(f'{name}REMAT_SPEED_BLOCK=False', 'has no'),
+                       (f'{name}BLOCK_CHUNKS=thirty', 'not a Python literal'),
+                       ('REMAT_SPEED_BLOCKS', 'MODULE.NAME=VALUE')]:
+    with pytest.raises(SystemExit, match=message):
+      step_profile.apply_settings([bad])

@@ -281,8 +281,8 @@ class EfficientAttentionBase(base.Layer):
 
     What a group's vjp keeps: per attended row (`n_hashes` rounds of
     `length` positions) its window of scores, probabilities and their
-    cotangent (only one block's rows where `attention_ops.in_blocks`
-    rematerializes them), and its gathered queries, keys, values and their
+    cotangent (only one block's rows where the blocks of
+    `attention_ops.in_blocks` are rematerialized), and its gathered queries, keys, values and their
     cotangents, in float32. Calibrated against `memory_analysis()` of the
     compiled pass (tests/layers/attention/test_parallel_heads.py). The
     Pallas kernel (`chunked_kernel`) keeps no scores at all. `projected`:
@@ -299,7 +299,8 @@ class EfficientAttentionBase(base.Layer):
     logit_rows = rows
     if self._runs_kernel():
       logit_rows = 0
-    elif attention_ops.in_blocks(rows // chunk, chunk, window):
+    elif (attention_ops.in_blocks(rows // chunk, chunk, window) and
+          attention_ops.remat_blocks(rows // chunk, chunk, window)):
       logit_rows = attention_ops.BLOCK_CHUNKS * chunk
     if projected:
       return 4 * (logit_rows * 3 * window + rows * 5 * depth // 2)

@@ -44,9 +44,15 @@ BLOCK_CHUNKS = 64
 BLOCK_MIN_LOGITS = 2**23
 # Above this many logits (256 MB in float32: 512K tokens, 2 rounds, W = 128)
 # blocks run under every matmul policy: memory, not speed, decides. The
-# blocks are rematerialized (`jax.checkpoint`), so a backward pass never
+# blocks are then rematerialized (`jax.checkpoint`), so a backward pass never
 # holds more than one block's logits and probabilities.
 REMAT_MIN_LOGITS = 2**26
+# Whether blocks run for speed (below REMAT_MIN_LOGITS) are rematerialized
+# too (`remat_blocks`). They are: measured on XLA:CPU, where a recomputed
+# block stays in cache. On a TPU v5e the paper-size 64K step recomputes
+# their logits at 34 of its 993 ms (2026-12-06); False is to be measured
+# there (`step_profile.py --set`).
+REMAT_SPEED_BLOCKS = True
 # `hash_vecs` hashes in chunks of rows whose rotated vectors (all rounds)
 # hold about this many elements (16 MB in float32), once there are 3 or more.
 HASH_CHUNK_ELEMENTS = 2**22
@@ -370,6 +376,15 @@ def in_blocks(n_chunks, chunk_len, width):
            n_logits > BLOCK_MIN_LOGITS) or n_logits > REMAT_MIN_LOGITS)
 
 
+def remat_blocks(n_chunks, chunk_len, width):
+  """Whether the blocks of `in_blocks` are rematerialized: where memory
+  decides (`REMAT_MIN_LOGITS`), and where `REMAT_SPEED_BLOCKS`. Otherwise
+  the backward pass keeps every block's logits and probabilities, as whole
+  arrays would."""
+  return (REMAT_SPEED_BLOCKS or
+          n_chunks * chunk_len * width > REMAT_MIN_LOGITS)
+
+
 def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
                       keep, keep_prob):
   """`_softmax_attend` of chunked `q`, `k`, `v` over blocks of `BLOCK_CHUNKS` chunks.
@@ -377,10 +392,10 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
   A `lax.map` over the blocks (the last one, if shorter, on its own): each
   block slices its keys and values from the chunked arrays plus the few
   neighbouring chunks its window reaches (`look_adjacent`'s wrap-around),
-  so no `[N, W, ...]` window array is ever built, and its body is
-  rematerialized: differentiated, only the inputs are kept and each block's
-  logits are recomputed in the backward pass. Returns `(out [N, C, V],
-  logsumexp [N, C, 1])`.
+  so no `[N, W, ...]` window array is ever built, and where `remat_blocks`
+  says so its body is rematerialized: differentiated, only the inputs are
+  kept and each block's logits are recomputed in the backward pass. Returns
+  `(out [N, C, V], logsumexp [N, C, 1])`.
   """
   n, size = q.shape[0], BLOCK_CHUNKS
   n_full = n // size
@@ -415,7 +430,8 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
     return _softmax_attend(q_b, windows(k_ext), windows(v_ext), qi_b,
                            windows(kvi_ext), mask_fn, keep, keep_prob)
 
-  block = jax.checkpoint(block)
+  if remat_blocks(n, q.shape[1], k.shape[1] * (before + after + 1)):
+    block = jax.checkpoint(block)
 
   def blocks_of(start, count, blocks):
     def split(x):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from retrax.fastmath import precision
+from retrax import layers as tl
 from retrax.layers.attention import efficient as ea
 from retrax.layers.attention import ops
 
@@ -157,10 +158,12 @@ def test_attend_logit_layouts_agree_with_dropout(monkeypatch):
   assert not np.allclose(out_k, no_dropout)  # The dropout did drop.
 
 
-@pytest.mark.parametrize('dropout', [0.0, 0.3])
-def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
+@pytest.mark.parametrize('dropout, remat', [(0.0, True), (0.3, True),
+                                             (0.0, False)])
+def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout, remat):
   # 11 chunks of 4 in blocks of 3 (a remainder of 2): the values match the
-  # NumPy reference, and values and gradients the whole-array computation.
+  # NumPy reference, and values and gradients the whole-array computation,
+  # the blocks rematerialized or not (`remat_blocks`).
   q = np.asarray(_normal(0, (44, 4)))
   v = np.asarray(_normal(1, (44, 3)))
   info = np.asarray(jax.random.permutation(jax.random.PRNGKey(2), 44))
@@ -179,8 +182,10 @@ def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
   whole = attend(q, v), jax.grad(loss, (0, 1))(q, v)
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
   monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
+  monkeypatch.setattr(ops, 'remat_blocks', lambda *shape: remat)
   jaxpr = str(jax.make_jaxpr(attend)(q, v))
   assert 'scan' in jaxpr or 'while' in jaxpr  # the blocks are a loop
+  assert ('checkpoint' in jaxpr or 'remat' in jaxpr) == remat
   with precision.matmul_precision('bfloat16'):  # bfloat16: whole arrays
     jaxpr = str(jax.make_jaxpr(attend)(q, v))
   assert 'scan' not in jaxpr and 'while' not in jaxpr
@@ -200,6 +205,16 @@ def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout):
                                  True, True)
     np.testing.assert_allclose(out[i], o_i, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse[i], lse_i, rtol=1e-5, atol=1e-3)
+
+
+def test_speed_blocks_are_rematerialized_as_set_memory_blocks_always(
+    monkeypatch):
+  below = ops.REMAT_MIN_LOGITS // (128 * 256)  # chunks of 128 over 256 keys
+  assert ops.REMAT_SPEED_BLOCKS  # the default
+  for speed, want in [(True, (True, True)), (False, (False, True))]:
+    monkeypatch.setattr(ops, 'REMAT_SPEED_BLOCKS', speed)
+    assert (ops.remat_blocks(below, 128, 256),
+            ops.remat_blocks(below + 1, 128, 256)) == want, speed
 
 
 def test_attend_queries_scaled_matches_reference_and_attend():
@@ -329,3 +344,16 @@ def test_attend_bf16_logits_in_both_layouts(monkeypatch, dropout):
     scale = np.median(np.abs(b))  # (lse has -1e5 where a query sees itself)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
     assert np.max(np.abs(a - c)) > 1e-4 * scale  # bfloat16 did round.
+
+
+def test_memory_estimate_keeps_every_block_where_blocks_are_not_remat(
+    monkeypatch):
+  # 64K tokens, 2 rounds, chunks of 128 over 256 keys: 1024 chunks in blocks.
+  layer = tl.LSHSelfAttention(n_hashes=2, chunk_len=128)
+  rows, depths, length = 2 * 65536, 128, 65536
+  assert ops.in_blocks(rows // 128, 128, 256)
+  block = ops.BLOCK_CHUNKS * 128
+  for remat, logit_rows in [(True, block), (False, rows)]:
+    monkeypatch.setattr(ops, 'remat_blocks', lambda *shape, r=remat: r)
+    assert layer.unit_bytes(length) == 4 * (logit_rows * 4 * 256 +
+                                            rows * 6 * depths), remat
