@@ -263,8 +263,7 @@ class EfficientAttentionBase(base.Layer):
 
   def _runs_kernel(self):
     """Whether chunked attention runs the Pallas kernel on this backend."""
-    return self.implementation == 'pallas' or (
-        self.implementation == 'auto' and jax.default_backend() == 'tpu')
+    return attention_ops.runs_kernel(self.implementation)
 
   @property
   def n_heads(self):
@@ -282,9 +281,10 @@ class EfficientAttentionBase(base.Layer):
     What a group's vjp keeps: per attended row (`n_hashes` rounds of
     `length` positions) its window of scores, probabilities and their
     cotangent (only one block's rows where the blocks of
-    `attention_ops.in_blocks` are rematerialized), and its gathered queries, keys, values and their
-    cotangents, in float32. Calibrated against `memory_analysis()` of the
-    compiled pass (tests/layers/attention/test_parallel_heads.py). The
+    `attention_ops.in_blocks` are rematerialized), and its gathered
+    queries, keys, values and their cotangents, in float32. Calibrated
+    against `memory_analysis()` of the compiled pass
+    (tests/layers/attention/test_parallel_heads.py). The
     Pallas kernel (`chunked_kernel`) keeps no scores at all. `projected`:
     the unit's core alone (`groups.run_projected`, all heads projected at
     once), whose vjp keeps about 3/4 of the scores and 2/5 of the

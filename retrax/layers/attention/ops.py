@@ -295,12 +295,19 @@ def _mask_flags(mask_fn):
                                               'masked'))
 
 
+def runs_kernel(implementation):
+  """Whether `implementation` ('xla', 'pallas', 'auto') runs the Pallas
+  kernel on this backend ('auto': on a TPU only)."""
+  return implementation == 'pallas' or (
+      implementation == 'auto' and jax.default_backend() == 'tpu')
+
+
 def _kernel_config(implementation, q, k, v, window, mask_fn):
   """The `chunked_kernel.Config` to run `attend` with, or None for the XLA path."""
   validation.check_choice('attend', 'implementation', implementation,
                           chunked_kernel.IMPLEMENTATIONS)
   on_tpu = jax.default_backend() == 'tpu'
-  if implementation == 'xla' or (implementation == 'auto' and not on_tpu):
+  if not runs_kernel(implementation):
     return None
   flags = _mask_flags(mask_fn)
   if flags is None:
