@@ -3,6 +3,7 @@
     python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
         [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz] [--step-only]
         [--trace-steps 3] [--set MODULE.NAME=VALUE ...]
+    python benchmarks/step_profile.py --compare base.json variant.json ...
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
 layers, LSH-2, chunk 128, vocab 256, batch 1). Each part is jitted alone,
@@ -35,7 +36,8 @@ them with xprof / TensorBoard's profile tab) and sums their device ops by
 HLO category; `--step-only` times and traces the step alone. `--set
 retrax.layers.attention.ops.REMAT_SPEED_BLOCKS=False` runs with a module
 constant changed (a Python literal; repeatable): one variant of a policy per
-run, to compare on a device with the default's run.
+run, to compare on a device with the default's run (`--compare` prints
+each run's step over the first's).
 Each row is printed, and `--json` rewritten, as soon as it is measured, so
 a run cut short by a time limit keeps the rows it finished.
 """
@@ -295,6 +297,27 @@ def op_categories(trace_dir, n_steps=3):
   return dict(sums.most_common())
 
 
+def compare_steps(paths, log=print):
+  """The step of each `--json` summary in `paths` (runs of one length under
+  different `--set`s), its time over the first one's that has a step;
+  returns the rows `(settings, step ms, ratio)`. A run without a step (cut
+  short) shows None."""
+  rows = []
+  first = None
+  for path in paths:
+    with open(path) as f:
+      summary = json.load(f)
+    step = summary['parts'].get('step', {}).get('step_s')
+    first = first or step
+    rows.append((summary.get('settings', {}), step and 1e3 * step,
+                 step and first and step / first))
+  log(f'{"step ms":>9s} {"/ first":>8s}  settings')
+  for settings, ms, ratio in rows:
+    shown = ' '.join(f'{k}={v!r}' for k, v in settings.items()) or 'defaults'
+    log(f'{ms or float("nan"):9.2f} {ratio or float("nan"):8.3f}  {shown}')
+  return rows
+
+
 def apply_settings(assignments):
   """Sets each `MODULE.NAME=VALUE` (VALUE a Python literal) and returns
   `{MODULE.NAME: VALUE}`; a name the module lacks is an error, not a new
@@ -339,7 +362,13 @@ def main(argv=None):
                       metavar='MODULE.NAME=VALUE',
                       help='change a module constant for this run, e.g. '
                       'retrax.layers.attention.ops.REMAT_SPEED_BLOCKS=False')
+  parser.add_argument('--compare', nargs='+', metavar='JSON',
+                      help='print the step of these runs (their --json), '
+                      'each over the first; nothing is run')
   args = parser.parse_args(argv)
+  if args.compare:
+    compare_steps(args.compare)
+    return
   settings = apply_settings(args.set)
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]

@@ -18,6 +18,12 @@
 #            (implementation='pallas'), its ratio to XLA printed; the
 #            layer's and the step's compiled HLO come back gzipped. More
 #            arguments: TPU_SH_PROFILE_ARGS="--step-only --trace-steps 1"
+#   variants the paper-size step alone at TPU_SH_PROFILE_LENGTH under
+#            each of TPU_SH_VARIANTS: ';'-separated lists of module
+#            constants (`step_profile.py --set`), the first usually empty
+#            (the defaults), e.g. ";retrax.layers.attention.ops.
+#            REMAT_SPEED_BLOCKS=False" (one word); one process each, then
+#            each step's time over the first's; not in the default stages
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
 #            Pallas kernels of gather_kernel at the LSH shapes (16 units of
@@ -147,6 +153,25 @@ if want profile; then
   PROF+=("${PROF_ARGS[@]}")
   timeout -k 10 "$(share 20)" "$PY" benchmarks/step_profile.py "${PROF[@]}" \
     --json "$OUT_DIR/tpu_profile.json"
+fi
+
+if want variants; then
+  echo "== step variants (budget $(share 60) s)"
+  IFS=';' read -r -a VARIANTS <<< "${TPU_SH_VARIANTS:-}"
+  [ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("")  # the defaults alone
+  SIZE=(--length "${TPU_SH_PROFILE_LENGTH:-16384}")
+  [ -n "$TINY" ] && { VARIANTS=("" "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0");
+                      SIZE=(--tiny --length 256); }
+  END=$((SECONDS + $(share 60)))
+  for i in "${!VARIANTS[@]}"; do
+    SETS=()
+    for assignment in ${VARIANTS[$i]}; do SETS+=(--set "$assignment"); done
+    # Each variant gets an equal share of what is left.
+    LEFT=$(( (END - SECONDS) / (${#VARIANTS[@]} - i) ))
+    timeout -k 10 "$LEFT" "$PY" benchmarks/step_profile.py "${SIZE[@]}" \
+      --step-only "${SETS[@]}" --json "$OUT_DIR/tpu_variant_$i.json"
+  done
+  "$PY" benchmarks/step_profile.py --compare "$OUT_DIR"/tpu_variant_*.json
 fi
 
 if want decode; then

@@ -54,7 +54,8 @@ def test_top_ops_sums_leaf_device_ops_per_step(tmp_path):
 def test_tpu_sh_tiny_on_cpu(tmp_path):
   env = dict(os.environ, RETRAX_TPU_SH_TINY='1', OUT=str(tmp_path),
              PYTHON=sys.executable, JAX_PLATFORMS='cpu',
-             TPU_SH_STAGES='float32 main profile table search decode real_text',
+             TPU_SH_STAGES=('float32 main profile variants table search '
+                            'decode real_text'),
              TPU_SH_REAL_TEXT_DIR=str(tmp_path / 'real_text_run'))
   proc = subprocess.run(['bash', os.path.join(_BENCH, 'tpu.sh')],
                         capture_output=True, text=True, env=env, timeout=900)
@@ -69,6 +70,13 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   assert profile['lsh_kernel_over_xla'] == pytest.approx(
       profile['parts']['lsh_pallas']['step_s'] /
       profile['parts']['lsh']['step_s'])
+  # The variants stage: the defaults, then blocks forced on, compared.
+  variants = [json.loads((tmp_path / f'tpu_variant_{i}.json').read_text())
+              for i in range(2)]
+  assert [v['settings'] for v in variants] == [
+      {}, {'retrax.layers.attention.ops.BLOCK_MIN_LOGITS': 0}]
+  assert all(v['parts']['step']['step_s'] > 0 for v in variants)
+  assert 'retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0' in proc.stdout
   f32 = json.loads((tmp_path / 'tpu_float32.json').read_text())
   assert f32['backend'] == 'cpu' and f32['cases']['exp']['rel'] < 1e-6
   search = json.loads((tmp_path / 'tpu_max_length.json').read_text())
@@ -106,3 +114,19 @@ def test_set_changes_a_module_constant_and_refuses_unknown_names(monkeypatch):
                        ('REMAT_SPEED_BLOCKS', 'MODULE.NAME=VALUE')]:
     with pytest.raises(SystemExit, match=message):
       step_profile.apply_settings([bad])
+
+
+def test_compare_steps_divides_by_the_first_run_with_a_step(tmp_path):
+  runs = [dict(settings={}, parts={'matmul': {'step_s': 1.0}}),  # cut short
+          dict(settings={}, parts={'step': {'step_s': 0.5}}),
+          dict(settings={'m.X': False}, parts={'step': {'step_s': 0.4}})]
+  paths = []
+  for i, run in enumerate(runs):
+    paths.append(str(tmp_path / f'{i}.json'))
+    with open(paths[-1], 'w') as f:
+      json.dump(run, f)
+  lines = []
+  rows = step_profile.compare_steps(paths, log=lines.append)
+  assert rows == [({}, None, None), ({}, 500.0, 1.0),
+                  ({'m.X': False}, 400.0, pytest.approx(0.8))]
+  assert lines[-1].split() == ['400.00', '0.800', 'm.X=False']
