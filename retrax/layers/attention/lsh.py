@@ -72,6 +72,16 @@ from retrax.layers.attention.ops import take_rows
 from retrax.validation import ArgumentValueError
 
 
+# Whether `lsh_attend` unsorts its outputs and their normalisers as one
+# gather of `[N, V + 1]` rows (True) or as two, the normalisers a lane-dense
+# `[N]` (False). One was faster when a TPU's gathers cost per index (all
+# heads' rows in one op, 2026-12-06); since heads gather one at a time, the
+# paper-size 64K step spends ~61 of its 993 ms on the normalisers as
+# `[N, 1]` columns (copies padded 128x, slices): False is to be measured
+# there (tpu.sh's variants stage).
+UNSORT_AS_ONE = True
+
+
 def default_n_buckets(length, chunk_len):
   """Trax's bucket count for a length: `2 * max(1, length // chunk_len)`.
 
@@ -202,10 +212,14 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
                        n_chunks_after=n_chunks_after, mask_fn=mask_fn,
                        q_info=st, kv_info=kv_info, dropout=dropout, rng=rng,
                        implementation=implementation)
-  unsorted = permute_via_gather(  # (the wider dtype: logits stay float32)
-      jnp.concatenate([so, slogits[:, None]], axis=-1), undo_sort, sticker)
-  o = unsorted[:, :-1].astype(so.dtype)  # [H*L, V]
-  logits = unsorted[:, -1].astype(slogits.dtype)  # [H*L]
+  if UNSORT_AS_ONE:
+    unsorted = permute_via_gather(  # (the wider dtype: logits stay float32)
+        jnp.concatenate([so, slogits[:, None]], axis=-1), undo_sort, sticker)
+    o = unsorted[:, :-1].astype(so.dtype)  # [H*L, V]
+    logits = unsorted[:, -1].astype(slogits.dtype)  # [H*L]
+  else:
+    o = permute_via_gather(so, undo_sort, sticker)
+    logits = permute_via_gather(slogits, undo_sort, sticker)
   if n_hashes > 1:
     o = jnp.reshape(o, (n_hashes, seqlen, o.shape[-1]))
     o = merge_rounds(o, jnp.reshape(logits, (n_hashes, seqlen, 1)))

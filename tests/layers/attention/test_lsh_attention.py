@@ -86,8 +86,11 @@ LSH_CASES = [
 ]
 
 
-@pytest.mark.parametrize('case', LSH_CASES)
-def test_lsh_matches_paper_algorithm_given_buckets(case):
+@pytest.mark.parametrize('case', LSH_CASES + [
+    dict(LSH_CASES[2], unsort_as_one=False)])
+def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
+  case = dict(case)
+  monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', case.pop('unsort_as_one', True))
   length = 12
   x = _normal(1, (2, length, D_MODEL))
   layer = _layer(**case)
@@ -185,13 +188,16 @@ def test_n_bucket_ids_bounds_the_hashed_ids():
     assert int(ids.max()) >= bound - 3  # The last round's padding bucket.
 
 
-def test_check_grads_replaying_the_forward_buckets():
+@pytest.mark.parametrize('unsort_as_one', [True, False])
+def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one):
   """The custom backward (per-head recomputation with the buckets the forward
-  stored) gives the gradient of the function the forward computed.
+  stored) gives the gradient of the function the forward computed, with the
+  outputs and normalisers unsorted as one gather or two (`UNSORT_AS_ONE`).
 
   Central differences move the inputs by ~1e-4 (float64), far less than the
   hashing margins of this fixed example, so every evaluation hashes alike.
   """
+  monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', unsort_as_one)
   layer = _layer(causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
                  n_parallel_heads=1)
   assert layer.has_backward
