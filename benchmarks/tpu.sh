@@ -19,11 +19,12 @@
 #            layer's and the step's compiled HLO come back gzipped. More
 #            arguments: TPU_SH_PROFILE_ARGS="--step-only --trace-steps 1"
 #   variants the paper-size step alone at TPU_SH_PROFILE_LENGTH under
-#            each of TPU_SH_VARIANTS: ';'-separated lists of module
-#            constants (`step_profile.py --set`), the first usually empty
-#            (the defaults), e.g. ";retrax.layers.attention.ops.
-#            REMAT_SPEED_BLOCKS=False" (one word); one process each, then
-#            each step's time over the first's; not in the default stages
+#            each of TPU_SH_VARIANTS: ';'-separated variants, each a
+#            space-separated list of MODULE.NAME=VALUE (`step_profile.py
+#            --set`), the first usually empty (the defaults), e.g.
+#            TPU_SH_VARIANTS=";$M.REMAT_SPEED_BLOCKS=False" with M=
+#            retrax.layers.attention.ops; one process each, then each
+#            step's time over the first's; not in the default stages
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
 #            Pallas kernels of gather_kernel at the LSH shapes (16 units of
@@ -171,7 +172,8 @@ if want variants; then
     timeout -k 10 "$LEFT" "$PY" benchmarks/step_profile.py "${SIZE[@]}" \
       --step-only "${SETS[@]}" --json "$OUT_DIR/tpu_variant_$i.json"
   done
-  "$PY" benchmarks/step_profile.py --compare "$OUT_DIR"/tpu_variant_*.json
+  compgen -G "$OUT_DIR/tpu_variant_*.json" >/dev/null &&
+    "$PY" benchmarks/step_profile.py --compare "$OUT_DIR"/tpu_variant_*.json
 fi
 
 if want decode; then
