@@ -265,8 +265,10 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
     out, dots_logsumexp = _attend_with_kernel(config, q, k, v, q_info, kv_info,
                                               share_qk, keep, keep_prob)
   elif _in_blocks(q, width):
+    remat = remat_blocks(q.shape[0], q.shape[1], width)
     out, dots_logsumexp = _attend_in_blocks(q, k, v, q_info, kv_info, share_qk,
-                                            window, mask_fn, keep, keep_prob)
+                                            window, mask_fn, keep, keep_prob,
+                                            remat)
   else:
     k = _scaled_keys(k, share_qk)
     k = look_adjacent(k, *window)  # [N, W, D]
@@ -393,16 +395,16 @@ def remat_blocks(n_chunks, chunk_len, width):
 
 
 def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
-                      keep, keep_prob):
+                      keep, keep_prob, remat):
   """`_softmax_attend` of chunked `q`, `k`, `v` over blocks of `BLOCK_CHUNKS` chunks.
 
   A `lax.map` over the blocks (the last one, if shorter, on its own): each
   block slices its keys and values from the chunked arrays plus the few
   neighbouring chunks its window reaches (`look_adjacent`'s wrap-around),
-  so no `[N, W, ...]` window array is ever built, and where `remat_blocks`
-  says so its body is rematerialized: differentiated, only the inputs are
-  kept and each block's logits are recomputed in the backward pass. Returns
-  `(out [N, C, V], logsumexp [N, C, 1])`.
+  so no `[N, W, ...]` window array is ever built, and with `remat`
+  (`remat_blocks`) its body is rematerialized: differentiated, only the
+  inputs are kept and each block's logits are recomputed in the backward
+  pass. Returns `(out [N, C, V], logsumexp [N, C, 1])`.
   """
   n, size = q.shape[0], BLOCK_CHUNKS
   n_full = n // size
@@ -437,7 +439,7 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
     return _softmax_attend(q_b, windows(k_ext), windows(v_ext), qi_b,
                            windows(kvi_ext), mask_fn, keep, keep_prob)
 
-  if remat_blocks(n, q.shape[1], k.shape[1] * (before + after + 1)):
+  if remat:
     block = jax.checkpoint(block)
 
   def blocks_of(start, count, blocks):
