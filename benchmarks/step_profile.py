@@ -328,7 +328,10 @@ def apply_settings(assignments):
     module_name, _, name = target.rpartition('.')
     if not (sep and module_name and name):
       raise SystemExit(f'--set takes MODULE.NAME=VALUE; got {assignment!r}')
-    module = importlib.import_module(module_name)
+    try:
+      module = importlib.import_module(module_name)
+    except ImportError:
+      raise SystemExit(f'--set: no module {module_name}') from None
     if not hasattr(module, name):
       raise SystemExit(f'--set: {module_name} has no {name}')
     try:

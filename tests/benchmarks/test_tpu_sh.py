@@ -111,7 +111,8 @@ def test_set_changes_a_module_constant_and_refuses_unknown_names(monkeypatch):
   assert ops.REMAT_SPEED_BLOCKS is False and ops.BLOCK_CHUNKS == 32
   for bad, message in [(f'{name}REMAT_SPEED_BLOCK=False', 'has no'),
                        (f'{name}BLOCK_CHUNKS=thirty', 'not a Python literal'),
-                       ('REMAT_SPEED_BLOCKS', 'MODULE.NAME=VALUE')]:
+                       ('REMAT_SPEED_BLOCKS', 'MODULE.NAME=VALUE'),
+                       ('retrax.no_such_module.X=1', 'no module')]:
     with pytest.raises(SystemExit, match=message):
       step_profile.apply_settings([bad])
 
