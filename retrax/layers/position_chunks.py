@@ -119,10 +119,43 @@ def from_chunks(x, length, axis=-2):
   return jax.lax.slice_in_dim(x, 0, length, axis=axis)
 
 
-def chunked_apply(fn, x, n):
-  """`fn(x)` for a position-wise `fn`, computed over `n` chunks of positions."""
-  ys = jax.lax.map(fn, to_chunks(x, n))
-  return from_chunks(ys, x.shape[-2])
+def divisor_chunks(length, n):
+  """The fewest chunks, `n` or more, that divide `length` evenly; None if over `2 * n`."""
+  return next((k for k in range(n, min(2 * n, length) + 1) if length % k == 0),
+              None)
+
+
+def chunk(x, i, k, axis=-2):
+  """Chunk `i` (traced or not) of `k` equal chunks of `x` along `axis`."""
+  size = x.shape[axis] // k
+  return jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=axis)
+
+
+def chunked_apply(fn, x, n, add_to=None):
+  """`fn(x)`, or `add_to + fn(x)`, for a position-wise `fn` over `n` chunks of positions.
+
+  Where some `k` of `n` to `2n` chunks divide the length, a loop writes each
+  chunk's output in place, into `add_to`'s buffer when given: neither the
+  input's chunks nor the stacked outputs are copied (at 1M tokens each of
+  those copies is as large as the input). Otherwise `n` zero-padded chunks
+  are mapped over.
+  """
+  length = x.shape[-2]
+  k = divisor_chunks(length, n)
+  if k is None:
+    y = from_chunks(jax.lax.map(fn, to_chunks(x, n)), length)
+    return y if add_to is None else add_to + y
+  adding = add_to is not None
+  if not adding:
+    y0 = jax.eval_shape(fn, chunk(x, 0, k))
+    add_to = jnp.zeros(y0.shape[:-2] + (length,) + y0.shape[-1:], y0.dtype)
+
+  def body(i, out):
+    y = fn(chunk(x, i, k))
+    y = chunk(out, i, k) + y if adding else y
+    return jax.lax.dynamic_update_slice_in_dim(out, y.astype(out.dtype),
+                                               i * (length // k), axis=-2)
+  return jax.lax.fori_loop(0, k, body, add_to)
 
 
 def chunked_vjp(fn, x, weights, ct, n):

@@ -111,3 +111,19 @@ def test_reformer_feed_forward_is_chunked_at_long_lengths(monkeypatch):
   for got, want in zip(jax.tree_util.tree_leaves(chunked),
                        jax.tree_util.tree_leaves(whole)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('length', [48, 37])  # 37: no divisor, padded map
+def test_chunked_apply_adds_in_place(length):
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, length, D))
+  acc = jax.random.normal(jax.random.PRNGKey(1), (2, length, 3))
+  w = jax.random.normal(jax.random.PRNGKey(2), (D, 3))
+  fn = lambda xc: jnp.tanh(xc @ w)
+  assert chunks.divisor_chunks(length, 5) == (6 if length == 48 else None)
+  jaxpr = str(jax.make_jaxpr(lambda x, a: chunks.chunked_apply(
+      fn, x, 5, add_to=a))(x, acc))
+  assert 'dynamic_update_slice' in jaxpr if length == 48 else 'scan' in jaxpr
+  for add_to, want in ((None, fn(x)), (acc, acc + fn(x))):
+    got = jax.jit(lambda x, a: chunks.chunked_apply(fn, x, 5, add_to=a))(
+        x, add_to)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -39,6 +39,7 @@ from retrax.layers import base
 from retrax.layers.attention import chunked_kernel
 from retrax.layers.attention import groups as groups_lib
 from retrax.layers.attention import ops as attention_ops
+from retrax.layers import position_chunks
 from retrax.layers import predict_state
 from retrax import validation
 from retrax.shapes import ShapeDtype
@@ -109,6 +110,17 @@ def projected_max_bytes():
   working set (1M tokens fit a 16 GB chip with it).
   """
   return 1 << 28 if jax.default_backend() == 'cpu' else 1 << 30
+
+
+def prelude_chunks(shape):
+  """Chunks of positions a `groups.Prelude` runs in over inputs of `shape`.
+
+  About `position_chunks.CHUNK_ELEMENTS` elements of the input a chunk, the
+  count rounded up to one that divides the length (1, whole, if none up to
+  twice the count does).
+  """
+  n = position_chunks.n_position_chunks(shape, shape[-1])
+  return position_chunks.divisor_chunks(shape[-2], n) or 1
 
 
 def units_that_fit(batch_size, n_heads, unit_bytes, budget_bytes):
@@ -636,7 +648,8 @@ class EfficientAttentionBase(base.Layer):
 
   def forward_and_or_backward(self, inputs, weights, state, rng,
                               output_grad=None, compute_output=True,
-                              update_state=True, subtract_from=None):
+                              update_state=True, subtract_from=None,
+                              prelude=None, input_grad_init=None):
     """Batched forward and/or backward pass (Trax's signature).
 
     Args:
@@ -653,6 +666,13 @@ class EfficientAttentionBase(base.Layer):
         heads subtracted one by one in its buffer (a reversible layer
         rebuilding its input keeps no second output-sized array). Needs
         `compute_output`.
+      prelude: None, or a `groups.Prelude` the first input goes through
+        before the attention, run group by group (only where
+        `folds_prelude(shape)`); `weights_grad` is then the pair
+        `(prelude's weights grad, this layer's)`.
+      input_grad_init: None, or an array of the first input's shape: the
+        first input's gradient is accumulated onto it (the cotangent that
+        input already has, summed without a second input-sized buffer).
 
     Returns:
       `(output, new_state, inputs_grad, weights_grad)`, each None when not
@@ -670,6 +690,7 @@ class EfficientAttentionBase(base.Layer):
           f'{self.name}: subtract_from needs compute_output and the '
           f'output\'s shape {tuple(shape)} and dtype {inputs[0].dtype}; got '
           f'{jnp.shape(subtract_from)} {subtract_from.dtype}.')
+    self._check_prelude(inputs, prelude, input_grad_init, output_grad)
     fn, inputs, state, merge_rows, direct = self._unit_function(
         inputs, weights, state, rng, update_state)
     if direct is not None:
@@ -684,14 +705,25 @@ class EfficientAttentionBase(base.Layer):
       out, new_state, dx, weights_grad = groups_lib.run_projected(
           stages, self._n_heads, groups.heads * groups.examples, inputs,
           weights, state, rng, todo, output_grad, subtract_from, self._loop)
+      if input_grad_init is not None:
+        dx = (dx[0] + input_grad_init,) + tuple(dx[1:])
     else:
-      out, new_state, dx, w_ct = self._run_groups(
-          groups_lib.GroupRunner(fn, groups, todo), inputs, weights, state,
-          output_grad, shape, subtract_from)
+      runner: Any = groups_lib.GroupRunner(fn, groups, todo)
+      if prelude is not None:
+        stages = self._unit_stages(shape)
+        runner = groups_lib.PreludeRunner(
+            prelude, stages._replace(core=functools.partial(
+                stages.core, rng=rng, update_state=update_state)),
+            groups, todo, prelude_chunks(shape))
+      out, new_state, dx, w_ct, w_pre_ct = self._run_groups(
+          runner, inputs, weights, state, output_grad, shape, subtract_from,
+          input_grad_init)
       if update_state:
         new_state = jax.tree_util.tree_map(groups.merge_units, new_state)
       weights_grad = None if w_ct is None else jax.tree_util.tree_map(
           lambda a: a.reshape((self._n_heads,) + a.shape[2:]), w_ct)
+      if prelude is not None and weights_grad is not None:
+        weights_grad = (w_pre_ct, weights_grad)
 
     output = out.reshape(shape) if compute_output else None
     if update_state:
@@ -699,6 +731,43 @@ class EfficientAttentionBase(base.Layer):
     inputs_grad = (groups_lib.inputs_grad(raw_inputs, dx, todo.differentiable)
                    if todo.grad else None)
     return output, new_state, inputs_grad, weights_grad
+
+  def folds_prelude(self, shape):
+    """Whether a pass over inputs of `shape` runs a `prelude` group by group.
+
+    Where the heads run one group at a time (the longest sequences; not in
+    predict mode) through `_unit_stages` (whose input projection runs with
+    the prelude): a pass projecting all heads at once holds the
+    projections of all heads anyway.
+    """
+    return (not self._incremental and self._projected_stages(shape) is None
+            and self._unit_stages(shape) is not None)
+
+  def _check_prelude(self, inputs, prelude, input_grad_init, output_grad):
+    """Raises unless `prelude` and `input_grad_init` fit this pass's `inputs`."""
+    x = inputs[0]
+    if prelude is not None:
+      if any(groups_lib.is_differentiable(a) for a in inputs[1:]):
+        raise InputValueError(
+            f'{self.name}: with a prelude only the first input may be a '
+            'float array (the others are masks).')
+      if not self.folds_prelude(x.shape):
+        raise ArgumentValueError(
+            f'{self.name}: a prelude runs only where the heads run one group '
+            f'at a time (folds_prelude({tuple(x.shape)}) is False); apply it '
+            'before the layer.')
+      out = jax.eval_shape(prelude.fn, x, prelude.weights)
+      if out.shape != x.shape or out.dtype != x.dtype:
+        raise InputValueError(
+            f'{self.name}: a prelude must keep its input\'s shape and dtype '
+            f'{tuple(x.shape)} {x.dtype}; got {tuple(out.shape)} {out.dtype}.')
+    if input_grad_init is not None and (
+        output_grad is None or jnp.shape(input_grad_init) != x.shape or
+        input_grad_init.dtype != x.dtype):
+      raise InputValueError(
+          f'{self.name}: input_grad_init needs output_grad and the first '
+          f'input\'s shape {tuple(x.shape)} and dtype {x.dtype}; got '
+          f'{jnp.shape(input_grad_init)} {jnp.asarray(input_grad_init).dtype}.')
 
   def _projected_stages(self, shape):
     """The `UnitStages` if a pass over inputs of `shape` projects all heads at once.
@@ -775,55 +844,76 @@ class EfficientAttentionBase(base.Layer):
         (new_mem_end, tuple(new_mem), units)), direct
 
   def _run_groups(self, runner, inputs, weights, state, output_grad, shape,
-                  subtract_from=None):
+                  subtract_from=None, input_grad_init=None):
     """Loops over example groups and, inside, head groups (`lax.scan`).
 
     `shape` is the output's (in predict mode `inputs` hold the memory). With
     `subtract_from`, each example group's output starts from its rows of it
-    and the heads are subtracted.
+    and the heads are subtracted; with `input_grad_init`, the first input's
+    cotangent starts from its rows.
 
     Returns `(out [n_eg, E, L, d], new_state (split by units), inputs
-    cotangents, weights cotangent [n_hg, G, ...])`, None where not asked.
+    cotangents, weights cotangent [n_hg, G, ...], the runner's prelude's
+    weights cotangent)`, None where not asked (or without a prelude).
     """
     groups, todo = runner.groups, runner.todo
+    prelude = getattr(runner, 'prelude', None)
+    w_pre = None if prelude is None else prelude.weights
     xs_r = tuple(groups.split_examples(x) for x in inputs)
     w_r = jax.tree_util.tree_map(groups.split_heads, weights)
     s_r = jax.tree_util.tree_map(groups.split_units, state)
     ct_r = groups.split_examples(output_grad) if todo.grad else None
     base_r = (None if subtract_from is None else
               groups.split_examples(subtract_from))
+    init_r = (None if input_grad_init is None else
+              groups.split_examples(input_grad_init))
     d_inputs = [x for x, d in zip(inputs, todo.differentiable) if d]
     out0 = (jnp.zeros((groups.examples,) + tuple(shape[1:]), inputs[0].dtype)
             if todo.output and subtract_from is None else None)
-    dx0 = (tuple(jnp.zeros((groups.examples,) + x.shape[1:], x.dtype)
-                 for x in d_inputs) if todo.grad else None)
 
-    def example_body(w_ct_acc, ex):
-      xs_e, s_e, ct_e, base_e = ex
+    def example_body(acc, ex):
+      w_ct_acc, w_pre_ct_acc = acc
+      xs_e, s_e, ct_e, base_e, init_e = ex
+      dx0 = None
+      if todo.grad:
+        dx0 = tuple(jnp.zeros((groups.examples,) + x.shape[1:], x.dtype)
+                    for x in d_inputs)
+        if init_e is not None:
+          dx0 = (init_e,) + dx0[1:]
 
       def head_body(carry, hd):
-        out_acc, dx_acc = carry
+        out_acc, dx_acc, w_pre_ct_acc = carry
         w_h, s_h = hd
-        out, new_s, dx_ct, w_ct = runner.run(xs_e, w_h, s_h, ct_e)
+        if prelude is None:
+          out, new_s, dx_ct, w_ct = runner.run(xs_e, w_h, s_h, ct_e)
+          if todo.grad:
+            dx_acc = tuple(a + b for a, b in zip(dx_acc, dx_ct))
+        else:
+          out, new_s, dx0_acc, w_ct, w_pre_ct = runner.run(
+              xs_e, w_h, s_h, ct_e, w_pre, None if dx_acc is None else dx_acc[0])
+          if todo.grad:
+            dx_acc = (dx0_acc,)
+            w_pre_ct_acc = jax.tree_util.tree_map(jnp.add, w_pre_ct_acc,
+                                                  w_pre_ct)
         if not todo.output:
           out_acc = None
         elif base_e is None:
           out_acc = out_acc + out
         else:
           out_acc = out_acc - out
-        if todo.grad:
-          dx_acc = tuple(a + b for a, b in zip(dx_acc, dx_ct))
-        return (out_acc, dx_acc), (new_s if todo.state else None, w_ct)
+        return (out_acc, dx_acc, w_pre_ct_acc), (
+            new_s if todo.state else None, w_ct)
 
-      (out_e, dx_e), (new_s_e, w_ct_e) = self._loop(
-          head_body, (out0 if base_e is None else base_e, dx0), (w_r, s_e),
-          groups.n_head_groups)
+      (out_e, dx_e, w_pre_ct_acc), (new_s_e, w_ct_e) = self._loop(
+          head_body, (out0 if base_e is None else base_e, dx0, w_pre_ct_acc),
+          (w_r, s_e), groups.n_head_groups)
       if todo.grad:
         w_ct_acc = jax.tree_util.tree_map(jnp.add, w_ct_acc, w_ct_e)
-      return w_ct_acc, (out_e, new_s_e, dx_e)
+      return (w_ct_acc, w_pre_ct_acc), (out_e, new_s_e, dx_e)
 
-    w_ct0 = jax.tree_util.tree_map(jnp.zeros_like, w_r) if todo.grad else None
-    w_ct, (out, new_state, dx) = self._loop(
-        example_body, w_ct0, (xs_r, s_r, ct_r, base_r),
+    zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)
+    acc0 = (zeros(w_r), zeros(w_pre)) if todo.grad else (None, None)
+    (w_ct, w_pre_ct), (out, new_state, dx) = self._loop(
+        example_body, acc0, (xs_r, s_r, ct_r, base_r, init_r),
         groups.n_example_groups)
-    return out, new_state, dx, w_ct
+    return out, new_state, dx, w_ct, w_pre_ct

@@ -5,7 +5,9 @@
 the backward pass, differentiates it right away (`jax.vjp`).
 `run_projected` runs layers whose per-unit function is an input projection,
 a core and an output projection (`UnitStages`) with the projections of all
-heads at once and only the core per group.
+heads at once and only the core per group. `PreludeRunner` runs a group
+of such a layer after position-wise layers of its own (`Prelude`: the
+LayerNorm before a reversible half-residual's attention).
 """
 
 from typing import Any, Callable, NamedTuple
@@ -17,6 +19,7 @@ from jax import lax
 from retrax.errors import InputValueError
 from retrax.fastmath import precision
 from retrax.layers import cotangents
+from retrax.layers import position_chunks
 
 # Largest copy of a group's inputs (one per head) that the batched pass makes
 # to run the group's heads as batched matmuls (see `GroupRunner.forward`).
@@ -168,6 +171,125 @@ class UnitStages(NamedTuple):
   core: Callable[..., Any]
   combine: Callable[..., Any]
   unit_depth: int
+
+
+class Prelude(NamedTuple):
+  """Position-wise layers that run, group by group, before the attention.
+
+  `fn(x, weights)` maps the layer's first input, position by position, to
+  what the attention attends over, with its shape and dtype (a reversible
+  half-residual's LayerNorm); `weights` are `fn`'s.
+  """
+  fn: Callable[..., Any]
+  weights: Any
+
+
+class PreludeRunner(NamedTuple):
+  """Runs a group as `prelude`, then `stages` (`UnitStages`, core bound to its rng).
+
+  The prelude and the input projection run over `n_chunks` chunks of
+  positions (a loop writing each chunk's projections in place), in both
+  passes; the backward pass recomputes each chunk and adds its input's
+  cotangent into the accumulator it is given. So neither the prelude's
+  output nor its cotangent exists whole (at 1M tokens each is as large as
+  the layer's input: two `[L, d_model]` arrays of the reversible step's
+  peak), for one more prelude and projection pass per group. The cores
+  run per unit (vmapped), the output projection as in `run_projected`.
+  Only the first input is differentiable (the others, masks, go to the
+  cores as they are).
+  """
+  prelude: Prelude
+  stages: UnitStages
+  groups: Groups
+  todo: Todo
+  n_chunks: int
+
+  def _chunk(self, a, i):
+    """Chunk `i` of `a`'s positions (axis -2)."""
+    return position_chunks.chunk(a, i, self.n_chunks)
+
+  def _project_chunk(self, xc, w_pre, w):
+    """The units' projections of positions `xc [E, c, M]`: `[E * G, c, d]` each."""
+    return self.stages.project((self.prelude.fn(xc, w_pre),), w)
+
+  def _project(self, x, w_pre, w):
+    """The units' projections `[E * G, L, d]` each, chunk by chunk."""
+    c = x.shape[-2] // self.n_chunks
+    shapes = jax.eval_shape(self._project_chunk, self._chunk(x, 0), w_pre, w)
+    units0 = tuple(jnp.zeros(a.shape[:-2] + (x.shape[-2],) + a.shape[-1:],
+                             a.dtype) for a in shapes)
+
+    def body(i, units):
+      new = self._project_chunk(self._chunk(x, i), w_pre, w)
+      return tuple(lax.dynamic_update_slice_in_dim(u, n, i * c, axis=-2)
+                   for u, n in zip(units, new))
+    return lax.fori_loop(0, self.n_chunks, body, units0)
+
+  def _cores(self, units, xs, s):
+    """`(the units' core outputs [E * G, L, d], new state [E, G, ...])`."""
+    n_units = self.groups.examples * self.groups.heads
+    extras = tuple(jnp.repeat(x, self.groups.heads, axis=0) for x in xs[1:])
+    s = jax.tree_util.tree_map(
+        lambda a: a.reshape((n_units,) + a.shape[2:]), s)
+
+    def unit(units_u, extras_u, s_u):
+      return self.stages.core(*units_u, *extras_u, state=s_u)
+    if n_units == 1:  # No vmap (see `GroupRunner.forward`).
+      first = lambda t: jax.tree_util.tree_map(lambda a: a[0], t)
+      o, new_s = jax.tree_util.tree_map(
+          lambda a: a[None], unit(first(units), first(extras), first(s)))
+    else:
+      o, new_s = jax.vmap(unit)(units, extras, s)
+    new_s = jax.tree_util.tree_map(
+        lambda a: a.reshape((self.groups.examples, self.groups.heads) +
+                            a.shape[1:]), new_s)
+    return o, new_s
+
+  def _combine(self, o, w, dtype):
+    return self.stages.combine(o, w).astype(dtype)
+
+  def run(self, xs, w, s, ct, w_pre, dx_acc):
+    """`(out, new_state, dx_acc, weights cotangent, prelude's weights cotangent)`.
+
+    `xs [E, ...]`, `w [G, ...]`, `s [E, G, ...]`; `dx_acc`: the first
+    input's cotangent so far (returned with this group's added), None
+    without a backward pass (the cotangents are None then).
+    """
+    x = xs[0]
+    units = self._project(x, w_pre, w)
+    if not self.todo.grad:
+      o, new_s = self._cores(units, xs, s)
+      return self._combine(o, w, x.dtype), new_s, None, None, None
+    s = lax.stop_gradient(s)
+    o, cores_vjp, new_s = jax.vjp(lambda u: self._cores(u, xs, s), units,
+                                  has_aux=True)
+    out = self._combine(o, w, x.dtype)
+    ct = ct.astype(x.dtype)
+    # The output projection is linear in `o`: its vjp at `o` is its transpose.
+    _, combine_vjp = jax.vjp(lambda o: self._combine(o, w, x.dtype), o)
+    (d_units,) = cores_vjp(combine_vjp(ct)[0])
+
+    # Every weight cotangent of a chunk's positions, its input's added into
+    # `dx_acc` in place (whole, the output projection's weight cotangent
+    # made XLA:CPU copy `ct` transposed, another input-sized array).
+    def body(i, carry):
+      dx_acc, w_pre_ct, w_ct = carry
+      _, chunk_vjp = jax.vjp(self._project_chunk, self._chunk(x, i), w_pre, w)
+      xc_ct, w_pre_ct_c, w_ct_in = chunk_vjp(
+          tuple(self._chunk(d, i) for d in d_units))
+      _, combine_w_vjp = jax.vjp(
+          lambda w: self._combine(self._chunk(o, i), w, x.dtype), w)
+      (w_ct_out,) = combine_w_vjp(self._chunk(ct, i))
+      c = x.shape[-2] // self.n_chunks
+      dx_acc = lax.dynamic_update_slice_in_dim(
+          dx_acc, self._chunk(dx_acc, i) + xc_ct, i * c, axis=-2)
+      add = lambda *ts: jax.tree_util.tree_map(lambda *a: sum(a), *ts)
+      return dx_acc, add(w_pre_ct, w_pre_ct_c), add(w_ct, w_ct_in, w_ct_out)
+
+    zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)
+    dx_acc, w_pre_ct, w_ct = lax.fori_loop(
+        0, self.n_chunks, body, (dx_acc, zeros(w_pre), zeros(w)))
+    return out, new_s, dx_acc, w_ct, w_pre_ct
 
 
 def run_projected(stages, n_heads, group_size, inputs, weights, state, rng,

@@ -2,7 +2,9 @@
 
 `ReversibleHalfResidual(LayerNorm, attention_layer=...)` differentiates the
 LayerNorm after the attention's passes (its forward recomputed), so none of
-the LayerNorm's `[L, d_model]` residuals is alive while the attention runs.
+the LayerNorm's `[L, d_model]` residuals is alive while the attention runs;
+where the attention runs its heads one at a time (the longest sequences),
+the LayerNorm runs inside the attention's loop (`groups.Prelude`).
 """
 
 import jax
@@ -11,6 +13,8 @@ import numpy as np
 import pytest
 
 from retrax import layers as tl
+from retrax.layers import position_chunks
+from retrax.layers.attention import efficient_base
 from retrax.layers.reversible import residual
 from retrax.shapes import signature
 
@@ -39,11 +43,23 @@ def _half(length, d_model, n_heads, d_head, chunk_len):
   return half, xs, y, ct, backward, forward
 
 
-@pytest.mark.parametrize('two_pass', [False, True])
-def test_backward_equals_plain_autodiff(monkeypatch, two_pass):
+def _fold(monkeypatch):
+  """Heads one at a time, the LayerNorm in chunks of 4 positions."""
+  monkeypatch.setattr(residual, 'TWO_PASS_MIN_ELEMENTS', 0)
+  monkeypatch.setattr(efficient_base, 'projected_max_bytes', lambda: 0)
+  monkeypatch.setattr(position_chunks, 'CHUNK_ELEMENTS', 4 * 16)
+
+
+@pytest.mark.parametrize('two_pass,fold', [(False, False), (True, False),
+                                            (True, True)])
+def test_backward_equals_plain_autodiff(monkeypatch, two_pass, fold):
   if two_pass:
     monkeypatch.setattr(residual, 'TWO_PASS_MIN_ELEMENTS', 0)
+  if fold:
+    _fold(monkeypatch)
   half, xs, y, ct, backward, forward = _half(64, 16, 2, 8, 8)
+  attn = half.sublayers[1]
+  assert attn.folds_prelude(xs[1].shape) == fold
   x, (x_ct, w_ct) = jax.jit(backward)(y, ct)
   _, vjp_fn = jax.vjp(forward, xs, half.weights)
   want_x_ct, want_w_ct = vjp_fn(ct)
@@ -68,3 +84,27 @@ def test_layer_norm_residuals_not_held_through_the_attention(monkeypatch):
   # Measured: 5.0 rows per token (8.5 with the LayerNorm's vjp taken before
   # the attention: its residuals alive at the peak).
   assert per_token < 6.5 * row, per_token / row
+
+
+def test_layer_norm_inside_the_attention_loop(monkeypatch):
+  # Heads one at a time, the two-pass backward: the LayerNorm runs chunk by
+  # chunk inside the attention's loop and its input cotangent is added onto
+  # the stream's, so neither its output nor a separate cotangent exists
+  # whole. Its CHUNK_ELEMENTS: chunks of 512 positions.
+  monkeypatch.setattr(residual, 'TWO_PASS_MIN_ELEMENTS', 0)
+  monkeypatch.setattr(efficient_base, 'projected_max_bytes', lambda: 0)
+  monkeypatch.setattr(position_chunks, 'CHUNK_ELEMENTS', 2 ** 16)
+  length, d_model = 16384, 128
+  shapes = jax.ShapeDtypeStruct((1, length, d_model), jnp.float32)
+
+  def rows_per_token():
+    *_, backward, _ = _half(length, d_model, 2, 16, 32)
+    compiled = jax.jit(backward).lower((shapes, shapes),
+                                       (shapes, shapes)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / length / (
+        4 * d_model)
+  folded = rows_per_token()
+  monkeypatch.setattr(tl.LSHSelfAttention, 'folds_prelude',
+                      lambda self, shape: False)
+  # Measured: 4.07 rows per token folded, 5.09 with the LayerNorm outside.
+  assert folded < rows_per_token() - 0.8, folded
