@@ -852,12 +852,15 @@ class EfficientAttentionBase(base.Layer):
     and the heads are subtracted; with `input_grad_init`, the first input's
     cotangent starts from its rows.
 
-    Returns `(out [n_eg, E, L, d], new_state (split by units), inputs
-    cotangents, weights cotangent [n_hg, G, ...], the runner's prelude's
-    weights cotangent)`, None where not asked (or without a prelude).
+    `runner`: a `GroupRunner`, or a `PreludeRunner` (whose prelude's
+    weights gradient is summed over all groups). Returns `(out [n_eg, E, L,
+    d], new_state (split by units), inputs cotangents, weights cotangent
+    [n_hg, G, ...], the prelude's weights cotangent)`, None where not asked
+    (or without a prelude).
     """
     groups, todo = runner.groups, runner.todo
-    prelude = getattr(runner, 'prelude', None)
+    prelude = (runner.prelude if isinstance(runner, groups_lib.PreludeRunner)
+               else None)
     w_pre = None if prelude is None else prelude.weights
     xs_r = tuple(groups.split_examples(x) for x in inputs)
     w_r = jax.tree_util.tree_map(groups.split_heads, weights)

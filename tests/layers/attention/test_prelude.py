@@ -65,7 +65,7 @@ def _with_first(inputs, x):
     ('lsh', 1, None, None),
     ('lsh', 2, None, 4 * D_MODEL),     # 16 chunks of 2 positions
     ('lsh', 2, 2, 12 * D_MODEL),       # groups of 2 heads; 8 chunks
-    ('lsh_masked', 2, None, 8 * D_MODEL),
+    ('lsh_masked', 2, 4, 8 * D_MODEL),  # groups of 2 examples x 2 heads
     ('self', 1, None, 8 * D_MODEL),
 ])
 def test_prelude_equals_the_layer_after_it(monkeypatch, kind, batch,
