@@ -131,6 +131,12 @@ def chunk(x, i, k, axis=-2):
   return jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=axis)
 
 
+def update_chunk(x, y, i, k, axis=-2):
+  """`x` with chunk `i` of `k` equal chunks along `axis` replaced by `y` (in place)."""
+  return jax.lax.dynamic_update_slice_in_dim(x, y, i * (x.shape[axis] // k),
+                                             axis=axis)
+
+
 def chunked_apply(fn, x, n, add_to=None):
   """`fn(x)`, or `add_to + fn(x)`, for a position-wise `fn` over `n` chunks of positions.
 
@@ -145,16 +151,17 @@ def chunked_apply(fn, x, n, add_to=None):
   if k is None:
     y = from_chunks(jax.lax.map(fn, to_chunks(x, n)), length)
     return y if add_to is None else add_to + y
+  y0 = jax.eval_shape(fn, chunk(x, 0, k))
   adding = add_to is not None
-  if not adding:
-    y0 = jax.eval_shape(fn, chunk(x, 0, k))
+  if adding:  # The dtype `add_to + fn(x)` would have.
+    add_to = add_to.astype(jnp.result_type(add_to, y0))
+  else:
     add_to = jnp.zeros(y0.shape[:-2] + (length,) + y0.shape[-1:], y0.dtype)
 
   def body(i, out):
     y = fn(chunk(x, i, k))
     y = chunk(out, i, k) + y if adding else y
-    return jax.lax.dynamic_update_slice_in_dim(out, y.astype(out.dtype),
-                                               i * (length // k), axis=-2)
+    return update_chunk(out, y.astype(out.dtype), i, k)
   return jax.lax.fori_loop(0, k, body, add_to)
 
 

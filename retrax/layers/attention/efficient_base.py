@@ -672,7 +672,9 @@ class EfficientAttentionBase(base.Layer):
         `(prelude's weights grad, this layer's)`.
       input_grad_init: None, or an array of the first input's shape: the
         first input's gradient is accumulated onto it (the cotangent that
-        input already has, summed without a second input-sized buffer).
+        input already has; one example group at a time, heads one at a
+        time, with a prelude, it is summed in place, with no second
+        input-sized buffer).
 
     Returns:
       `(output, new_state, inputs_grad, weights_grad)`, each None when not
@@ -714,7 +716,7 @@ class EfficientAttentionBase(base.Layer):
         runner = groups_lib.PreludeRunner(
             prelude, stages._replace(core=functools.partial(
                 stages.core, rng=rng, update_state=update_state)),
-            groups, todo, prelude_chunks(shape))
+            groups, todo, prelude_chunks((groups.examples,) + shape[1:]))
       out, new_state, dx, w_ct, w_pre_ct = self._run_groups(
           runner, inputs, weights, state, output_grad, shape, subtract_from,
           input_grad_init)

@@ -10,6 +10,7 @@ of such a layer after position-wise layers of its own (`Prelude`: the
 LayerNorm before a reversible half-residual's attention).
 """
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -214,14 +215,13 @@ class PreludeRunner(NamedTuple):
 
   def _project(self, x, w_pre, w):
     """The units' projections `[E * G, L, d]` each, chunk by chunk."""
-    c = x.shape[-2] // self.n_chunks
     shapes = jax.eval_shape(self._project_chunk, self._chunk(x, 0), w_pre, w)
     units0 = tuple(jnp.zeros(a.shape[:-2] + (x.shape[-2],) + a.shape[-1:],
                              a.dtype) for a in shapes)
 
     def body(i, units):
       new = self._project_chunk(self._chunk(x, i), w_pre, w)
-      return tuple(lax.dynamic_update_slice_in_dim(u, n, i * c, axis=-2)
+      return tuple(position_chunks.update_chunk(u, n, i, self.n_chunks)
                    for u, n in zip(units, new))
     return lax.fori_loop(0, self.n_chunks, body, units0)
 
@@ -231,15 +231,7 @@ class PreludeRunner(NamedTuple):
     extras = tuple(jnp.repeat(x, self.groups.heads, axis=0) for x in xs[1:])
     s = jax.tree_util.tree_map(
         lambda a: a.reshape((n_units,) + a.shape[2:]), s)
-
-    def unit(units_u, extras_u, s_u):
-      return self.stages.core(*units_u, *extras_u, state=s_u)
-    if n_units == 1:  # No vmap (see `GroupRunner.forward`).
-      first = lambda t: jax.tree_util.tree_map(lambda a: a[0], t)
-      o, new_s = jax.tree_util.tree_map(
-          lambda a: a[None], unit(first(units), first(extras), first(s)))
-    else:
-      o, new_s = jax.vmap(unit)(units, extras, s)
+    o, new_s = run_cores(self.stages.core, units, extras, s)
     new_s = jax.tree_util.tree_map(
         lambda a: a.reshape((self.groups.examples, self.groups.heads) +
                             a.shape[1:]), new_s)
@@ -269,9 +261,10 @@ class PreludeRunner(NamedTuple):
     _, combine_vjp = jax.vjp(lambda o: self._combine(o, w, x.dtype), o)
     (d_units,) = cores_vjp(combine_vjp(ct)[0])
 
-    # Every weight cotangent of a chunk's positions, its input's added into
-    # `dx_acc` in place (whole, the output projection's weight cotangent
-    # made XLA:CPU copy `ct` transposed, another input-sized array).
+    # Every weight cotangent of a chunk's positions (summed in float32), its
+    # input's added into `dx_acc` in place (whole, the output projection's
+    # weight cotangent made XLA:CPU copy `ct` transposed, another
+    # input-sized array).
     def body(i, carry):
       dx_acc, w_pre_ct, w_ct = carry
       _, chunk_vjp = jax.vjp(self._project_chunk, self._chunk(x, i), w_pre, w)
@@ -280,16 +273,34 @@ class PreludeRunner(NamedTuple):
       _, combine_w_vjp = jax.vjp(
           lambda w: self._combine(self._chunk(o, i), w, x.dtype), w)
       (w_ct_out,) = combine_w_vjp(self._chunk(ct, i))
-      c = x.shape[-2] // self.n_chunks
-      dx_acc = lax.dynamic_update_slice_in_dim(
-          dx_acc, self._chunk(dx_acc, i) + xc_ct, i * c, axis=-2)
-      add = lambda *ts: jax.tree_util.tree_map(lambda *a: sum(a), *ts)
+      dx_acc = position_chunks.update_chunk(
+          dx_acc, self._chunk(dx_acc, i) + xc_ct, i, self.n_chunks)
+      add = lambda acc, *cts: jax.tree_util.tree_map(
+          lambda a, *gs: a + sum(g.astype(a.dtype) for g in gs), acc, *cts)
       return dx_acc, add(w_pre_ct, w_pre_ct_c), add(w_ct, w_ct_in, w_ct_out)
 
-    zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)
+    zeros = lambda t: jax.tree_util.tree_map(
+        lambda a: jnp.zeros(a.shape, jnp.promote_types(a.dtype, jnp.float32)),
+        t)
+    cast = lambda sums, t: jax.tree_util.tree_map(
+        lambda g, a: g.astype(a.dtype), sums, t)
     dx_acc, w_pre_ct, w_ct = lax.fori_loop(
         0, self.n_chunks, body, (dx_acc, zeros(w_pre), zeros(w)))
-    return out, new_s, dx_acc, w_ct, w_pre_ct
+    return out, new_s, dx_acc, cast(w_ct, w), cast(w_pre_ct, w_pre)
+
+
+def run_cores(core, units, extras, state):
+  """`core(*units_u, *extras_u, state=s_u)` of every unit (row): `(o, new_state)`.
+
+  Vmapped over the rows; one row runs without vmap (see `GroupRunner.forward`).
+  """
+  def unit(units_u, extras_u, s_u):
+    return core(*units_u, *extras_u, state=s_u)
+  if jax.tree_util.tree_leaves(units)[0].shape[0] > 1:
+    return jax.vmap(unit)(units, extras, state)
+  first = lambda t: jax.tree_util.tree_map(lambda a: a[0], t)
+  out = unit(first(units), first(extras), first(state))
+  return jax.tree_util.tree_map(lambda a: a[None], out)
 
 
 def run_projected(stages, n_heads, group_size, inputs, weights, state, rng,
@@ -329,15 +340,9 @@ def run_projected(stages, n_heads, group_size, inputs, weights, state, rng,
   combine = lambda o, w: stages.combine(o, w).astype(inputs[0].dtype)
 
   def group_fn(units_g, extras_g, s_g):
-    def unit(units_u, extras_u, s_u):
-      return stages.core(*units_u, *extras_u, state=s_u, rng=rng,
-                         update_state=todo.state)
-    if group_size > 1:
-      return jax.vmap(unit)(units_g, extras_g, s_g)
-    # One unit: no vmap (see `GroupRunner.forward`).
-    first = lambda t: jax.tree_util.tree_map(lambda a: a[0], t)
-    o, new_s = unit(first(units_g), first(extras_g), first(s_g))
-    return jax.tree_util.tree_map(lambda a: a[None], (o, new_s))
+    return run_cores(functools.partial(stages.core, rng=rng,
+                                       update_state=todo.state),
+                     units_g, extras_g, s_g)
 
   split = lambda t: jax.tree_util.tree_map(
       lambda a: a.reshape((n_groups, group_size) + a.shape[1:]), t)

@@ -1,6 +1,7 @@
 """`ReversibleHalfResidual`: `[acc, *ctx] -> [acc + f(ctx), *ctx]`, inverted by subtraction."""
 
 import jax
+import jax.numpy as jnp
 
 from retrax.errors import InputValueError
 from retrax.layers.attention import groups as attention_groups
@@ -256,17 +257,20 @@ class ReversibleHalfResidual(ReversibleLayer):
 
     For position-wise layers (`chunks.position_wise_width`: a LayerNorm)
     from one input to one output of its shape, before an attention layer
-    that `folds_prelude` for this input (heads run one group at a time:
-    the longest sequences). The attention then never holds the LayerNorm's
-    whole output or its cotangent beside its own work. Only from `TWO_PASS_MIN_ELEMENTS` on,
-    where memory is what limits the length: the default ReformerLM's
-    training step at 1M tokens plans 13% less memory (8.96 against 10.3 KB
-    a token, XLA:CPU, with the feed-forward's chunks added in place), and
-    at 64K on this path it took 1.08x as long (31.2 against 28.9 s).
+    whose other inputs are masks and that `folds_prelude` for this input
+    (heads run one group at a time: the longest sequences). The attention
+    then never holds the LayerNorm's whole output or its cotangent beside
+    its own work. Only from `TWO_PASS_MIN_ELEMENTS` on, where memory is
+    what limits the length: the default ReformerLM's training step at 1M
+    tokens plans 13% less memory (8.96 against 10.3 KB a token, XLA:CPU,
+    with the feed-forward's chunks added in place), and at 64K on this
+    path it took 1.08x as long (31.2 against 28.9 s).
     """
     cr, attn = self._compute_residual, self._attention_layer
     if (acc.size < TWO_PASS_MIN_ELEMENTS or
         cr.n_in != 1 or cr.n_out != 1 or not context or
+        any(jnp.issubdtype(x.dtype, jnp.inexact)
+            for x in context[1:attn.n_in]) or
         chunks.position_wise_width(cr, context[0].ndim) is None or
         not hasattr(attn, 'folds_prelude') or
         not attn.folds_prelude(context[0].shape)):
@@ -298,7 +302,8 @@ class ReversibleHalfResidual(ReversibleLayer):
         prelude=prelude)
     attn_w, attn_rng = tie_to((weights[1], rngs[1]), x0)
     _, _, attn_in_ct, (pre_w_ct, attn_w_ct) = attn.forward_and_or_backward(
-        attn_inputs, attn_w, new_state[1], attn_rng, output_grad=acc_ct,
+        attn_inputs, attn_w, new_state[1], attn_rng,
+        output_grad=cotangent_like(acc_ct, acc_out),
         compute_output=False, update_state=False, prelude=prelude,
         input_grad_init=cotangent_like(context_ct[0], context[0]))
     in_cts = make_tuple(attn_in_ct)

@@ -34,7 +34,7 @@ def _layer(kind, n_parallel_heads):
     return tl.LSHSelfAttention(n_hashes=2, **kwargs)
   if kind == 'lsh_masked':
     return tl.LSHSelfAttention(n_hashes=2, masked=True, **kwargs)
-  return tl.SelfAttention(n_chunks_before=1, share_qk=True, **kwargs)
+  return tl.SelfAttention(n_chunks_before=1, **kwargs)  # q, k, v projected
 
 
 def _case(kind, batch, n_parallel_heads, length=32):
@@ -66,7 +66,7 @@ def _with_first(inputs, x):
     ('lsh', 2, None, 4 * D_MODEL),     # 16 chunks of 2 positions
     ('lsh', 2, 2, 12 * D_MODEL),       # groups of 2 heads; 8 chunks
     ('lsh_masked', 2, 4, 8 * D_MODEL),  # groups of 2 examples x 2 heads
-    ('self', 1, None, 8 * D_MODEL),
+    ('self', 2, None, 8 * D_MODEL),
 ])
 def test_prelude_equals_the_layer_after_it(monkeypatch, kind, batch,
                                            n_parallel_heads, chunk_elements):
@@ -113,6 +113,13 @@ def test_prelude_equals_the_layer_after_it(monkeypatch, kind, batch,
       i, layer.weights, state, rng, update_state=False, subtract_from=b,
       prelude=groups.Prelude(norm_fn, norm_w)))(inputs, base)
   np.testing.assert_allclose(diff, base - want, rtol=1e-5, atol=1e-5)
+  # A new state, as the layer makes it from the LayerNorm's output.
+  _, new_state, _, _ = jax.jit(lambda i: layer.forward_and_or_backward(
+      i, layer.weights, layer.state, rng,
+      prelude=groups.Prelude(norm_fn, norm_w)))(inputs)
+  for got, want_s in zip(jax.tree_util.tree_leaves(new_state),
+                         jax.tree_util.tree_leaves(state)):
+    np.testing.assert_array_equal(got, want_s)
 
 
 def test_prelude_errors(monkeypatch):
