@@ -7,14 +7,18 @@ where the attention runs its heads one at a time (the longest sequences),
 the LayerNorm runs inside the attention's loop (`groups.Prelude`).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from retrax import layers as tl
+from retrax import models
 from retrax.layers import position_chunks
 from retrax.layers.attention import efficient_base
+from retrax.layers.attention import groups
 from retrax.layers.reversible import residual
 from retrax.shapes import signature
 
@@ -108,3 +112,34 @@ def test_layer_norm_inside_the_attention_loop(monkeypatch):
                       lambda self, shape: False)
   # Measured: 4.07 rows per token folded, 5.09 with the LayerNorm outside.
   assert folded < rows_per_token() - 0.8, folded
+
+
+def test_reformer_lm_with_the_layer_norm_in_the_loop(monkeypatch):
+  # A whole ReformerLM (reversible scan, LSH, chunked feed-forward) trained
+  # through `Serial(model, loss)`: the loss and every weight gradient with
+  # the fold forced on equal those of the default path at this size.
+  model = models.ReformerLM(
+      32, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+      n_layers=2, n_heads=2, dropout=0.0, max_len=64, mode='train',
+      attention_type=functools.partial(tl.LSHSelfAttention, chunk_len=16,
+                                       n_hashes=2))
+  net = tl.Serial(model, tl.WeightedCategoryCrossEntropy())
+  x = jax.random.randint(jax.random.PRNGKey(0), (2, 64), 0, 32)
+  batch = (x, x, jnp.ones(x.shape, jnp.float32))
+  net.init(signature(batch), rng=jax.random.PRNGKey(1))
+
+  def loss_and_grads():
+    def loss(w):
+      return net.pure_fn(batch, w, net.state, jax.random.PRNGKey(2))[0]
+    return jax.jit(jax.value_and_grad(loss))(net.weights)
+  want = loss_and_grads()
+  runs = []
+  run = groups.PreludeRunner.run
+  monkeypatch.setattr(groups.PreludeRunner, 'run',
+                      lambda self, *args: runs.append(1) or run(self, *args))
+  _fold(monkeypatch)
+  got = loss_and_grads()
+  assert runs  # the fold ran
+  for g, w in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
