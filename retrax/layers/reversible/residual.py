@@ -81,35 +81,36 @@ class ReversibleHalfResidual(ReversibleLayer):
     check_items(self, xs, 'inputs', 'pure_fn')
     acc, context = xs[0], tuple(xs[1:])
     rngs = split_rngs(self.rng, len(self.sublayers))
-    n = self._n_chunks(context)
-    if n > 1:
-      # Position-wise `f` over chunks, each added into `acc`'s buffer.
-      def residual_fn(x):
-        return self._residual((x,), self.weights, self.state, rngs)[0]
-      _check_residual(self, acc, jax.eval_shape(residual_fn, context[0]))
-      return (chunks.chunked_apply(residual_fn, context[0], n, add_to=acc),
-              ) + context
-    residual, new_state = self._residual(context, self.weights, self.state,
-                                         rngs)
-    _check_residual(self, acc, residual)
+    out, new_state = self._residual(context, self.weights, self.state, rngs,
+                                    add_to=acc)
     self.state = new_state
-    return (acc + residual,) + context
+    return (out,) + context
 
-  def _residual(self, context, weights, state, rngs):
+  def _residual(self, context, weights, state, rngs, add_to=None):
     """Runs the sublayers on the context stack: returns `(residual, new_state)`.
 
-    A long sequence through a position-wise `f` runs over chunks of
-    positions (see `chunks`); its state is then returned unchanged (the
-    position-wise layers have no state that changes).
+    With `add_to` (the accumulator), returns `(add_to + residual,
+    new_state)`, the residual checked to have its shape. A long sequence
+    through a position-wise `f` runs over chunks of positions (see
+    `chunks`), each added into `add_to`'s buffer; its state is then
+    returned unchanged (the position-wise layers have no state that
+    changes).
     """
     n = self._n_chunks(context)
     if n > 1:
       def residual_fn(x):
         return self._residual((x,), weights, state, rngs)[0]
-      return chunks.chunked_apply(residual_fn, context[0], n), state
+      if add_to is not None:
+        _check_residual(self, add_to, jax.eval_shape(residual_fn, context[0]))
+      return chunks.chunked_apply(residual_fn, context[0], n,
+                                  add_to=add_to), state
     stack, new_state = run_layers(self, self.sublayers, context, weights,
                                   state, rngs, use_cache=False)
-    return make_tuple(stack)[0], new_state
+    residual = make_tuple(stack)[0]
+    if add_to is None:
+      return residual, new_state
+    _check_residual(self, add_to, residual)
+    return add_to + residual, new_state
 
   def _n_chunks(self, context):
     """Position chunks to run `f` in (1: whole); see `chunks.n_chunks`."""
