@@ -10,6 +10,7 @@ import pytest
 from retrax.layers import activation_fns as af
 from retrax.layers import base
 from retrax.shapes import ShapeDtype
+from tests.backend_tolerance import float32_tolerance
 
 X = np.linspace(-4., 4., 41).astype(np.float32)
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -54,8 +55,8 @@ def test_activation_matches_numpy(make, kwargs, ref):
   x = X.reshape(41, 1) * np.ones((1, 3), np.float32)
   y = layer(x)
   assert y.shape == x.shape and y.dtype == jnp.float32
-  np.testing.assert_allclose(y, ref(x.astype(np.float64)), rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(y, ref(x.astype(np.float64)),
+                             **float32_tolerance(rtol=1e-5, atol=1e-6))
 
 
 def test_log():

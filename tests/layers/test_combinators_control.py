@@ -12,6 +12,7 @@ from retrax.layers import base
 from retrax.layers import combinators as cb
 from retrax.layers import core
 from retrax.shapes import ShapeDtype
+from tests.backend_tolerance import float32_tolerance
 from tests.layers.combinator_testlib import as_list
 from tests.layers.combinator_testlib import DivideBy
 from tests.layers.combinator_testlib import jcall
@@ -85,8 +86,9 @@ def test_scan_with_weights_equals_python_loop():
   for t in range(5):
     h_ref = np.tanh(np.concatenate([xs[:, t], h_ref], -1) @ w + b)
     ys_ref.append(h_ref)
-  np.testing.assert_allclose(ys, np.stack(ys_ref, 1), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(h, h_ref, rtol=1e-5, atol=1e-6)
+  tol = float32_tolerance(rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ys, np.stack(ys_ref, 1), **tol)
+  np.testing.assert_allclose(h, h_ref, **tol)
   with pytest.raises(ValueError, match='n_carry=2'):
     cb.Scan(core.Dense(3), n_carry=2)
 

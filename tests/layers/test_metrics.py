@@ -8,6 +8,7 @@ from retrax.layers import base
 from retrax.layers import core
 from retrax.layers import metrics
 from retrax.shapes import ShapeDtype
+from tests.backend_tolerance import float32_tolerance
 
 RS = np.random.RandomState(0)
 LOGITS = RS.randn(3, 5, 7).astype(np.float32)
@@ -40,7 +41,8 @@ def np_category_ce(logits, targets, label_smoothing=None, cutoff=0.0):
 
 
 def close(actual, expected, rtol=1e-5):
-  np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(actual), expected,
+                             **float32_tolerance(rtol=rtol, atol=1e-7))
 
 
 # --- category metrics ---------------------------------------------------------

@@ -12,6 +12,7 @@ from retrax.layers import initializers
 from retrax.layers import rnn
 from retrax.shapes import ShapeDtype
 from retrax.shapes import signature
+from tests.backend_tolerance import float32_tolerance
 
 try:
   from tests.layers import predict_utils
@@ -81,8 +82,9 @@ def test_lstm_cell_matches_equations_and_trax_layout():
   np.testing.assert_allclose(b, np_init((20,), None) + 1.0, rtol=1e-6)
   (h, new_state), _ = jit_apply(cell, (x, state))
   want_h, want_state = ref_lstm_cell(f64(x), f64(state), w, b)
-  np.testing.assert_allclose(h, want_h, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(new_state, want_state, rtol=1e-5, atol=1e-6)
+  tol = float32_tolerance(rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(h, want_h, **tol)
+  np.testing.assert_allclose(new_state, want_state, **tol)
   assert repr(cell) == 'LSTMCell_in2_out2'
 
 
@@ -108,7 +110,8 @@ def test_lstm_runs_the_cell_over_time_from_zeros():
   w, b = weights[1][0]
   want, _ = ref_scan(ref_lstm_cell, x, np.zeros((2, 8)), w, b)
   got, _ = jit_apply(layer, x)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got, want,
+                             **float32_tolerance(rtol=1e-5, atol=1e-6))
 
 
 def test_lstm_return_state_and_initial_state():
@@ -119,15 +122,16 @@ def test_lstm_return_state_and_initial_state():
   w, b = weights[1][0]
   (ys, last), _ = jit_apply(with_state, x)
   want_ys, want_last = ref_scan(ref_lstm_cell, x, np.zeros((2, 8)), w, b)
-  np.testing.assert_allclose(ys, want_ys, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(last, want_last, rtol=1e-5, atol=1e-6)
+  tol = float32_tolerance(rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ys, want_ys, **tol)
+  np.testing.assert_allclose(last, want_last, **tol)
 
   from_stack = rnn.LSTM(4, initial_state=True)
   assert from_stack.n_in == 2 and from_stack.n_out == 1
   from_stack.init(signature((x, s0)))
   ys, _ = jit_apply(from_stack, (x, s0), weights=((weights[1][0],), ()))
   want_ys, _ = ref_scan(ref_lstm_cell, x, f64(s0), w, b)
-  np.testing.assert_allclose(ys, want_ys, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ys, want_ys, **tol)
   both = rnn.LSTM(4, return_state=True, initial_state=True)
   assert (both.n_in, both.n_out) == (2, 2)
 
@@ -154,8 +158,9 @@ def test_gru_cell_and_gru_match_equations():
   assert [w.shape for w in weights] == [(9, 10), (10,), (9, 5), (5,)]
   (y, new_s), _ = jit_apply(cell, (x, s))
   want, _ = ref_gru_cell(f64(x), f64(s), *weights)
-  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(new_s, want, rtol=1e-5, atol=1e-6)
+  tol = float32_tolerance(rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(y, want, **tol)
+  np.testing.assert_allclose(new_s, want, **tol)
 
   xs = randn(2, 6, 4)
   layer = rnn.GRU(4)
@@ -165,8 +170,7 @@ def test_gru_cell_and_gru_match_equations():
   # Trax's GRU defaults: kernels uniform in +-0.01, forget_bias 0.
   assert np.max(np.abs(w1)) <= 0.01 and np.max(np.abs(b1)) < 1e-5
   want, _ = ref_scan(ref_gru_cell, xs, np.zeros((2, 4)), w1, b1, w2, b2)
-  np.testing.assert_allclose(jit_apply(layer, xs)[0], want, rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(jit_apply(layer, xs)[0], want, **tol)
 
 
 # --- convolutional GRU ---------------------------------------------------------
@@ -203,8 +207,8 @@ def test_general_gru_cell_with_convolutions_matches_equations():
   leaves = jax.tree_util.tree_leaves(weights)
   assert [l.shape for l in leaves] == [(3, 3, 3, 3), (3,)] * 3
   _, _, want = ref_general_gru(s, leaves)
-  np.testing.assert_allclose(jit_apply(cell, s)[0], want, rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(jit_apply(cell, s)[0], want,
+                             **float32_tolerance(rtol=1e-5, atol=1e-6))
   f = jax.jit(lambda s, w: cell.pure_fn(s, w, cell.state, RNG)[0])
   jtu.check_grads(f, (s[:1, :3, :3], weights), order=1, modes=['rev'],
                   atol=2e-2, rtol=2e-2)
@@ -244,13 +248,13 @@ def test_sru_matches_equations():
     cs.append(c)
   c = np.stack(cs, 1)
   want = c * r + f64(x) * (1 - r) * np.sqrt(3)
-  np.testing.assert_allclose(jit_apply(layer, x)[0], want, rtol=1e-5,
-                             atol=1e-5)
+  tol = float32_tolerance(rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jit_apply(layer, x)[0], want, **tol)
   with_act = rnn.SRU(4, activation=activation_fns.Tanh())
   act_weights = (weights[0],) + with_act.init(signature(x))[0][1:]
   want_act = np.tanh(c) * r + f64(x) * (1 - r) * np.sqrt(3)
   np.testing.assert_allclose(jit_apply(with_act, x, weights=act_weights)[0],
-                             want_act, rtol=1e-5, atol=1e-5)
+                             want_act, **tol)
 
 
 def test_inner_sru_cell_and_make_zero_state():
@@ -278,8 +282,9 @@ def test_scan_sru_cell_with_a_mask_keeps_the_state_where_masked():
   for t in range(3):
     c = c if t == 1 else f[:, t] * c + xf[:, t]
     want.append(c)
-  np.testing.assert_allclose(ys, np.stack(want, 1), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(last, want[-1], rtol=1e-5, atol=1e-6)
+  tol = float32_tolerance(rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ys, np.stack(want, 1), **tol)
+  np.testing.assert_allclose(last, want[-1], **tol)
   with pytest.raises(ValueError, match='predict mode only'):
     rnn.ScanSRUCell('train', monkey_patched_mask=Portal())
 

@@ -112,7 +112,8 @@ def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
       n_chunks_before=case.get('n_chunks_before', 1),
       n_chunks_after=case.get('n_chunks_after', 0), causal=case['causal'],
       mask=mask)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got, want,
+                             **float32_tolerance(rtol=1e-5, atol=1e-5))
 
 
 def test_state_layout_and_hashing_per_example_and_head():

@@ -17,6 +17,7 @@ import pytest
 from retrax import layers as tl
 from retrax import shapes
 from retrax.layers.research import efficient_attention as ea
+from tests.backend_tolerance import float32_tolerance
 
 GOLDEN = os.path.join(os.path.dirname(__file__), '..', '..', 'fixtures',
                       'golden', 'terraformer', 'layers.npz')
@@ -92,8 +93,10 @@ def _loaded(golden, name, mode='eval'):
 
 def _close(actual, desired, tol=1e-5):
   desired = np.asarray(desired)
-  np.testing.assert_allclose(np.asarray(actual), desired, rtol=0,
-                             atol=tol * max(1.0, np.abs(desired).max()))
+  np.testing.assert_allclose(
+      np.asarray(actual), desired,
+      **float32_tolerance(rtol=0, atol=tol,
+                          scale=max(1.0, np.abs(desired).max())))
 
 
 @pytest.mark.parametrize('name', sorted(CASES))

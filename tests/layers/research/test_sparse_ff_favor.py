@@ -9,6 +9,7 @@ from retrax import layers as tl
 from retrax import shapes
 from retrax.layers.research import favor
 from retrax.layers.research import sparse_ff
+from tests.backend_tolerance import float32_tolerance
 from tests.layers import predict_utils
 
 RNG = jax.random.PRNGKey(0)
@@ -46,7 +47,8 @@ def test_routed_ff_eval_matches_numpy(cls, scale):
   y, _ = layer.pure_fn(x, weights, state, RNG)
   want = _moe_ref(x, *[np.asarray(w) for w in weights], n_experts=4,
                   scale_by_prob=scale)
-  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(y, want,
+                             **float32_tolerance(rtol=1e-5, atol=1e-5))
 
 
 @pytest.mark.parametrize('cls', [sparse_ff.BlockSparseFF,
