@@ -6,9 +6,12 @@
 #   float32  benchmarks/float32_error.py: the chip's float32 arithmetic
 #            against float64 NumPy (what the tests' TPU tolerance rests on)
 #   main     the README's main job, unchanged (`retrax train` in a new folder)
-#   tests    `pytest --quick` in one process (the chip admits one program);
-#            TPU_SH_TEST_PATHS="tests/layers tests/models" runs a part,
-#            TPU_SH_TEST_SHARD=2/4 the second of four fixed parts
+#   tests    `pytest --quick` in one process (the chip admits one program),
+#            leaving out the tests slow on a CPU or on the chip
+#            (tests/slow_tests_tpu.json); TPU_SH_TEST_PATHS="tests/layers
+#            tests/models" runs a part, TPU_SH_TEST_SHARD=2/4 the second of
+#            four fixed parts. Each test's seconds update the chip's list,
+#            which comes back as slow_tests_tpu.json (copy it into tests/)
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
 #   profile  benchmarks/step_profile.py: the paper-size step part by part
@@ -102,15 +105,18 @@ if want tests; then
   # K/N: the K-th of N fixed parts of it (e.g. 1/4 .. 4/4 over four calls).
   read -r -a TESTS <<< "${TPU_SH_TEST_PATHS:-tests}"
   [ -n "${TPU_SH_TEST_SHARD:-}" ] && TESTS+=(--shard "$TPU_SH_TEST_SHARD")
-  [ -n "$TINY" ] && TESTS=(tests/cli/test_multiprocess.py)
-  # SIGINT at the budget: pytest stops and still prints its summary; -v
-  # logs each test's outcome as it ends, --durations the slowest (where a
-  # call's minutes go on the chip).
+  RECORD=(--record-durations)
+  # At toy sizes on a CPU, recording would rewrite the CPU's list.
+  [ -n "$TINY" ] && { TESTS=(tests/cli/test_multiprocess.py); RECORD=(); }
+  # SIGINT at the budget: pytest stops and still prints its summary (and
+  # records the tests that finished); -v logs each test's outcome as it
+  # ends, --durations the slowest (where a call's minutes go on the chip).
   timeout -s INT -k 30 "$(share 45)" "$PY" -m pytest --quick -p no:xdist \
     -p no:cacheprovider -o addopts="" -v -rfE --durations=30 \
-    --junitxml="$OUT_DIR/tpu_tests.xml" ${TPU_SH_TEST_ARGS:-} "${TESTS[@]}" \
-    >"$OUT_DIR/tpu_tests.log" 2>&1
+    "${RECORD[@]}" --junitxml="$OUT_DIR/tpu_tests.xml" \
+    ${TPU_SH_TEST_ARGS:-} "${TESTS[@]}" >"$OUT_DIR/tpu_tests.log" 2>&1
   echo "tests: rc $?"
+  [ -f tests/slow_tests_tpu.json ] && cp tests/slow_tests_tpu.json "$OUT_DIR/"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT_DIR/tpu_tests.log" \
     | cut -c1-160 | tail -n 80
 fi

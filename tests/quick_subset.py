@@ -1,17 +1,24 @@
 """`pytest --quick`: the tests that took under a second when the suite was last timed.
 
 `tests/slow_tests.json` lists each test of the default suite that took
-`QUICK_SECONDS` or more (setup, call and teardown) in a full run, with its
-seconds. `--quick` leaves those out, so a contributor's edit-test loop runs
-everything else (tests added since the file was written included) in a
-fraction of the suite's time. `pytest --record-durations` times a full run
-and writes the file again (with `-n 2` too: the reports reach the
-controlling process).
+`QUICK_SECONDS` or more (setup, call and teardown) in a timed run on a CPU,
+with its seconds. `--quick` leaves those out, so a contributor's edit-test
+loop runs everything else (tests added since the file was written included)
+in a fraction of the suite's time. `pytest --record-durations` times a run
+and writes the list again (with `-n 2` too: the reports reach the
+controlling process); tests that did not run keep their entries, so a part
+of the suite can be timed at a time.
+
+An accelerator has its own list beside it (`slow_tests_tpu.json`): a TPU
+compiles every program a test makes, eager ops included, and some tests
+quick on a CPU take a minute there. Where the tests run on one (the root
+conftest sets `RETRAX_TEST_BACKEND`), `--quick` leaves out the tests of
+both lists and `--record-durations` writes the accelerator's.
 
 `--shard K/N` keeps the K-th of N parts of what is selected (each test's
-part fixed by a hash of its id, so adding tests moves no other): a TPU
-chip compiles every test's programs, and the quick suite there takes
-several calls of 10 minutes (`TPU_SH_TEST_SHARD` in benchmarks/tpu.sh).
+part fixed by a hash of its id, so adding tests moves no other): the quick
+suite on a TPU chip may take more than one call of 10 minutes
+(`TPU_SH_TEST_SHARD` in benchmarks/tpu.sh).
 """
 
 import collections
@@ -28,9 +35,11 @@ def pytest_addoption(parser):
   group = parser.getgroup('retrax')
   group.addoption('--quick', action='store_true',
                   help=f'leave out the tests listed in --slow-tests-file '
-                  f'(those that took {QUICK_SECONDS:g} s or more)')
+                  f'(those that took {QUICK_SECONDS:g} s or more), and on an '
+                  f'accelerator those of its own list beside it')
   group.addoption('--record-durations', action='store_true',
-                  help='time this run and write --slow-tests-file from it')
+                  help='time this run and update --slow-tests-file (on an '
+                  'accelerator, its own list beside it) from it')
   group.addoption('--slow-tests-file', default=SLOW_TESTS_FILE,
                   help='the slow tests file (default tests/slow_tests.json)')
   group.addoption('--shard', default=None, metavar='K/N',
@@ -56,6 +65,19 @@ def shard_of(nodeid, n):
   return zlib.crc32(nodeid.encode()) % n + 1
 
 
+def backend():
+  """The backend the tests run on: the root conftest's `RETRAX_TEST_BACKEND`."""
+  return os.environ.get('RETRAX_TEST_BACKEND', 'cpu')
+
+
+def backend_file(path, name):
+  """The slow tests file of backend `name` beside the CPU's `path`."""
+  if name == 'cpu':
+    return path
+  stem, ext = os.path.splitext(path)
+  return f'{stem}_{name}{ext}'
+
+
 def read_slow_tests(path):
   """`{test id: seconds}` of the tests `path` lists as slow ({} if none)."""
   if not os.path.exists(path):
@@ -64,30 +86,47 @@ def read_slow_tests(path):
     return json.load(f)['tests']
 
 
-def write_slow_tests(path, durations):
-  """Writes the tests of `durations` that took `QUICK_SECONDS` or more."""
-  slow = {test: round(seconds, 2) for test, seconds in sorted(
-      durations.items()) if seconds >= QUICK_SECONDS}
+def write_slow_tests(path, durations, root):
+  """Updates `path` with the tests `durations` timed.
+
+  Those that took `QUICK_SECONDS` or more are listed with their seconds,
+  those under it taken out; tests `durations` lacks keep their entries
+  unless their file (relative to `root`, the tests' rootdir) is gone: a
+  part of the suite can be timed at a time.
+  """
+  kept = {test: seconds for test, seconds in read_slow_tests(path).items()
+          if test not in durations
+          and os.path.exists(os.path.join(root, test.split('::')[0]))}
+  kept.update((test, round(seconds, 2)) for test, seconds in durations.items()
+              if seconds >= QUICK_SECONDS)
   tmp = f'{path}.tmp'
   with open(tmp, 'w') as f:
-    json.dump({'quick_seconds': QUICK_SECONDS, 'tests': slow}, f, indent=0)
+    json.dump({'quick_seconds': QUICK_SECONDS, 'tests': dict(sorted(
+        kept.items()))}, f, indent=0)
     f.write('\n')
   os.replace(tmp, path)  # Never a half-written file.
 
 
 class _Recorder:
-  """Sums each test's setup, call and teardown seconds; writes them at the end."""
+  """Sums each finished test's setup, call and teardown seconds; writes them."""
 
-  def __init__(self, path):
+  def __init__(self, path, root):
     self.path = path
+    self.root = root
     self.durations = collections.defaultdict(float)
+    self.finished = set()
 
   def pytest_runtest_logreport(self, report):
     self.durations[report.nodeid] += report.duration
+    if report.when == 'teardown':
+      self.finished.add(report.nodeid)
 
   def pytest_sessionfinish(self, exitstatus):
-    if exitstatus in (0, 1):  # The run finished (tests failing or not).
-      write_slow_tests(self.path, self.durations)
+    # 2: interrupted (a budget's SIGINT on a chip): the tests that finished
+    # were timed all the same; one cut short is not.
+    if exitstatus in (0, 1, 2):
+      write_slow_tests(backend_file(self.path, backend()), {
+          test: self.durations[test] for test in self.finished}, self.root)
 
 
 def pytest_configure(config):
@@ -96,12 +135,17 @@ def pytest_configure(config):
   if config.getoption('record_durations') and not hasattr(config,
                                                           'workerinput'):
     config.pluginmanager.register(
-        _Recorder(config.getoption('slow_tests_file')), 'retrax-durations')
+        _Recorder(config.getoption('slow_tests_file'), str(config.rootpath)),
+        'retrax-durations')
 
 
 def pytest_collection_modifyitems(config, items):
-  slow = (read_slow_tests(config.getoption('slow_tests_file'))
-          if config.getoption('quick') else {})
+  slow = {}
+  if config.getoption('quick'):
+    path = config.getoption('slow_tests_file')
+    slow = read_slow_tests(path)
+    if backend() != 'cpu':  # Slow on the CPU or on this backend.
+      slow.update(read_slow_tests(backend_file(path, backend())))
   shard = config.getoption('shard')
   k, n = parse_shard(shard) if shard else (1, 1)
   keep = [item for item in items

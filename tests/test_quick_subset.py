@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests import quick_subset
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,16 +22,24 @@ def test_slow():
 '''
 
 
-def _pytest(tmp_path, *args):
+def _pytest(tmp_path, *args, backend=None, returncode=0):
   (tmp_path / 'pytest.ini').write_text('[pytest]\n')  # Not the repo's.
   env = dict(os.environ, PYTHONPATH=_REPO)
+  # On a chip the tests' children inherit RETRAX_TEST_BACKEND=tpu.
+  env.pop('RETRAX_TEST_BACKEND', None)
+  if backend:
+    env['RETRAX_TEST_BACKEND'] = backend
   proc = subprocess.run(
       [sys.executable, '-m', 'pytest', '-p', 'tests.quick_subset', '-p',
        'no:cacheprovider', '-p', 'no:randomly', '-n', '0', '-v',
        '--slow-tests-file', str(tmp_path / 'slow.json'), *args],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert proc.returncode == returncode, proc.stdout + proc.stderr
   return proc.stdout
+
+
+def _slow(path):
+  return json.loads(path.read_text())['tests']
 
 
 def test_recorded_slow_tests_are_left_out_and_new_ones_kept(tmp_path):
@@ -47,9 +57,53 @@ def test_recorded_slow_tests_are_left_out_and_new_ones_kept(tmp_path):
   assert 'test_slow PASSED' in _pytest(tmp_path)  # Without --quick: all.
 
 
-def test_the_repository_file_lists_only_existing_slow_tests():
-  slow = quick_subset.read_slow_tests(quick_subset.SLOW_TESTS_FILE)
-  assert len(slow) > 100
+def test_recording_updates_the_tests_it_timed_and_keeps_the_others(tmp_path):
+  slow = quick_subset.QUICK_SECONDS + 0.2
+  (tmp_path / 'test_a.py').write_text(_TESTS.format(sleep=slow))
+  (tmp_path / 'slow.json').write_text(json.dumps({'tests': {
+      'test_a.py::test_fast': 5.0,     # timed again: now under a second
+      'test_b.py::test_other': 3.0,    # not run this time: kept
+      'test_gone.py::test_x': 2.0}}))  # its file is gone: dropped
+  (tmp_path / 'test_b.py').write_text('def test_other():\n  pass\n')
+  _pytest(tmp_path, 'test_a.py', '--record-durations')
+  got = _slow(tmp_path / 'slow.json')
+  assert sorted(got) == ['test_a.py::test_slow', 'test_b.py::test_other']
+  assert got['test_b.py::test_other'] == 3.0 and got['test_a.py::test_slow'] >= slow
+
+
+def test_an_accelerator_keeps_its_own_list_beside_the_cpus(tmp_path):
+  (tmp_path / 'test_a.py').write_text(_TESTS.format(
+      sleep=quick_subset.QUICK_SECONDS + 0.2) + 'def test_cpu_slow():\n  pass\n')
+  (tmp_path / 'slow.json').write_text(json.dumps({'tests': {
+      'test_a.py::test_cpu_slow': 4.0}}))
+  _pytest(tmp_path, '--record-durations', backend='tpu')
+  assert list(_slow(tmp_path / 'slow_tpu.json')) == ['test_a.py::test_slow']
+  assert list(_slow(tmp_path / 'slow.json')) == ['test_a.py::test_cpu_slow']
+  out = _pytest(tmp_path, '--quick', backend='tpu')  # Leaves out both lists.
+  assert 'test_fast PASSED' in out and '2 deselected' in out
+  out = _pytest(tmp_path, '--quick')  # On a CPU: the CPU's list alone.
+  assert 'test_slow PASSED' in out and '1 deselected' in out
+
+
+def test_an_interrupted_run_records_the_tests_that_finished(tmp_path):
+  (tmp_path / 'test_a.py').write_text(_TESTS.format(
+      sleep=quick_subset.QUICK_SECONDS + 0.2) + (
+          'def test_z_cut_short():\n  time.sleep(1.5)\n'
+          '  raise KeyboardInterrupt\n'))
+  (tmp_path / 'slow.json').write_text(json.dumps({'tests': {
+      'test_a.py::test_z_cut_short': 9.0}}))
+  _pytest(tmp_path, '--record-durations', returncode=2)
+  assert _slow(tmp_path / 'slow.json') == {
+      'test_a.py::test_slow': pytest.approx(quick_subset.QUICK_SECONDS + 0.2,
+                                            abs=0.5),
+      'test_a.py::test_z_cut_short': 9.0}
+
+
+@pytest.mark.parametrize('backend, least', [('cpu', 100), ('tpu', 20)])
+def test_the_repository_files_list_only_existing_slow_tests(backend, least):
+  slow = quick_subset.read_slow_tests(
+      quick_subset.backend_file(quick_subset.SLOW_TESTS_FILE, backend))
+  assert len(slow) > least
   assert all(s >= quick_subset.QUICK_SECONDS for s in slow.values())
   for test in slow:
     assert os.path.exists(os.path.join(_REPO, test.split('::')[0])), test
