@@ -93,6 +93,18 @@ def dropout_rngs(rng, attention_dropout, output_dropout):
   return None, None
 
 
+def apply_output_dropout(out, rng, attention_dropout, output_dropout):
+  """Trax's output dropout of an attention layer: one keep-mask over `out`'s
+  last axis from `rng`'s second half (`dropout_rngs`).
+
+  Every example and head gets the same `rng`, hence the same mask: applied
+  to each head's output before the heads are summed or to their sum, it is
+  the same function (`groups.UnitStages.combine` applies it to the sum).
+  """
+  _, output_rng = dropout_rngs(rng, attention_dropout, output_dropout)
+  return apply_broadcasted_dropout(out, output_dropout, output_rng)
+
+
 def check_predict(name, causal, masked, n_chunks_after=0):
   """Predict mode (fast inference) needs a causal, unmasked, look-back-only layer."""
   if not causal:
@@ -281,10 +293,8 @@ class SelfAttention(EfficientAttentionBase):
     o, state = self._attend_unit(*units, mask, state=state, rng=rng,
                                  update_state=update_state)
     out = o if w_o is None else precision.matmul(o, w_o)
-    _, output_rng = dropout_rngs(rng, self._attention_dropout,
-                                 self._output_dropout)
-    return apply_broadcasted_dropout(out, self._output_dropout,
-                                     output_rng), state
+    return apply_output_dropout(out, rng, self._attention_dropout,
+                                self._output_dropout), state
 
   def _attend_unit(self, *units_and_mask, state, rng, update_state):
     """One unit's attention of projected `q, [k,] v` `[L, d]` (k absent with
@@ -331,15 +341,15 @@ class SelfAttention(EfficientAttentionBase):
   def _unit_stages(self, shape):
     """Projections of all heads at once, `_attend_unit` per unit.
 
-    None with output dropout, where `_attend_inputs` multiplies the weights
-    first (small `d_model`: its keys are the input itself), or where a
-    subclass has its own `forward_unbatched`, `_project` or `_attend_inputs`.
+    None where `_attend_inputs` multiplies the weights first (small
+    `d_model`: its keys are the input itself), or where a subclass has its
+    own `forward_unbatched`, `_project` or `_attend_inputs`.
     """
     own = self._runs_own(SelfAttention, 'forward_unbatched', '_project',
                          '_attend_inputs')
     weight_products = not (self._share_qk or self._bias or
                            2 * shape[-1] > min(self._d_qk, self._d_v))
-    if self._output_dropout or weight_products or not own:
+    if weight_products or not own:
       return None
     depth = self._d_qk * (1 if self._share_qk else 2) + self._d_v
     return groups.UnitStages(self._project_heads, self._attend_unit,
@@ -354,9 +364,12 @@ class SelfAttention(EfficientAttentionBase):
     return (project_heads(x, w_q, b_q), project_heads(x, w_k, b_k),
             project_heads(x, w_v, b_v))
 
-  def _combine_heads(self, o, weights):
-    """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`."""
-    return combine_heads(o, self._unpack_weights(weights)[3])
+  def _combine_heads(self, o, weights, rng):
+    """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`,
+    then the output dropout."""
+    return apply_output_dropout(
+        combine_heads(o, self._unpack_weights(weights)[3]), rng,
+        self._attention_dropout, self._output_dropout)
 
   def _shared_keys(self, q, k):
     """Keys for `attend`: None (normalised queries) when shared, else `k`."""

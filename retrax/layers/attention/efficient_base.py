@@ -378,8 +378,7 @@ class EfficientAttentionBase(base.Layer):
     A subclass whose per-unit function projects its inputs, runs a core and
     projects the core's output returns the three (and the forward pass
     then projects all heads at once: `groups.run_projected`); None where a
-    pass must run `forward_unbatched` whole (e.g. output dropout, which
-    acts per head before the heads are summed, or a subclass's own
+    pass must run `forward_unbatched` whole (e.g. a subclass's own
     `forward_unbatched`). `shape`: the first input's, `[batch, length,
     d_model]`.
     """
@@ -714,8 +713,10 @@ class EfficientAttentionBase(base.Layer):
       if prelude is not None:
         stages = self._unit_stages(shape)
         runner = groups_lib.PreludeRunner(
-            prelude, stages._replace(core=functools.partial(
-                stages.core, rng=rng, update_state=update_state)),
+            prelude, stages._replace(
+                core=functools.partial(stages.core, rng=rng,
+                                       update_state=update_state),
+                combine=functools.partial(stages.combine, rng=rng)),
             groups, todo, prelude_chunks((groups.examples,) + shape[1:]))
       out, new_state, dx, w_ct, w_pre_ct = self._run_groups(
           runner, inputs, weights, state, output_grad, shape, subtract_from,

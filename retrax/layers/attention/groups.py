@@ -163,10 +163,12 @@ class UnitStages(NamedTuple):
   `[batch * n_heads, ...]` arrays (row `example * n_heads + head`), linear
   in the layer's inputs up to a bias; `core(*units, *extras, state, rng,
   update_state) -> (o, new_state)` for one unit, `extras` being the layer's
-  non-float inputs (masks) of the unit's example; `combine(o, weights)`:
-  the layer's output `[batch, ...]` from every unit's `o` (`[batch *
-  n_heads, ...]`), linear in `o`. `unit_depth`: the summed last dimension
-  of `project`'s arrays (what their memory is planned by).
+  non-float inputs (masks) of the unit's example; `combine(o, weights,
+  rng)`: the layer's output `[batch, ...]` from every unit's `o` (`[batch *
+  n_heads, ...]`), linear in `o` (its output dropout included: the `rng`
+  all units share gives every unit the same mask). `unit_depth`: the
+  summed last dimension of `project`'s arrays (what their memory is
+  planned by).
   """
   project: Callable[..., Any]
   core: Callable[..., Any]
@@ -186,7 +188,8 @@ class Prelude(NamedTuple):
 
 
 class PreludeRunner(NamedTuple):
-  """Runs a group as `prelude`, then `stages` (`UnitStages`, core bound to its rng).
+  """Runs a group as `prelude`, then `stages` (`UnitStages`, core and combine
+  bound to the layer's rng).
 
   The prelude and the input projection run over `n_chunks` chunks of
   positions (a loop writing each chunk's projections in place), in both
@@ -337,7 +340,7 @@ def run_projected(stages, n_heads, group_size, inputs, weights, state, rng,
     units, project_vjp = jax.vjp(project, d_xs, weights)
   else:
     units = project(d_xs, weights)
-  combine = lambda o, w: stages.combine(o, w).astype(inputs[0].dtype)
+  combine = lambda o, w: stages.combine(o, w, rng).astype(inputs[0].dtype)
 
   def group_fn(units_g, extras_g, s_g):
     return run_cores(functools.partial(stages.core, rng=rng,

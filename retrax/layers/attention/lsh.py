@@ -44,6 +44,7 @@ from jax import lax
 from retrax.configurable import configurable
 from retrax.errors import InputValueError
 from retrax.fastmath import precision
+from retrax.layers.attention.efficient import apply_output_dropout
 from retrax.layers.attention.efficient import attention_kernel_init
 from retrax.layers.attention.efficient import check_count
 from retrax.layers.attention.efficient import check_depths_and_rates
@@ -465,10 +466,8 @@ class LSHSelfAttention(EfficientAttentionBase):
     o, state = self._attend_unit(q, v, mask, state=state, rng=rng,
                                  update_state=update_state)
     out = precision.matmul(o, self._unpack_weights(weights)[2])
-    _, output_rng = dropout_rngs(rng, self._attention_dropout,
-                                 self._output_dropout)
-    return apply_broadcasted_dropout(out, self._output_dropout,
-                                     output_rng), state
+    return apply_output_dropout(out, rng, self._attention_dropout,
+                                self._output_dropout), state
 
   def _attend_unit(self, q, v, mask=None, *, state, rng, update_state):
     """One unit's LSH attention of projected `q`, `v` `[L, d]`: `(o, state)`."""
@@ -495,12 +494,10 @@ class LSHSelfAttention(EfficientAttentionBase):
   def _unit_stages(self, shape):
     """Projections of all heads at once, `_attend_unit` per unit.
 
-    None with output dropout or where a subclass has its own
-    `forward_unbatched` or `_project`.
+    None where a subclass has its own `forward_unbatched` or `_project`.
     """
     del shape
-    if (self._output_dropout or
-        not self._runs_own(LSHSelfAttention, 'forward_unbatched', '_project')):
+    if not self._runs_own(LSHSelfAttention, 'forward_unbatched', '_project'):
       return None
     return groups.UnitStages(self._project_heads, self._attend_unit,
                              self._combine_heads, self._d_qk + self._d_v)
@@ -511,9 +508,12 @@ class LSHSelfAttention(EfficientAttentionBase):
     return (project_heads(inputs[0], w_q, b_q),
             project_heads(inputs[0], w_v, b_v))
 
-  def _combine_heads(self, o, weights):
-    """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`."""
-    return combine_heads(o, self._unpack_weights(weights)[2])
+  def _combine_heads(self, o, weights, rng):
+    """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`,
+    then the output dropout."""
+    return apply_output_dropout(
+        combine_heads(o, self._unpack_weights(weights)[2]), rng,
+        self._attention_dropout, self._output_dropout)
 
   def _roll_predict_state(self, state):
     buckets, buckets_idx, rng, k_cache, v_cache = state

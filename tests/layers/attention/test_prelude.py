@@ -27,9 +27,10 @@ def _normal(seed, shape):
   return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)
 
 
-def _layer(kind, n_parallel_heads):
+def _layer(kind, n_parallel_heads, dropout=0.0):
   kwargs = dict(n_heads=2, d_qk=4, d_v=4, causal=True, chunk_len=8,
-                mode='train', n_parallel_heads=n_parallel_heads)
+                mode='train', n_parallel_heads=n_parallel_heads,
+                attention_dropout=dropout, output_dropout=dropout)
   if kind == 'lsh':
     return tl.LSHSelfAttention(n_hashes=2, **kwargs)
   if kind == 'lsh_masked':
@@ -37,8 +38,8 @@ def _layer(kind, n_parallel_heads):
   return tl.SelfAttention(n_chunks_before=1, **kwargs)  # q, k, v projected
 
 
-def _case(kind, batch, n_parallel_heads, length=32):
-  layer = _layer(kind, n_parallel_heads)
+def _case(kind, batch, n_parallel_heads, length=32, dropout=0.0):
+  layer = _layer(kind, n_parallel_heads, dropout)
   norm = tl.LayerNorm()
   x = _normal(0, (batch, length, D_MODEL))
   norm.init(signature(x), rng=jax.random.PRNGKey(1))
@@ -61,16 +62,22 @@ def _with_first(inputs, x):
   return (x,) + tuple(inputs[1:]) if isinstance(inputs, tuple) else x
 
 
-@pytest.mark.parametrize('kind,batch,n_parallel_heads,chunk_elements', [
-    ('lsh', 1, None, None),
-    ('lsh', 2, None, 4 * D_MODEL),     # 16 chunks of 2 positions
-    ('lsh', 2, 2, 12 * D_MODEL),       # groups of 2 heads; 8 chunks
-    ('lsh_masked', 2, 4, 8 * D_MODEL),  # groups of 2 examples x 2 heads
-    ('self', 2, None, 8 * D_MODEL),
-])
+@pytest.mark.parametrize(
+    'kind,batch,n_parallel_heads,chunk_elements,dropout', [
+        ('lsh', 1, None, None, 0.0),
+        ('lsh', 2, None, 4 * D_MODEL, 0.0),     # 16 chunks of 2 positions
+        ('lsh', 2, 2, 12 * D_MODEL, 0.0),       # groups of 2 heads; 8 chunks
+        ('lsh_masked', 2, 4, 8 * D_MODEL, 0.0),  # 2 examples x 2 heads
+        ('self', 2, None, 8 * D_MODEL, 0.0),
+        # Attention and output dropout: each group drops its heads' sum.
+        ('lsh', 2, 2, 12 * D_MODEL, 0.4),
+        ('self', 2, None, 8 * D_MODEL, 0.4),
+    ])
 def test_prelude_equals_the_layer_after_it(monkeypatch, kind, batch,
-                                           n_parallel_heads, chunk_elements):
-  layer, inputs, norm_fn, norm_w = _case(kind, batch, n_parallel_heads)
+                                           n_parallel_heads, chunk_elements,
+                                           dropout):
+  layer, inputs, norm_fn, norm_w = _case(kind, batch, n_parallel_heads,
+                                         dropout=dropout)
   x = inputs[0] if isinstance(inputs, tuple) else inputs
   rng = jax.random.PRNGKey(6)
   _, state = layer.pure_fn(_with_first(inputs, norm_fn(x, norm_w)),
