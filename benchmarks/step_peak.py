@@ -1,7 +1,7 @@
 """What the training step holds at its memory peak, by XLA:CPU's plan.
 
     python benchmarks/step_peak.py [--lengths 262144,1048576] [--top 16]
-        [--model ReformerLM] [--axial-pos] [--plain-loss] [--tiny]
+        [--model ReformerLM] [--axial-pos] [--plain-loss] [--tiny] [--tpu]
 
 Compiles `long_models`' training step (the one `training.Loop` compiles;
 `--plain-loss`: `Serial(model, loss)` differentiated whole) and prints, per
@@ -14,6 +14,17 @@ module (`xla_dump_to`, a temporary folder, deleted after): its
 lengths a TPU would hold compile here in seconds; XLA:TPU plans differently
 (layouts pad a minor dimension of 64 to 128, for one), but the values live
 at the peak are the same program's.
+
+`--tpu` plans the step for one TPU v5e chip from this host, without one:
+compiled ahead of time by the TPU compiler (libtpu, in a separate virtual
+environment: `pip install -e . "jax[tpu]==<this JAX's version>"`) for a
+`v5e:1x1` topology, the model traced with a TPU's choices
+(`jax.default_backend()` reads 'tpu' in this process). It prints the
+heap the chip would need (the "HLO temporaries" a chip's compile checks
+against its 15.75 GiB: the values live at the peak plus what their
+placement leaves unused) and the values live at the peak. Checked against
+the chip: the default model's 2M step with axial positions, 20.28 GB here,
+20.27 on the chip (2026-12-07).
 """
 
 import argparse
@@ -98,26 +109,82 @@ def peak_values(live_ranges, hlo):
   return sorted(values, key=lambda v: -v[0])
 
 
-def measure(name, cfg, length, axial_pos=False, plain_loss=False):
-  """The step's plan at `length`: temp bytes and the values live at its peak."""
+def measure(name, cfg, length, axial_pos=False, plain_loss=False, tpu=None):
+  """The step's plan at `length`: temp bytes and the values live at its peak.
+
+  `tpu`: a TPU device of `tpu_topology()` to plan for (ahead of time); the
+  result then has `heap_bytes` too (None with `required_bytes` where the
+  plan exceeds the chip's memory: the compiler stops there).
+  """
   model, n_inputs = build(name, cfg, length, axial_pos)
   batch = long_models.batch_for(cfg, length, n_inputs)
   init, step = long_models.train_step_of(model, plain_loss)
-  weights, state, opt_state = init(batch)
-  lowered = step.lower(weights, state, opt_state, batch,
-                       jax.random.PRNGKey(1))
+  if tpu is None:
+    weights, state, opt_state = init(batch)
+    lowered = step.lower(weights, state, opt_state, batch,
+                         jax.random.PRNGKey(1))
+  else:
+    on_tpu = lambda t: jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(tpu)),
+        t)
+    lowered = step.trace(*on_tpu(jax.eval_shape(init, batch)), on_tpu(batch),
+                         on_tpu(jax.eval_shape(jax.random.PRNGKey, 1))).lower()
   with tempfile.TemporaryDirectory() as folder:
-    compiled = lowered.compile(dict(DUMP_OPTIONS, xla_dump_to=folder))
+    try:
+      compiled = lowered.compile(dict(DUMP_OPTIONS, xla_dump_to=folder))
+    except jax.errors.JaxRuntimeError as e:
+      required = re.search(r'HLO temporaries \(([\d.]+)G\)', str(e))
+      if tpu is None or not required:
+        raise
+      return dict(heap_bytes=None, required_bytes=float(required.group(1))
+                  * 2**30, temp_bytes=None, peak=[])
+    hlo_suffix = 'after_optimizations.txt' if tpu else (
+        'cpu_after_optimizations.txt')
     values = peak_values(_read(folder, 'live-range.txt'),
-                         _read(folder, 'cpu_after_optimizations.txt'))
-  return dict(temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
-              peak=values)
+                         _read(folder, hlo_suffix))
+    result = dict(temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
+                  peak=values)
+    if tpu is not None:
+      result['heap_bytes'] = int(re.search(
+          r'Total bytes: (\d+)', _read(folder, 'memory-usage-report.txt'))
+                                 .group(1))
+  return result
+
+
+def tpu_topology():
+  """One TPU v5e chip to compile for ahead of time (libtpu, no chip needed).
+
+  From here on this process traces models as on that chip: retrax's
+  backend-dependent choices (permutations, projections, the attention's
+  layouts, XLA:CPU's own compiler options) read `jax.default_backend()`.
+  """
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault('TPU_ACCELERATOR_TYPE', 'v5litepod-1')  # (no chip)
+  try:
+    topology = topologies.get_topology_desc(
+        platform='tpu', topology_name='v5e:1x1', chips_per_host_bounds=[1, 1, 1])
+  except Exception as e:  # pylint: disable=broad-except
+    raise SystemExit(f'--tpu needs the TPU compiler (libtpu) beside this JAX: '
+                     f'pip install "jax[tpu]=={jax.__version__}" (in a '
+                     f'separate virtual environment); got: {e}') from None
+  jax.default_backend = lambda: 'tpu'
+  return topology.devices[0]
 
 
 def format_peak(length, result, top):
+  if result.get('required_bytes'):
+    need = result['required_bytes']
+    return (f'L={length}: the TPU heap would need {need / 2**30:.2f} GiB '
+            f'({need / length:.0f} bytes per token): more than the chip has')
   temp = result['temp_bytes']
   lines = [f'L={length}: planned temporaries {temp / 1e9:.3f} GB, '
            f'{temp / length:.0f} bytes per token; largest live at the peak:']
+  if result.get('heap_bytes'):
+    heap = result['heap_bytes']
+    lines[0] = (f'L={length}: TPU heap {heap / 2**30:.2f} GiB ({heap / length:.0f}'
+                f' bytes per token), live at the peak '
+                f'{sum(v[0] for v in result["peak"]) / 2**30:.2f} GiB; largest:')
   for size, value, shape, op in result['peak'][:top]:
     lines.append(f'  {size / 2**20:10.1f} MiB  {size / length:7.0f} B/token  '
                  f'{shape:28s} {value}  {op}')
@@ -135,16 +202,19 @@ def parse_args(argv=None):
   p.add_argument('--plain-loss', action='store_true',
                  help='differentiate Serial(model, loss) whole')
   p.add_argument('--tiny', action='store_true', help='toy sizes (for the test)')
+  p.add_argument('--tpu', action='store_true',
+                 help='plan for one TPU v5e chip, ahead of time (needs libtpu)')
   return p.parse_args(argv)
 
 
 def main(argv=None):
   args = parse_args(argv)
   cfg = long_models.TINY if args.tiny else long_models.FULL
+  tpu = tpu_topology() if args.tpu else None
   results = {}
   for length in [int(n) for n in args.lengths.split(',')]:
     results[length] = measure(args.model, cfg, length, args.axial_pos,
-                              args.plain_loss)
+                              args.plain_loss, tpu)
     print(format_peak(length, results[length], args.top), flush=True)
   return results
 

@@ -2,6 +2,8 @@
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -49,3 +51,29 @@ def test_toy_reformer_step_peak(capsys):
   assert 'transpose(jvp())' in ops or 'jvp()' in ops, r['peak']
   out = capsys.readouterr().out.splitlines()
   assert out[0].startswith('L=256: planned temporaries') and len(out) == 4
+
+
+def test_a_tpu_plan_over_the_chip_says_what_it_would_need():
+  line = step_peak.format_peak(2 ** 21, dict(required_bytes=20.28 * 2**30),
+                               top=3)
+  assert line == ('L=2097152: the TPU heap would need 20.28 GiB (10383 bytes '
+                  'per token): more than the chip has')
+
+
+def test_toy_step_planned_for_a_tpu_chip_ahead_of_time():
+  """`--tpu` (needs libtpu, absent from the test extra: skipped there)."""
+  if importlib.util.find_spec('libtpu') is None:
+    pytest.skip('libtpu is not installed')
+  # A process of its own: `--tpu` makes it trace as on a TPU for good. (JAX
+  # in this one may have loaded libtpu too, looking for a chip.)
+  proc = subprocess.run(
+      [sys.executable, _PATH, '--tiny', '--tpu', '--axial-pos', '--lengths',
+       '256', '--top', '2'], capture_output=True, text=True, timeout=600,
+      check=False, env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD='1'))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  assert lines[0].startswith('L=256: TPU heap ') and len(lines) == 3, lines
+  heap = float(lines[0].split('(')[1].split(' ')[0])  # bytes per token
+  assert heap > 0
+  # The values at the peak are laid out in the TPU's tiles.
+  assert all(':T(' in line for line in lines[1:]), lines
