@@ -1,4 +1,4 @@
-"""What the training step holds at its memory peak, by XLA:CPU's plan.
+"""What the training step holds at its memory peak, by XLA's plan (CPU or TPU).
 
     python benchmarks/step_peak.py [--lengths 262144,1048576] [--top 16]
         [--model ReformerLM] [--axial-pos] [--plain-loss] [--tiny] [--tpu]
