@@ -146,6 +146,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
+from retrax import errors
 from retrax import layers as tl
 from retrax import lr
 from retrax import models
@@ -668,8 +669,15 @@ def merge(paths):
 
 
 def plot(results, path):
-  """Writes eval bits/byte vs step and vs training seconds as a PNG."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  """Writes eval bits/byte vs step and vs training seconds as a PNG.
+
+  Raises `MissingPackageError` (one line) where matplotlib is not installed.
+  """
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise errors.missing_package('matplotlib', 'real_text.py --plot',
+                                 'plots') from None
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -732,17 +740,25 @@ def parse_args(argv=None):
 
 
 def report(results, plot_path, json_path):
-  """Prints the table and the claims; writes the PNG and the JSON if asked."""
+  """Prints the table and the claims; writes the JSON and the PNG if asked.
+
+  The JSON first: a run's results outlive a plot that cannot be drawn (no
+  matplotlib: one line on stderr instead, the run still succeeds).
+  """
   print()
   print(format_table(results))
   print(format_claims(results))
-  if plot_path:
-    plot(results, plot_path)
-    print(f'wrote {plot_path}')
   if json_path:
     with open(json_path, 'w') as f:
       json.dump(results, f, indent=1)
     print(f'wrote {json_path}')
+  if plot_path:
+    try:
+      plot(results, plot_path)
+    except errors.MissingPackageError as e:
+      print(f'real_text.py: no plot: {e}', file=sys.stderr)
+    else:
+      print(f'wrote {plot_path}')
 
 
 def main(argv=None):

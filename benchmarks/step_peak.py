@@ -139,10 +139,9 @@ def measure(name, cfg, length, axial_pos=False, plain_loss=False, tpu=None):
         raise
       return dict(heap_bytes=None, required_bytes=float(required.group(1))
                   * 2**30, temp_bytes=None, peak=[])
-    hlo_suffix = 'after_optimizations.txt' if tpu else (
-        'cpu_after_optimizations.txt')
+    # The optimized module, whichever backend's compiler named it.
     values = peak_values(_read(folder, 'live-range.txt'),
-                         _read(folder, hlo_suffix))
+                         _read(folder, 'after_optimizations.txt'))
     result = dict(temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
                   peak=values)
     if tpu is not None:

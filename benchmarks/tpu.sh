@@ -111,8 +111,10 @@ if want tests; then
   # SIGINT at the budget: pytest stops and still prints its summary (and
   # records the tests that finished); -v logs each test's outcome as it
   # ends, --durations the slowest (where a call's minutes go on the chip).
+  # -o addopts="" drops the project's `-n 2` (one process holds the chip)
+  # and with it `-m 'not slow'`, given back here.
   timeout -s INT -k 30 "$(share 45)" "$PY" -m pytest --quick -p no:xdist \
-    -p no:cacheprovider -o addopts="" -v -rfE --durations=30 \
+    -p no:cacheprovider -o addopts="" -m "not slow" -v -rfE --durations=30 \
     "${RECORD[@]}" --junitxml="$OUT_DIR/tpu_tests.xml" \
     ${TPU_SH_TEST_ARGS:-} "${TESTS[@]}" >"$OUT_DIR/tpu_tests.log" 2>&1
   echo "tests: rc $?"

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -26,10 +27,13 @@ def test_cpu_float32_is_at_float32_numpys_rounding(tmp_path):
   out = tmp_path / 'f32.json'
   assert float32_error.main(['--size', '64', '--json', str(out)]) == 0
   result = json.loads(out.read_text())
-  assert result['backend'] == 'cpu'
+  assert result['backend'] == jax.default_backend()
   cases = result['cases']
   assert set(cases) >= {'matmul default', 'matmul highest', 'exp', 'softmax',
                         'attention (highest)'}
+  if result['backend'] != 'cpu':  # A TPU's float32 is what it measures there.
+    assert all(np.isfinite(c['rel']) for c in cases.values()), cases
+    return
   for name, c in cases.items():
     # XLA:CPU computes float32 as NumPy does: within a few ulps of it.
     assert c['rel'] <= 4 * c['numpy32_rel'] + 1e-6, (name, c)

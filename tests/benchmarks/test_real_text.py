@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 
 import jax
 import numpy as np
@@ -151,15 +152,34 @@ def test_main_quick_writes_every_arm(tmp_path):
   assert (tmp_path / 'r.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
+def _two_curves():
+  return dict(config=dict(length=1024),
+              corpus=dict(python='3.11.7', bytes=2271236),
+              arms={'lsh-2': dict(curve=[(100, 3.1, 3.3, 50.0),
+                                         (200, 2.8, 2.9, 100.0)]),
+                    'transformer': dict(curve=[(100, 3.0, 3.2, 90.0)])})
+
+
 def test_plot_writes_png(tmp_path):
-  results = dict(config=dict(length=1024),
-                 corpus=dict(python='3.11.7', bytes=2271236),
-                 arms={'lsh-2': dict(curve=[(100, 3.1, 3.3, 50.0),
-                                            (200, 2.8, 2.9, 100.0)]),
-                       'transformer': dict(curve=[(100, 3.0, 3.2, 90.0)])})
+  pytest.importorskip('matplotlib')  # The test extra has it; a chip may not.
   path = tmp_path / 'curves.png'
-  real_text.plot(results, str(path))
+  real_text.plot(_two_curves(), str(path))
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_without_matplotlib_the_json_is_written_and_the_plot_is_one_line(
+    tmp_path, monkeypatch, capsys):
+  monkeypatch.setitem(sys.modules, 'matplotlib', None)  # import fails
+  results = _two_curves()
+  for r in results['arms'].values():
+    r.update(step_s=0.5, first_step_s=9.0, train_s=100.0, eval_s=5.0)
+  results['claims'] = []
+  real_text.report(results, str(tmp_path / 'r.png'), str(tmp_path / 'r.json'))
+  assert json.loads((tmp_path / 'r.json').read_text())['arms'].keys() == {
+      'lsh-2', 'transformer'}
+  assert not (tmp_path / 'r.png').exists()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'retrax[plots]' in err[0], err
 
 
 def test_merge_joins_lanes_in_arm_order_and_recomputes_claims(tmp_path,
