@@ -23,6 +23,18 @@ def free_port():
                 f'need them')
 
 
+def xla_flags(n_devices=None):
+  """A child process's XLA_FLAGS: the code-generation level of this one (the
+  root conftest's: float results differ in their last bits between levels,
+  and tests compare a child's numbers with their own) and, if given, the
+  number of CPU devices it sees."""
+  flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
+           if f.startswith('--xla_backend_optimization_level')]
+  if n_devices:
+    flags.append(f'--xla_force_host_platform_device_count={n_devices}')
+  return ' '.join(flags)
+
+
 def cpu_env(n_devices=None, *, pythonpath=(), platform='cpu', **extra):
   """`os.environ` for a child process on CPU devices with no cluster
   settings inherited (the test chooses coordinator and process ids).
@@ -43,9 +55,7 @@ def cpu_env(n_devices=None, *, pythonpath=(), platform='cpu', **extra):
   env = dict(os.environ, **extra)
   if platform is not None:
     env['JAX_PLATFORMS'] = platform
-  env.pop('XLA_FLAGS', None)  # Not the test process's device count.
-  if n_devices:
-    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={n_devices}'
+  env['XLA_FLAGS'] = xla_flags(n_devices)  # Not the test process's count.
   if pythonpath:
     env['PYTHONPATH'] = os.pathsep.join([*pythonpath,
                                          env.get('PYTHONPATH', '')])

@@ -11,6 +11,7 @@ import pytest
 from retrax import fastmath
 from retrax import layers as tl
 from retrax import shapes
+from tests import multiprocess_env
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
@@ -135,7 +136,7 @@ _MULTI = textwrap.dedent('''
 
 def test_accelerate_on_four_host_devices():
   env = dict(os.environ,
-             XLA_FLAGS='--xla_force_host_platform_device_count=4',
+             XLA_FLAGS=multiprocess_env.xla_flags(4),
              JAX_PLATFORMS='cpu',
              PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get('PYTHONPATH',
                                                                '')]))

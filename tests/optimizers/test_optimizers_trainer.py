@@ -14,6 +14,7 @@ from retrax import layers as tl
 from retrax import optimizers
 from retrax import shapes
 from retrax.optimizers import trainer as trainer_lib
+from tests import multiprocess_env
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -288,7 +289,7 @@ def test_trainer_module_is_trax_shaped():
 @pytest.mark.slow
 def test_two_devices_equal_one_device(tmp_path):
   """Trainer and ReversibleSerialTrainer on 2 forced host devices."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+  env = dict(os.environ, XLA_FLAGS=multiprocess_env.xla_flags(2),
              PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get('PYTHONPATH',
                                                                '')]))
   code = '''

@@ -16,6 +16,7 @@ from retrax import checkpoints
 from retrax.checkpoints import CheckpointCorruptedError
 from retrax.supervised import callbacks
 from retrax.supervised import metrics_log
+from tests import multiprocess_env
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -176,7 +177,7 @@ def test_sigkilled_run_resumes_with_the_same_weights_and_history(
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT,
                                        env.get('PYTHONPATH', '')])
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  env['XLA_FLAGS'] = multiprocess_env.xla_flags(1)
   plan = _kill_plan(n_kills, seed=n_kills) if n_kills > 1 else [('op', 23)]
   result = str(tmp_path / 'killed.npz')
   run_dir = tmp_path / 'run'

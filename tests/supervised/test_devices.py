@@ -9,6 +9,7 @@ import numpy as np
 
 import resume_worker
 import supervised_toys as toys
+from tests import multiprocess_env
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -16,7 +17,7 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 def test_eight_devices_give_one_device_losses_and_divisibility_errors(tmp_path):
   env = dict(os.environ)
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+  env['XLA_FLAGS'] = multiprocess_env.xla_flags(8)
   env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT,
                                        env.get('PYTHONPATH', '')])
   result = str(tmp_path / 'eight.npz')

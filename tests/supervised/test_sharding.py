@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from retrax.supervised import sharding
+from tests import multiprocess_env
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -18,7 +19,7 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 def run_worker(script, *args, n_devices=8, timeout=900):
   """Runs `script` (in this folder) on `n_devices` forced host devices."""
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={n_devices}')
+             XLA_FLAGS=multiprocess_env.xla_flags(n_devices))
   env['PYTHONPATH'] = os.pathsep.join([_HERE, _ROOT, env.get('PYTHONPATH', '')])
   proc = subprocess.run([sys.executable, os.path.join(_HERE, script), *args],
                         env=env, capture_output=True, text=True,
