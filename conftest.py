@@ -6,21 +6,39 @@ explicit where mixing is meant. Every test runs with
 `jax_numpy_dtype_promotion='strict'`, `jax_numpy_rank_promotion='raise'`
 and warnings turned into errors.
 """
+import importlib.util
 import os
+
+
+def _cpu_only():
+  """Whether this process's JAX can only be XLA:CPU (no accelerator plugin)."""
+  platforms = os.environ.get('JAX_PLATFORMS', '')
+  if platforms:
+    return platforms == 'cpu'
+  return not os.environ.get('TPU_LIBRARY_PATH') and not any(
+      importlib.util.find_spec(plugin) for plugin in (
+          'libtpu', 'jax_cuda12_plugin', 'jax_cuda13_plugin',
+          'jax_rocm7_plugin'))
+
 
 # The tests' programs are small: most of the suite's time is XLA:CPU
 # compiling them, and most of that is LLVM optimising the generated code
-# (test_prelude.py: 38.5 s with it, 28.2 s without, one process). Float
-# semantics do not depend on it (no fast-math either way); a test process's
-# own XLA_FLAGS still win, and the processes tests start inherit it.
-if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
+# (the default suite on 2 cores: 18 min 43 s with it, 12 min 23 s without).
+# Results may differ in their last bits between levels (no fast-math
+# either way), so the processes tests start inherit it
+# (`tests.multiprocess_env.xla_flags`). Only where the CPU is the backend:
+# an accelerator's compiler keeps its own settings; a test process's own
+# XLA_FLAGS win.
+if _cpu_only() and '--xla_backend_optimization_level' not in os.environ.get(
+    'XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                              ' --xla_backend_optimization_level=0').strip()
 
-import jax  # pylint: disable=wrong-import-position
-import pytest
+# (XLA reads XLA_FLAGS when a backend starts, not at import; set first anyway.)
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
-from retrax.layers import tutorial_checks
+from retrax.layers import tutorial_checks  # noqa: E402
 
 # `--quick` / `--record-durations`: the quick subset (tests/quick_subset.py).
 pytest_plugins = ['tests.quick_subset']
