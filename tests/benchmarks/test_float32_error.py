@@ -8,6 +8,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests import backend_tolerance
+
 _PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
                      'float32_error.py')
 _spec = importlib.util.spec_from_file_location('float32_error', _PATH)
@@ -31,9 +33,17 @@ def test_cpu_float32_is_at_float32_numpys_rounding(tmp_path):
   cases = result['cases']
   assert set(cases) >= {'matmul default', 'matmul highest', 'exp', 'softmax',
                         'attention (highest)'}
-  if result['backend'] != 'cpu':  # A TPU's float32 is what it measures there.
-    assert all(np.isfinite(c['rel']) for c in cases.values()), cases
+  if result['backend'] == 'tpu':
+    # What the tests' TPU floor rests on: every float32 case within it but
+    # the default precision's matmul, one bfloat16 pass (~1e-2; 9.2e-3 on a
+    # v5e chip, 2026-12-06).
+    for name, c in cases.items():
+      bound = (2e-2 if name == 'matmul default'
+               else backend_tolerance.TPU_FLOAT32_FLOOR)
+      assert c['rel'] <= bound, (name, c)
     return
+  if result['backend'] != 'cpu':
+    pytest.skip(f'no claim about {result["backend"]} float32 here')
   for name, c in cases.items():
     # XLA:CPU computes float32 as NumPy does: within a few ulps of it.
     assert c['rel'] <= 4 * c['numpy32_rel'] + 1e-6, (name, c)
