@@ -6,19 +6,21 @@ explicit where mixing is meant. Every test runs with
 `jax_numpy_dtype_promotion='strict'`, `jax_numpy_rank_promotion='raise'`
 and warnings turned into errors.
 """
+import glob
 import importlib.util
 import os
 
 
 def _cpu_only():
-  """Whether this process's JAX can only be XLA:CPU (no accelerator plugin)."""
+  """Whether this process's JAX can only be XLA:CPU (no TPU device or library,
+  no GPU plugin)."""
   platforms = os.environ.get('JAX_PLATFORMS', '')
   if platforms:
     return platforms == 'cpu'
-  return not os.environ.get('TPU_LIBRARY_PATH') and not any(
-      importlib.util.find_spec(plugin) for plugin in (
-          'libtpu', 'jax_cuda12_plugin', 'jax_cuda13_plugin',
-          'jax_rocm7_plugin'))
+  return not (os.environ.get('TPU_LIBRARY_PATH') or glob.glob('/dev/accel*')
+              or any(importlib.util.find_spec(plugin) for plugin in (
+                  'libtpu', 'jax_cuda12_plugin', 'jax_cuda13_plugin',
+                  'jax_rocm7_plugin')))
 
 
 # The tests' programs are small: most of the suite's time is XLA:CPU
