@@ -32,6 +32,42 @@ def test_peak_values_name_size_shape_and_origin_largest_first():
       (64, 'fusion.1', 'f32[4,4]{1,0}', 'jvp()/add')]
 
 
+_BUFFER_ASSIGNMENT = """\
+BufferAssignment:
+allocation 0: size 4096, parameter 0, shape |f32[1024]| at ShapeIndex {}:
+ value: <1 p @0> (size=4096,offset=0): f32[1024]{0}
+allocation 1: size 3072, preallocated-temp:
+ value: <2 a @0> (size=1024,offset=0): f32[2,128]{1,0:T(8,128)}
+ value: <3 b @0> (size=1024,offset=1024): f32[8,64]{1,0:T(8,128)}
+ value: <4 c{0} @0> (size=1024,offset=2048): f32[8,128]{1,0:T(8,128)}
+ value: <5 d @0> (size=1024,offset=0): f32[8,128]{1,0:T(8,128)}
+ value: <6 e @0> (size=1024,offset=0): f32[8,128]{1,0:T(8,128)}
+"""
+_HEAP_LIVE_RANGES = """\
+HloLiveRange (max 5):
+  BufferLiveRange:
+    p{}:0-5
+    a{}:0-2
+    b{}:1-3
+    c{0}:2-2
+    d{}:3-5
+    e{}:2-2
+  Live ranges at 1 (peak):
+"""
+
+
+def test_heap_peak_counts_laid_out_bytes_where_the_heap_is_fullest():
+  # At instruction 2, a, b and c fill the 3 KB heap (e shares a's buffer:
+  # counted and listed once); sizes are the dump's laid-out (padded) ones.
+  hlo = ('  %a = f32[2,128]{1,0:T(8,128)} add(%x, %y), '
+         'metadata={op_name="jit(step)/jvp()/add"}\n')
+  live, peak = step_peak.heap_peak(_BUFFER_ASSIGNMENT, _HEAP_LIVE_RANGES, hlo)
+  assert live == 3072
+  assert peak == [(1024, 'a', 'f32[2,128]{1,0:T(8,128)}', 'jvp()/add'),
+                  (1024, 'b', 'f32[8,64]{1,0:T(8,128)}', ''),
+                  (1024, 'c{0}', 'f32[8,128]{1,0:T(8,128)}', '')]
+
+
 def test_axial_shape_is_vs_peers():
   assert step_peak.axial_shape(2 ** 21) == (1024, 2048)
   assert step_peak.axial_shape(2 ** 16) == (256, 256)

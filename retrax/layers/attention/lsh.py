@@ -58,9 +58,10 @@ from retrax.layers.attention.efficient_base import EfficientAttentionBase
 from retrax.layers.attention.efficient_base import fit_to_memory
 from retrax.layers.attention import groups
 from retrax.layers.attention.ops import apply_broadcasted_dropout
-from retrax.layers.attention.ops import attend
 from retrax.layers.attention.ops import attend_queries_scaled
+from retrax.layers.attention.ops import attend_shared_qk
 from retrax.layers.attention.ops import combine_heads
+from retrax.layers.attention.ops import gathers_in_blocks
 from retrax.layers.attention.ops import hash_vecs
 from retrax.layers.attention.ops import inverse_permutation
 from retrax.layers.attention.ops import length_normalized
@@ -196,24 +197,32 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   # the outputs with their normalisers as one more: an accelerator's gather
   # costs per index, not per byte (a TPU v5e took 5.5 ms per 512K indices,
   # rows of 64 or of 1 alike), and these were 12 of a step's 13 costliest ops.
-  columns = [q, v] + ([mask[:, None].astype(q.dtype)] if mask is not None
-                      else [])
-  sorted_columns = gather_rounds(jnp.concatenate(columns, axis=-1), sticker,
-                                 undo_sort, n_hashes)
-  sq = sorted_columns[:, :q.shape[-1]].astype(q.dtype)
-  sv = sorted_columns[:, q.shape[-1]:q.shape[-1] + v.shape[-1]].astype(v.dtype)
+  depth = q.shape[-1]
+  in_blocks = gathers_in_blocks(n_hashes * seqlen, chunk_len, n_chunks_before,
+                                n_chunks_after, implementation)
+  if in_blocks:  # Where memory decides: each block gathers its own rows.
+    qv, rows = jnp.concatenate([q, v], axis=-1), st
+    smask = None if mask is None else take_rows(mask, st)
+  else:
+    columns = [q, v] + ([mask[:, None].astype(q.dtype)] if mask is not None
+                        else [])
+    sorted_columns = gather_rounds(jnp.concatenate(columns, axis=-1),
+                                   sticker, undo_sort, n_hashes)
+    qv, rows = sorted_columns[:, :depth + v.shape[-1]], None
+    if mask is not None:
+      smask = lax.stop_gradient(sorted_columns[:, -1]) > 0
   kv_info = None
   if mask is not None:
-    smask = lax.stop_gradient(sorted_columns[:, -1]) > 0
     kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
   mask_fn = functools.partial(mask_self_attention, causal=causal,
                               exclude_self=True, masked=mask is not None)
-  so, slogits = attend(sq, k=None, v=sv, q_chunk_len=chunk_len,
-                       n_chunks_before=n_chunks_before,
-                       n_chunks_after=n_chunks_after, mask_fn=mask_fn,
-                       q_info=st, kv_info=kv_info, dropout=dropout, rng=rng,
-                       implementation=implementation)
-  if UNSORT_AS_ONE:
+  so, slogits = attend_shared_qk(
+      qv, depth, chunk_len, n_chunks_before=n_chunks_before,
+      n_chunks_after=n_chunks_after, mask_fn=mask_fn, q_info=st,
+      kv_info=kv_info, dropout=dropout, rng=rng, implementation=implementation,
+      rows=rows)
+  so = so.astype(v.dtype)
+  if UNSORT_AS_ONE and not in_blocks:
     unsorted = permute_via_gather(  # (the wider dtype: logits stay float32)
         jnp.concatenate([so, slogits[:, None]], axis=-1), undo_sort, sticker)
     o = unsorted[:, :-1].astype(so.dtype)  # [H*L, V]

@@ -380,22 +380,28 @@ def in_blocks(n_chunks, chunk_len, width):
   block's logits are live at a time)."""
   if n_chunks <= BLOCK_CHUNKS:
     return False
-  n_logits = n_chunks * chunk_len * width
   return ((precision.matmul_dtype() == 'float32' and
-           n_logits > BLOCK_MIN_LOGITS) or n_logits > REMAT_MIN_LOGITS)
+           n_chunks * chunk_len * width > BLOCK_MIN_LOGITS) or
+          memory_decides(n_chunks, chunk_len, width))
+
+
+def memory_decides(n_chunks, chunk_len, width):
+  """Whether chunked attention of `n_chunks` chunks of `chunk_len` queries
+  over `width` keys is large enough (`REMAT_MIN_LOGITS`) that memory, not
+  speed, chooses how it runs: in rematerialized blocks under every policy,
+  and (`attend_shared_qk`) with its queries and values as one array."""
+  return n_chunks * chunk_len * width > REMAT_MIN_LOGITS
 
 
 def remat_blocks(n_chunks, chunk_len, width):
   """Whether the blocks of `in_blocks` are rematerialized: where memory
-  decides (`REMAT_MIN_LOGITS`), and where `REMAT_SPEED_BLOCKS`. Otherwise
-  the backward pass keeps every block's logits and probabilities, as whole
-  arrays would."""
-  return (REMAT_SPEED_BLOCKS or
-          n_chunks * chunk_len * width > REMAT_MIN_LOGITS)
+  decides, and where `REMAT_SPEED_BLOCKS`. Otherwise the backward pass keeps
+  every block's logits and probabilities, as whole arrays would."""
+  return REMAT_SPEED_BLOCKS or memory_decides(n_chunks, chunk_len, width)
 
 
 def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
-                      keep, keep_prob, remat):
+                      keep, keep_prob, remat, depth=None, rows=None):
   """`_softmax_attend` of chunked `q`, `k`, `v` over blocks of `BLOCK_CHUNKS` chunks.
 
   A `lax.map` over the blocks (the last one, if shorter, on its own): each
@@ -404,9 +410,13 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
   so no `[N, W, ...]` window array is ever built, and with `remat`
   (`remat_blocks`) its body is rematerialized: differentiated, only the
   inputs are kept and each block's logits are recomputed in the backward
-  pass. Returns `(out [N, C, V], logsumexp [N, C, 1])`.
+  pass. With `depth` (shared keys), `q` holds the queries and the values
+  side by side (`[N, C, depth + V]`, `v` None) and each block parts them;
+  with `rows` too (`[N, C]` indices), the chunks are `q[rows]` of an
+  unchunked `q [L, depth + V]`, each block gathering its own rows.
+  Returns `(out [N, C, V], logsumexp [N, C, 1])`.
   """
-  n, size = q.shape[0], BLOCK_CHUNKS
+  n, size = (q if rows is None else rows).shape[0], BLOCK_CHUNKS
   n_full = n // size
   before, after = window
 
@@ -426,6 +436,14 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
 
   def block(args):
     q_b, qi_b, k_parts, v_parts, kvi_parts = args
+    if rows is not None:  # Indices: the block's rows and its neighbours'.
+      q_b = take_rows(q, q_b)
+      k_parts = (take_rows(q, k_parts[0]), None, take_rows(q, k_parts[2]))
+    if depth is not None:  # Keys (the queries) and values part here.
+      v_parts = (k_parts[0][..., depth:], q_b[..., depth:],
+                 k_parts[2][..., depth:])
+      k_parts = (k_parts[0][..., :depth], None, k_parts[2][..., :depth])
+      q_b = q_b[..., :depth]
     count = q_b.shape[0]
     if share_qk:  # One input (and one cotangent) for queries and keys.
       k_parts = (k_parts[0], q_b, k_parts[2])
@@ -446,6 +464,11 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
     def split(x):
       return jnp.reshape(x[start:start + blocks * count],
                          (blocks, count) + x.shape[1:])
+    if depth is not None:  # One array (and one cotangent) for all three.
+      joint = q if rows is None else rows
+      return (split(joint), split(q_info),
+              parts(joint, start, count, blocks, False), None,
+              parts(kv_info, start, count, blocks))
     return (split(q), split(q_info),
             parts(k, start, count, blocks, middle=not share_qk),
             parts(v, start, count, blocks), parts(kv_info, start, count, blocks))
@@ -461,6 +484,58 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
     out = jnp.concatenate([out, out_r], axis=0)
     lse = jnp.concatenate([lse, lse_r], axis=0)
   return out, lse
+
+
+def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
+                      implementation):
+  """Whether `attend_shared_qk` of `n_rows` rows given with their `rows`
+  gathers them block by block (where memory decides, on the XLA path)."""
+  n_chunks = n_rows // chunk_len
+  width = chunk_len * (1 + n_chunks_before + n_chunks_after)
+  return (not runs_kernel(implementation) and not n_rows % chunk_len and
+          n_chunks > BLOCK_CHUNKS and
+          memory_decides(n_chunks, chunk_len, width))
+
+
+def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
+                     n_chunks_after=0, mask_fn=None, q_info=None, kv_info=None,
+                     dropout=0.0, rng=None, implementation='xla', rows=None):
+  """`attend(x[:, :depth], None, x[:, depth:], chunk_len, ...)`, `x = qv[rows]`.
+
+  Shared-QK chunked attention of queries and values that come side by side
+  in one array `qv [L, depth + V]` (`rows` None: `x = qv`). Where memory
+  decides (`gathers_in_blocks`) the blocks take `qv` whole, so the
+  backward pass holds one cotangent where slices would hold two (on a TPU,
+  whose tiles pad a 64-wide minor axis to 128 lanes, each of those took as
+  much memory as the joint one), and with `rows` (int `[N]`, e.g. LSH's
+  sorted order) each block gathers its own rows: `qv[rows]` (all hash
+  rounds) never exists, nor its cotangent, which the blocks add into
+  `qv`'s instead. Otherwise exactly `attend` (of `qv[rows]`).
+  """
+  n_rows = qv.shape[0] if rows is None else rows.shape[0]
+  if not gathers_in_blocks(n_rows, chunk_len, n_chunks_before,
+                           n_chunks_after, implementation):
+    if rows is not None:
+      qv = take_rows(qv, rows)
+    return attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
+                  n_chunks_before=n_chunks_before,
+                  n_chunks_after=n_chunks_after, mask_fn=mask_fn,
+                  q_info=q_info, kv_info=kv_info, dropout=dropout, rng=rng,
+                  implementation=implementation)
+  sorted_like = qv if rows is None else rows[:, None]
+  sorted_like, _, _, q_info, kv_info = _chunked(
+      sorted_like, None, sorted_like, q_info, kv_info, chunk_len, None)
+  if rows is not None:
+    rows = sorted_like[..., 0]
+    sorted_like = qv
+  width = chunk_len * (1 + n_chunks_before + n_chunks_after)
+  keep, keep_prob = _dropout_keep(dropout, rng, (chunk_len, width))
+  out, dots_logsumexp = _attend_in_blocks(
+      sorted_like, None, None, q_info, kv_info, True,
+      (n_chunks_before, n_chunks_after), mask_fn, keep, keep_prob,
+      remat=True, depth=depth, rows=rows)
+  return (jnp.reshape(out, (-1, out.shape[-1])),
+          jnp.reshape(dots_logsumexp, (-1,)))
 
 
 def attend_queries_scaled(q, k, v, mask_fn=None, q_info=None, kv_info=None):

@@ -210,6 +210,52 @@ def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout, remat):
                                **float32_tolerance(rtol=1e-5, atol=1e-3))
 
 
+@pytest.mark.parametrize('with_rows,dropout', [(True, 0.0), (True, 0.3),
+                                                (False, 0.0)])
+def test_attend_shared_qk_in_blocks_equals_attend(monkeypatch, with_rows,
+                                                  dropout):
+  # Queries and values side by side in `qv`, given in sorted order or as
+  # `qv[rows]` (rows repeating, as LSH's rounds do): where memory decides
+  # the blocks part them (and gather their rows) themselves; values and
+  # gradients are `attend`'s of the gathered, parted arrays.
+  qv = np.asarray(_normal(0, (22, 7)))
+  rows = np.concatenate([np.asarray(jax.random.permutation(
+      jax.random.PRNGKey(s), 22)) for s in (1, 2)])
+  info = rows if with_rows else np.arange(44)
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True)
+  common = dict(n_chunks_before=1, mask_fn=mask_fn, q_info=info,
+                dropout=dropout, rng=jax.random.PRNGKey(3))
+
+  def reference(qv):
+    x = qv[rows] if with_rows else jnp.concatenate([qv, qv[::-1]])
+    return ops.attend(x[:, :4], None, x[:, 4:], q_chunk_len=4, **common)
+
+  def shared(qv):
+    if with_rows:
+      return ops.attend_shared_qk(qv, 4, 4, rows=rows, **common)
+    return ops.attend_shared_qk(jnp.concatenate([qv, qv[::-1]]), 4, 4,
+                                **common)
+
+  def loss(f):
+    return lambda qv: sum(jnp.sum(t * jnp.cos(t)) for t in f(qv))
+
+  want = reference(qv), jax.grad(loss(reference))(qv)
+  seen = []
+  in_blocks = ops._attend_in_blocks  # pylint: disable=protected-access
+  monkeypatch.setattr(ops, '_attend_in_blocks', lambda *a, **k: (
+      seen.append((k['depth'], k['rows'] is not None)), in_blocks(*a, **k))[1])
+  monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
+  monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
+  assert ops.gathers_in_blocks(44, 4, 1, 0, 'xla')
+  assert not ops.gathers_in_blocks(44, 4, 1, 0, 'pallas')
+  got = shared(qv), jax.grad(loss(shared))(qv)
+  assert seen and set(seen) == {(4, with_rows)}
+  for g, w in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_speed_blocks_are_rematerialized_as_set_memory_blocks_always(
     monkeypatch):
   below = ops.REMAT_MIN_LOGITS // (128 * 256)  # chunks of 128 over 256 keys

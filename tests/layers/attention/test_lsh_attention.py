@@ -40,6 +40,21 @@ def _layer(**kwargs):
   return lsh.LSHSelfAttention(**kwargs)
 
 
+def _gather_in_blocks(monkeypatch, blocks_seen=None):
+  """Makes every LSH attention gather its rows block by block, in blocks of
+  two chunks (as where memory decides, `ops.gathers_in_blocks`); records in
+  `blocks_seen` whether each blocked attention was given rows."""
+  monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
+  monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 2)
+  if blocks_seen is not None:
+    in_blocks = ops._attend_in_blocks  # pylint: disable=protected-access
+
+    def spy(*args, **kwargs):
+      blocks_seen.append(kwargs.get('rows') is not None)
+      return in_blocks(*args, **kwargs)
+    monkeypatch.setattr(ops, '_attend_in_blocks', spy)
+
+
 def _full_attention(x, weights, causal):
   """Shared-QK attention over the whole sequence, self masked (-1e5)."""
   x = np.asarray(x, np.float64)
@@ -87,10 +102,16 @@ LSH_CASES = [
 
 
 @pytest.mark.parametrize('case', LSH_CASES + [
-    dict(LSH_CASES[2], unsort_as_one=False)])
+    dict(LSH_CASES[2], unsort_as_one=False)] + [
+        dict(c, in_blocks=True) for c in LSH_CASES])
 def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
+  """Also where memory decides (`in_blocks`): each block of chunks gathers
+  its own sorted rows and the rounds are unsorted apart."""
   case = dict(case)
   monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', case.pop('unsort_as_one', True))
+  blocks_seen = []
+  if case.pop('in_blocks', False):
+    _gather_in_blocks(monkeypatch, blocks_seen)
   length = 12
   x = _normal(1, (2, length, D_MODEL))
   layer = _layer(**case)
@@ -114,6 +135,7 @@ def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
       mask=mask)
   np.testing.assert_allclose(got, want,
                              **float32_tolerance(rtol=1e-5, atol=1e-5))
+  assert all(blocks_seen)
 
 
 def test_state_layout_and_hashing_per_example_and_head():
@@ -189,16 +211,23 @@ def test_n_bucket_ids_bounds_the_hashed_ids():
     assert int(ids.max()) >= bound - 3  # The last round's padding bucket.
 
 
-@pytest.mark.parametrize('unsort_as_one', [True, False])
-def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one):
+@pytest.mark.parametrize('unsort_as_one,in_blocks', [
+    (True, False), (False, False), (True, True)])
+def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one,
+                                                   in_blocks):
   """The custom backward (per-head recomputation with the buckets the forward
   stored) gives the gradient of the function the forward computed, with the
-  outputs and normalisers unsorted as one gather or two (`UNSORT_AS_ONE`).
+  outputs and normalisers unsorted as one gather or two (`UNSORT_AS_ONE`),
+  and with the rows gathered block by block (`in_blocks`: the blocks'
+  cotangents added into the unsorted queries' and values').
 
   Central differences move the inputs by ~1e-4 (float64), far less than the
   hashing margins of this fixed example, so every evaluation hashes alike.
   """
   monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', unsort_as_one)
+  blocks_seen = []
+  if in_blocks:
+    _gather_in_blocks(monkeypatch, blocks_seen)
   layer = _layer(causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
                  n_parallel_heads=1)
   assert layer.has_backward
@@ -209,6 +238,8 @@ def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one):
     f = jax.jit(lambda x, w: layer.pure_fn(x, w, state,
                                            jax.random.PRNGKey(0))[0])
     check_grads(f, (x, weights), order=1, modes=['rev'])
+  assert blocks_seen == ([True] * len(blocks_seen)) and (
+      bool(blocks_seen) == in_blocks)
 
 
 @pytest.mark.parametrize('masked,bias,n_parallel_heads,mode', [
