@@ -200,9 +200,11 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   depth = q.shape[-1]
   in_blocks = gathers_in_blocks(n_hashes * seqlen, chunk_len, n_chunks_before,
                                 n_chunks_after, implementation)
+  kv_info = None
   if in_blocks:  # Where memory decides: each block gathers its own rows.
     qv, rows = jnp.concatenate([q, v], axis=-1), st
-    smask = None if mask is None else take_rows(mask, st)
+    if mask is not None:
+      kv_info = jnp.where(take_rows(mask, st), st, -st - 2)
   else:
     columns = [q, v] + ([mask[:, None].astype(q.dtype)] if mask is not None
                         else [])
@@ -211,9 +213,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
     qv, rows = sorted_columns[:, :depth + v.shape[-1]], None
     if mask is not None:
       smask = lax.stop_gradient(sorted_columns[:, -1]) > 0
-  kv_info = None
-  if mask is not None:
-    kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
+      kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
   mask_fn = functools.partial(mask_self_attention, causal=causal,
                               exclude_self=True, masked=mask is not None)
   so, slogits = attend_shared_qk(

@@ -53,6 +53,13 @@ REMAT_MIN_LOGITS = 2**26
 # their logits at 34 of its 993 ms (2026-12-06); False is to be measured
 # there (`step_profile.py --set`).
 REMAT_SPEED_BLOCKS = True
+# Whether blocks run for speed take shared-QK queries and values as one
+# array too (`attend_shared_qk`), as blocks where memory decides always do.
+# A TPU pads a 64-wide minor axis to 128 lanes: one `[.., 128]` array and
+# its one cotangent move half the bytes of two padded `[.., 64]` ones. To be
+# measured on the paper-size 64K step, whose blocks run for speed (tpu.sh's
+# variants stage, `ops.JOINT_SPEED_BLOCKS=True`).
+JOINT_SPEED_BLOCKS = False
 # `hash_vecs` hashes in chunks of rows whose rotated vectors (all rounds)
 # hold about this many elements (16 MB in float32), once there are 3 or more.
 HASH_CHUNK_ELEMENTS = 2**22
@@ -504,7 +511,8 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
 
   Shared-QK chunked attention of queries and values that come side by side
   in one array `qv [L, depth + V]` (`rows` None: `x = qv`). Where memory
-  decides (`gathers_in_blocks`) the blocks take `qv` whole, so the
+  decides (`gathers_in_blocks`; and with `JOINT_SPEED_BLOCKS`, wherever
+  `in_blocks`) the blocks take `qv` whole, so the
   backward pass holds one cotangent where slices would hold two (on a TPU,
   whose tiles pad a 64-wide minor axis to 128 lanes, each of those took as
   much memory as the joint one), and with `rows` (int `[N]`, e.g. LSH's
@@ -513,8 +521,14 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   `qv`'s instead. Otherwise exactly `attend` (of `qv[rows]`).
   """
   n_rows = qv.shape[0] if rows is None else rows.shape[0]
-  if not gathers_in_blocks(n_rows, chunk_len, n_chunks_before,
-                           n_chunks_after, implementation):
+  n_chunks = n_rows // chunk_len
+  width = chunk_len * (1 + n_chunks_before + n_chunks_after)
+  joint = gathers_in_blocks(n_rows, chunk_len, n_chunks_before,
+                            n_chunks_after, implementation) or (
+      JOINT_SPEED_BLOCKS and rows is None and not n_rows % chunk_len and
+      not runs_kernel(implementation) and
+      in_blocks(n_chunks, chunk_len, width))
+  if not joint:
     if rows is not None:
       qv = take_rows(qv, rows)
     return attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
@@ -528,12 +542,11 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   if rows is not None:
     rows = sorted_like[..., 0]
     sorted_like = qv
-  width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   keep, keep_prob = _dropout_keep(dropout, rng, (chunk_len, width))
   out, dots_logsumexp = _attend_in_blocks(
       sorted_like, None, None, q_info, kv_info, True,
       (n_chunks_before, n_chunks_after), mask_fn, keep, keep_prob,
-      remat=True, depth=depth, rows=rows)
+      remat=remat_blocks(n_chunks, chunk_len, width), depth=depth, rows=rows)
   return (jnp.reshape(out, (-1, out.shape[-1])),
           jnp.reshape(dots_logsumexp, (-1,)))
 

@@ -210,13 +210,15 @@ def test_attend_in_blocks_of_chunks_equals_whole(monkeypatch, dropout, remat):
                                **float32_tolerance(rtol=1e-5, atol=1e-3))
 
 
-@pytest.mark.parametrize('with_rows,dropout', [(True, 0.0), (True, 0.3),
-                                                (False, 0.0)])
+@pytest.mark.parametrize('with_rows,dropout,speed', [
+    (True, 0.0, False), (True, 0.3, False), (False, 0.0, False),
+    (False, 0.3, True)])
 def test_attend_shared_qk_in_blocks_equals_attend(monkeypatch, with_rows,
-                                                  dropout):
+                                                  dropout, speed):
   # Queries and values side by side in `qv`, given in sorted order or as
   # `qv[rows]` (rows repeating, as LSH's rounds do): where memory decides
-  # the blocks part them (and gather their rows) themselves; values and
+  # (or, `speed`, in blocks run for speed with `JOINT_SPEED_BLOCKS`) the
+  # blocks part them (and gather their rows) themselves; values and
   # gradients are `attend`'s of the gathered, parted arrays.
   qv = np.asarray(_normal(0, (22, 7)))
   rows = np.concatenate([np.asarray(jax.random.permutation(
@@ -246,9 +248,14 @@ def test_attend_shared_qk_in_blocks_equals_attend(monkeypatch, with_rows,
   monkeypatch.setattr(ops, '_attend_in_blocks', lambda *a, **k: (
       seen.append((k['depth'], k['rows'] is not None)), in_blocks(*a, **k))[1])
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
-  monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
-  assert ops.gathers_in_blocks(44, 4, 1, 0, 'xla')
-  assert not ops.gathers_in_blocks(44, 4, 1, 0, 'pallas')
+  if speed:
+    monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
+    monkeypatch.setattr(ops, 'JOINT_SPEED_BLOCKS', True)
+    assert not ops.gathers_in_blocks(44, 4, 1, 0, 'xla')
+  else:
+    monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
+    assert ops.gathers_in_blocks(44, 4, 1, 0, 'xla')
+    assert not ops.gathers_in_blocks(44, 4, 1, 0, 'pallas')
   got = shared(qv), jax.grad(loss(shared))(qv)
   assert seen and set(seen) == {(4, with_rows)}
   for g, w in zip(jax.tree_util.tree_leaves(got),
