@@ -97,7 +97,10 @@ def test_gradients_match_finite_differences(monkeypatch):
                               chunk_len=16, n_chunks_before=0, causal=True,
                               mode='train')
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 16, 8), jnp.float32)
-  weights, state = layer.init(shapes.signature(x))
+  # Fixed weights: float32 central differences of this loss (~10) at eps
+  # 1e-3 carry ~5e-3 of rounding, 0.3% of a directional derivative near 2
+  # that some layer-seeded weights gave.
+  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(4))
   _, state = layer.pure_fn(x, weights, state, jax.random.PRNGKey(3))
 
   @jax.jit
