@@ -511,14 +511,14 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
 
   Shared-QK chunked attention of queries and values that come side by side
   in one array `qv [L, depth + V]` (`rows` None: `x = qv`). Where memory
-  decides (`gathers_in_blocks`; and with `JOINT_SPEED_BLOCKS`, wherever
-  `in_blocks`) the blocks take `qv` whole, so the
-  backward pass holds one cotangent where slices would hold two (on a TPU,
-  whose tiles pad a 64-wide minor axis to 128 lanes, each of those took as
-  much memory as the joint one), and with `rows` (int `[N]`, e.g. LSH's
-  sorted order) each block gathers its own rows: `qv[rows]` (all hash
-  rounds) never exists, nor its cotangent, which the blocks add into
-  `qv`'s instead. Otherwise exactly `attend` (of `qv[rows]`).
+  decides (`gathers_in_blocks`; with `JOINT_SPEED_BLOCKS`, wherever
+  `in_blocks`) the blocks take `qv` whole, so the backward pass holds one
+  cotangent where slices would hold two (on a TPU, whose tiles pad a
+  64-wide minor axis to 128 lanes, each of those took as much memory as
+  the joint one), and with `rows` (int `[N]`, e.g. LSH's sorted order)
+  each block gathers its own rows: `qv[rows]` (all hash rounds) never
+  exists, nor its cotangent, which the blocks add into `qv`'s instead.
+  Otherwise exactly `attend` (of `qv[rows]`).
   """
   n_rows = qv.shape[0] if rows is None else rows.shape[0]
   n_chunks = n_rows // chunk_len
@@ -536,15 +536,17 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
                   n_chunks_after=n_chunks_after, mask_fn=mask_fn,
                   q_info=q_info, kv_info=kv_info, dropout=dropout, rng=rng,
                   implementation=implementation)
-  sorted_like = qv if rows is None else rows[:, None]
-  sorted_like, _, _, q_info, kv_info = _chunked(
-      sorted_like, None, sorted_like, q_info, kv_info, chunk_len, None)
-  if rows is not None:
-    rows = sorted_like[..., 0]
-    sorted_like = qv
+  # The sorted rows (or their indices) and infos in chunks, as `attend`'s.
+  in_order = qv if rows is None else rows[:, None]
+  in_order, _, _, q_info, kv_info = _chunked(in_order, None, in_order, q_info,
+                                             kv_info, chunk_len, None)
+  if rows is None:
+    qv = in_order
+  else:
+    rows = in_order[..., 0]
   keep, keep_prob = _dropout_keep(dropout, rng, (chunk_len, width))
   out, dots_logsumexp = _attend_in_blocks(
-      sorted_like, None, None, q_info, kv_info, True,
+      qv, None, None, q_info, kv_info, True,
       (n_chunks_before, n_chunks_after), mask_fn, keep, keep_prob,
       remat=remat_blocks(n_chunks, chunk_len, width), depth=depth, rows=rows)
   return (jnp.reshape(out, (-1, out.shape[-1])),
