@@ -66,6 +66,7 @@ from retrax.layers.attention.ops import hash_vecs
 from retrax.layers.attention.ops import inverse_permutation
 from retrax.layers.attention.ops import length_normalized
 from retrax.layers.attention.ops import mask_self_attention
+from retrax.layers.attention.ops import memory_decides
 from retrax.layers.attention.ops import merge_rounds
 from retrax.layers.attention.ops import permute_via_gather
 from retrax.layers.attention.ops import project_heads
@@ -198,10 +199,11 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   # costs per index, not per byte (a TPU v5e took 5.5 ms per 512K indices,
   # rows of 64 or of 1 alike), and these were 12 of a step's 13 costliest ops.
   depth = q.shape[-1]
+  width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   in_blocks = gathers_in_blocks(n_hashes * seqlen, chunk_len, n_chunks_before,
                                 n_chunks_after, implementation)
   kv_info = None
-  if in_blocks:  # Where memory decides: each block gathers its own rows.
+  if in_blocks:  # Each block of the attention gathers its own rows.
     qv, rows = jnp.concatenate([q, v], axis=-1), st
     if mask is not None:
       kv_info = jnp.where(take_rows(mask, st), st, -st - 2)
@@ -222,7 +224,8 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
       kv_info=kv_info, dropout=dropout, rng=rng, implementation=implementation,
       rows=rows)
   so = so.astype(v.dtype)
-  if UNSORT_AS_ONE and not in_blocks:
+  if UNSORT_AS_ONE and not memory_decides(n_hashes * seqlen // chunk_len,
+                                          chunk_len, width):
     unsorted = permute_via_gather(  # (the wider dtype: logits stay float32)
         jnp.concatenate([so, slogits[:, None]], axis=-1), undo_sort, sticker)
     o = unsorted[:, :-1].astype(so.dtype)  # [H*L, V]

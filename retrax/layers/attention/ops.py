@@ -60,6 +60,11 @@ REMAT_SPEED_BLOCKS = True
 # measured on the paper-size 64K step, whose blocks run for speed (tpu.sh's
 # variants stage, `ops.JOINT_SPEED_BLOCKS=True`).
 JOINT_SPEED_BLOCKS = False
+# Whether LSH's blocks run for speed gather their own sorted rows too
+# (`gathers_in_blocks`), as blocks where memory decides do: no sorted copy
+# of all rounds in HBM, a scatter-add per block in the backward pass. To be
+# measured there the same way (`ops.GATHER_SPEED_BLOCKS=True`).
+GATHER_SPEED_BLOCKS = False
 # `hash_vecs` hashes in chunks of rows whose rotated vectors (all rounds)
 # hold about this many elements (16 MB in float32), once there are 3 or more.
 HASH_CHUNK_ELEMENTS = 2**22
@@ -496,12 +501,13 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
 def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
                       implementation):
   """Whether `attend_shared_qk` of `n_rows` rows given with their `rows`
-  gathers them block by block (where memory decides, on the XLA path)."""
+  gathers them block by block: where memory decides (with
+  `GATHER_SPEED_BLOCKS`, wherever `in_blocks`), on the XLA path."""
   n_chunks = n_rows // chunk_len
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   return (not runs_kernel(implementation) and not n_rows % chunk_len and
-          n_chunks > BLOCK_CHUNKS and
-          memory_decides(n_chunks, chunk_len, width))
+          (memory_decides(n_chunks, chunk_len, width) or GATHER_SPEED_BLOCKS)
+          and in_blocks(n_chunks, chunk_len, width))
 
 
 def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,

@@ -40,11 +40,16 @@ def _layer(**kwargs):
   return lsh.LSHSelfAttention(**kwargs)
 
 
-def _gather_in_blocks(monkeypatch, blocks_seen=None):
+def _gather_in_blocks(monkeypatch, blocks_seen=None, speed=False):
   """Makes every LSH attention gather its rows block by block, in blocks of
-  two chunks (as where memory decides, `ops.gathers_in_blocks`); records in
+  two chunks, as where memory decides (`ops.gathers_in_blocks`; `speed`: in
+  blocks run for speed, with `GATHER_SPEED_BLOCKS`); records in
   `blocks_seen` whether each blocked attention was given rows."""
-  monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
+  if speed:
+    monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
+    monkeypatch.setattr(ops, 'GATHER_SPEED_BLOCKS', True)
+  else:
+    monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 2)
   if blocks_seen is not None:
     in_blocks = ops._attend_in_blocks  # pylint: disable=protected-access
@@ -103,15 +108,17 @@ LSH_CASES = [
 
 @pytest.mark.parametrize('case', LSH_CASES + [
     dict(LSH_CASES[2], unsort_as_one=False)] + [
-        dict(c, in_blocks=True) for c in LSH_CASES])
+        dict(c, in_blocks=True) for c in LSH_CASES] + [
+            dict(LSH_CASES[2], in_blocks='speed')])
 def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
   """Also where memory decides (`in_blocks`): each block of chunks gathers
   its own sorted rows and the rounds are unsorted apart."""
   case = dict(case)
   monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', case.pop('unsort_as_one', True))
   blocks_seen = []
-  if case.pop('in_blocks', False):
-    _gather_in_blocks(monkeypatch, blocks_seen)
+  in_blocks = case.pop('in_blocks', False)
+  if in_blocks:
+    _gather_in_blocks(monkeypatch, blocks_seen, speed=in_blocks == 'speed')
   length = 12
   x = _normal(1, (2, length, D_MODEL))
   layer = _layer(**case)
@@ -135,7 +142,7 @@ def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
       mask=mask)
   np.testing.assert_allclose(got, want,
                              **float32_tolerance(rtol=1e-5, atol=1e-5))
-  assert all(blocks_seen)
+  assert all(blocks_seen) and bool(blocks_seen) == bool(in_blocks)
 
 
 def test_state_layout_and_hashing_per_example_and_head():
