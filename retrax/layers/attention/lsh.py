@@ -203,7 +203,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   in_blocks = gathers_in_blocks(n_hashes * seqlen, chunk_len, n_chunks_before,
                                 n_chunks_after, implementation)
   kv_info = None
-  if in_blocks:  # Each block of the attention gathers its own rows.
+  if in_blocks:  # No sorted copy: each block of the attention gathers its rows.
     qv, rows = jnp.concatenate([q, v], axis=-1), st
     if mask is not None:
       kv_info = jnp.where(take_rows(mask, st), st, -st - 2)
@@ -224,6 +224,8 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
       kv_info=kv_info, dropout=dropout, rng=rng, implementation=implementation,
       rows=rows)
   so = so.astype(v.dtype)
+  # Where memory decides, apart: on a TPU the normalisers' `[N, 1]` column
+  # (and its cotangent) takes 128 lanes, as much as the outputs.
   if UNSORT_AS_ONE and not memory_decides(n_hashes * seqlen // chunk_len,
                                           chunk_len, width):
     unsorted = permute_via_gather(  # (the wider dtype: logits stay float32)
