@@ -25,6 +25,16 @@ from retrax.layers import position_chunks
 # Largest copy of a group's inputs (one per head) that the batched pass makes
 # to run the group's heads as batched matmuls (see `GroupRunner.forward`).
 MAX_INPUT_COPY_BYTES = 1 << 20
+# Matmul precision of `PreludeRunner`'s output-projection transpose (`d_o`
+# and the weights' cotangent), the products that take the stream's
+# cotangent in every group. At the default precision a TPU rounds that
+# `[L, d_model]` cotangent to bfloat16, and XLA hoisted the copy out of the
+# loop over groups: live through the whole attention backward pass, 1 GiB
+# of the default model's 2M step (the chip's plan: 15.00 -> 14.03 GiB at
+# 'highest'). Full precision makes no copy; by the FLOP count it costs
+# ~0.5% of the default model's 1M step on a TPU (not yet timed there), and
+# nothing on a CPU, whose float32 matmuls are full precision anyway.
+TRANSPOSE_PRECISION = 'highest'
 
 
 def is_differentiable(x):
@@ -261,7 +271,8 @@ class PreludeRunner(NamedTuple):
     out = self._combine(o, w, x.dtype)
     ct = ct.astype(x.dtype)
     # The output projection is linear in `o`: its vjp at `o` is its transpose.
-    _, combine_vjp = jax.vjp(lambda o: self._combine(o, w, x.dtype), o)
+    with jax.default_matmul_precision(TRANSPOSE_PRECISION):
+      _, combine_vjp = jax.vjp(lambda o: self._combine(o, w, x.dtype), o)
     (d_units,) = cores_vjp(combine_vjp(ct)[0])
 
     # Every weight cotangent of a chunk's positions (summed in float32), its
@@ -273,8 +284,9 @@ class PreludeRunner(NamedTuple):
       _, chunk_vjp = jax.vjp(self._project_chunk, self._chunk(x, i), w_pre, w)
       xc_ct, w_pre_ct_c, w_ct_in = chunk_vjp(
           tuple(self._chunk(d, i) for d in d_units))
-      _, combine_w_vjp = jax.vjp(
-          lambda w: self._combine(self._chunk(o, i), w, x.dtype), w)
+      with jax.default_matmul_precision(TRANSPOSE_PRECISION):
+        _, combine_w_vjp = jax.vjp(
+            lambda w: self._combine(self._chunk(o, i), w, x.dtype), w)
       (w_ct_out,) = combine_w_vjp(self._chunk(ct, i))
       dx_acc = position_chunks.update_chunk(
           dx_acc, self._chunk(dx_acc, i) + xc_ct, i, self.n_chunks)

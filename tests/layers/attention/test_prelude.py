@@ -129,6 +129,32 @@ def test_prelude_equals_the_layer_after_it(monkeypatch, kind, batch,
     np.testing.assert_array_equal(got, want_s)
 
 
+def test_output_projection_transpose_runs_at_full_precision(monkeypatch):
+  # `groups.TRANSPOSE_PRECISION`: the two products that take the stream's
+  # cotangent (the output projection's transpose and its weights'
+  # cotangent) name full precision, so a TPU makes no bfloat16 copy of it
+  # for XLA to hoist out of the loop over groups; the rest keep the default.
+  layer, inputs, norm_fn, norm_w = _case('lsh', 1, None)
+  monkeypatch.setattr(efficient_base, 'projected_max_bytes', lambda: 0)
+  monkeypatch.setattr(position_chunks, 'CHUNK_ELEMENTS', 4 * D_MODEL)
+  rng = jax.random.PRNGKey(6)
+  _, state = layer.pure_fn(_with_first(inputs, norm_fn(inputs, norm_w)),
+                           layer.weights, layer.state, rng)
+
+  def dot_precisions(grad):
+    jaxpr = str(jax.make_jaxpr(lambda x: layer.forward_and_or_backward(
+        x, layer.weights, state, rng, update_state=False,
+        output_grad=x if grad else None,
+        prelude=groups.Prelude(norm_fn, norm_w),
+        input_grad_init=jnp.zeros_like(x) if grad else None))(inputs))
+    return jaxpr.count('dot_general'), jaxpr.count('Precision.HIGHEST')
+  n_dots, n_highest = dot_precisions(grad=True)
+  # Two products, each traced as its vjp's forward (unused) and transpose;
+  # each dot names the precision of both operands.
+  assert n_highest == 2 * 2 * 2 and n_dots > n_highest // 2
+  assert dot_precisions(grad=False)[1] == 0
+
+
 def test_prelude_errors(monkeypatch):
   layer, x, norm_fn, norm_w = _case('lsh', 1, None)
   state = layer.state
