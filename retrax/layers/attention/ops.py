@@ -498,16 +498,22 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
   return out, lse
 
 
+def _blocks_on_xla(n_rows, chunk_len, width, implementation):
+  """Whether shared-QK attention of `n_rows` rows in chunks of `chunk_len`
+  over `width` keys runs in blocks (`in_blocks`) on the XLA path."""
+  return (not runs_kernel(implementation) and not n_rows % chunk_len and
+          in_blocks(n_rows // chunk_len, chunk_len, width))
+
+
 def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
                       implementation):
   """Whether `attend_shared_qk` of `n_rows` rows given with their `rows`
   gathers them block by block: where memory decides (with
   `GATHER_SPEED_BLOCKS`, wherever `in_blocks`), on the XLA path."""
-  n_chunks = n_rows // chunk_len
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
-  return (not runs_kernel(implementation) and not n_rows % chunk_len and
-          (memory_decides(n_chunks, chunk_len, width) or GATHER_SPEED_BLOCKS)
-          and in_blocks(n_chunks, chunk_len, width))
+  return (_blocks_on_xla(n_rows, chunk_len, width, implementation) and
+          (GATHER_SPEED_BLOCKS or
+           memory_decides(n_rows // chunk_len, chunk_len, width)))
 
 
 def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
@@ -531,9 +537,8 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   joint = gathers_in_blocks(n_rows, chunk_len, n_chunks_before,
                             n_chunks_after, implementation) or (
-      JOINT_SPEED_BLOCKS and rows is None and not n_rows % chunk_len and
-      not runs_kernel(implementation) and
-      in_blocks(n_chunks, chunk_len, width))
+      JOINT_SPEED_BLOCKS and rows is None and
+      _blocks_on_xla(n_rows, chunk_len, width, implementation))
   if not joint:
     if rows is not None:
       qv = take_rows(qv, rows)
