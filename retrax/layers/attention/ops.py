@@ -56,10 +56,11 @@ REMAT_SPEED_BLOCKS = True
 # Whether blocks run for speed take shared-QK queries and values as one
 # array too (`attend_shared_qk`), as blocks where memory decides always do.
 # A TPU pads a 64-wide minor axis to 128 lanes: one `[.., 128]` array and
-# its one cotangent move half the bytes of two padded `[.., 64]` ones. To be
-# measured on the paper-size 64K step, whose blocks run for speed (tpu.sh's
-# variants stage, `ops.JOINT_SPEED_BLOCKS=True`).
-JOINT_SPEED_BLOCKS = False
+# its one cotangent move half the bytes of two padded `[.., 64]` ones. On a
+# v5e the paper-size 64K step, whose blocks run for speed, took 950 ms this
+# way against 989 (0.960x; tpu.sh's variants stage, 2026-12-07). None: on a
+# TPU only (CPUs and GPUs do not pad so; unmeasured there).
+JOINT_SPEED_BLOCKS = None
 # Whether LSH's blocks run for speed gather their own sorted rows too
 # (`gathers_in_blocks`), as blocks where memory decides do: no sorted copy
 # of all rounds in HBM, a scatter-add per block in the backward pass. To be
@@ -505,6 +506,13 @@ def _blocks_on_xla(n_rows, chunk_len, width, implementation):
           in_blocks(n_rows // chunk_len, chunk_len, width))
 
 
+def _joint_speed_blocks():
+  """`JOINT_SPEED_BLOCKS`, its default (None) read as: on a TPU."""
+  if JOINT_SPEED_BLOCKS is None:
+    return jax.default_backend() == 'tpu'
+  return JOINT_SPEED_BLOCKS
+
+
 def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
                       implementation):
   """Whether `attend_shared_qk` of `n_rows` rows given with their `rows`
@@ -537,7 +545,7 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   joint = gathers_in_blocks(n_rows, chunk_len, n_chunks_before,
                             n_chunks_after, implementation) or (
-      JOINT_SPEED_BLOCKS and rows is None and
+      _joint_speed_blocks() and rows is None and
       _blocks_on_xla(n_rows, chunk_len, width, implementation))
   if not joint:
     if rows is not None:
