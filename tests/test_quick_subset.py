@@ -31,7 +31,7 @@ def _pytest(tmp_path, *args, backend=None, returncode=0):
     env['RETRAX_TEST_BACKEND'] = backend
   proc = subprocess.run(
       [sys.executable, '-m', 'pytest', '-p', 'tests.quick_subset', '-p',
-       'no:cacheprovider', '-p', 'no:randomly', '-n', '0', '-v',
+       'no:cacheprovider', '-p', 'no:randomly', '-p', 'no:xdist', '-v',
        '--slow-tests-file', str(tmp_path / 'slow.json'), *args],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == returncode, proc.stdout + proc.stderr

@@ -36,6 +36,7 @@ from retrax.checkpoints import native
 from retrax.checkpoints.tree import flatten_weights_and_state
 from retrax.supervised import checkpointing
 from retrax.supervised import decoding
+from tests.backend_tolerance import float32_tolerance
 
 PEER_SCRIPT = pathlib.Path(__file__).with_name('hf_reformer_peer.py')
 FIXTURES = pathlib.Path(__file__).parents[1] / 'fixtures' / 'hf_reformer'
@@ -340,6 +341,9 @@ def fixed_rotations(monkeypatch):
   monkeypatch.setattr(jax.random, 'normal', fixed_normal)
 
 
+_RTOL = float32_tolerance(rtol=1e-5, atol=0)['rtol']
+
+
 def _relative_error(got, expected):
   assert got.shape == expected.shape
   return float(np.abs(got - expected).max() / np.abs(expected).max())
@@ -363,7 +367,8 @@ def test_converted_runs_give_hf_logits_and_loss_for_hf_inputs(
   assert not registry.shifts_right(model)
   ids = hf['ids'].astype(np.int32)  # HF's inputs as they are, no shift.
   logits = np.asarray(call(ids, model.state)[0])
-  assert _relative_error(logits, hf['logits']) <= 1e-5  # Measured: 2e-6.
+  # Measured: 2e-6 on a CPU, 1.5e-4 on a TPU v5e.
+  assert _relative_error(logits, hf['logits']) <= _RTOL
   scored = hf_runs.scored_outputs(model, logits, ids,
                                   np.ones(ids.shape, np.float32))
   loss = float(tl.WeightedCategoryCrossEntropy()(scored))
@@ -385,7 +390,7 @@ def test_trax_convention_keeps_trax_s_shift(stored_hf):
   assert registry.shifts_right(model)
   logits = np.asarray(jax.jit(model.pure_fn)(ids, model.weights, model.state,
                                              model.rng)[0])
-  assert _relative_error(logits, hf['shifted_logits']) <= 1e-5
+  assert _relative_error(logits, hf['shifted_logits']) <= _RTOL
   weights = np.ones(ids.shape, np.float32)
   assert hf_runs.scored_outputs(model, logits, ids, weights)[1] is ids
   assert hf_runs.decoding_start(model, ids) == (0, ids)

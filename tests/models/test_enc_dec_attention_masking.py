@@ -8,6 +8,7 @@ import numpy as np
 
 from retrax import layers as tl
 from retrax import shapes
+from tests.backend_tolerance import float32_tolerance
 
 
 def _enc_dec_inputs():
@@ -51,4 +52,4 @@ def test_enc_dec_attention_penalize_padding_only_is_softmax_attention():
     p /= p.sum(axis=-1, keepdims=True)
     expected = expected + p @ (kv[0, :3] @ w_v[h]) @ w_o[h]
   np.testing.assert_allclose(np.asarray(layer((q, kv, mask)))[0], expected,
-                             rtol=1e-5, atol=1e-6)
+                             **float32_tolerance(rtol=1e-5, atol=1e-6))

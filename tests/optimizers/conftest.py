@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.backend_tolerance import float32_tolerance
+
 MARKER_KEY = '__marker_for_cached_weights_'
 
 
@@ -83,8 +85,9 @@ def assert_close_list(actual, desired, rtol, what):
     a, d = np.asarray(a, np.float64), np.asarray(d, np.float64)
     assert a.shape == d.shape, f'{what}[{i}]: shape {a.shape} != {d.shape}'
     # Elements that cancel to near zero are judged against the array's scale.
-    np.testing.assert_allclose(a, d, rtol=rtol, atol=1e-6 * np.abs(d).max(),
-                               err_msg=f'{what}[{i}]')
+    np.testing.assert_allclose(
+        a, d, err_msg=f'{what}[{i}]',
+        **float32_tolerance(rtol=rtol, atol=1e-6, scale=np.abs(d).max()))
 
 
 def run_and_compare(optimizer, init_fn, update_fn, case, steps=(0, 1, 2, 3),
@@ -94,7 +97,8 @@ def run_and_compare(optimizer, init_fn, update_fn, case, steps=(0, 1, 2, 3),
   The learning rate changes every step (as a schedule would) and is passed
   in opt_params as a traced value; the step is traced too. Weights and slots
   must match to rtol 1e-5 (atol 1e-6 of each array's largest magnitude), and
-  each array's total change to rtol 1e-4.
+  each array's total change to rtol 1e-4 (on a TPU, its float32 floor:
+  `float32_tolerance`).
 
   Returns:
     The final (weights, slots) of the retrax run.
@@ -132,9 +136,9 @@ def run_and_compare(optimizer, init_fn, update_fn, case, steps=(0, 1, 2, 3),
     ref_delta = ref - old
     # float32 weights resolve a change only to a few ulps of their magnitude.
     resolution = 8 * np.spacing(np.float32(np.abs(ref).max()))
+    tol = float32_tolerance(rtol=1e-4, atol=1e-4, scale=np.abs(ref_delta).max())
     np.testing.assert_allclose(
-        delta, ref_delta, rtol=1e-4,
-        atol=1e-4 * np.abs(ref_delta).max() + resolution,
+        delta, ref_delta, rtol=tol['rtol'], atol=tol['atol'] + resolution,
         err_msg=f'update of weight array {i}')
   last_grads = [np.asarray(g, np.float64) for g in trax_flatten(case.grads[-1])]
   np.testing.assert_allclose(

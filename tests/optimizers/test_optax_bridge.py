@@ -8,6 +8,7 @@ import pytest
 
 from retrax import optimizers
 from retrax.optimizers import base
+from tests.backend_tolerance import float32_tolerance
 
 MARKER = {'__marker_for_cached_weights_': ()}
 
@@ -43,7 +44,7 @@ def test_optax_adam_on_a_trax_tree(tree_case):
     grads_k = [base.tree_flatten(g)[k] for g in tree_case.grads]
     np.testing.assert_allclose(base.tree_flatten(weights)[k],
                                optax_style_adam(w0, grads_k, 0.01),
-                               rtol=1e-5, atol=1e-6)
+                               **float32_tolerance(rtol=1e-5, atol=1e-6))
   assert set(stats) == {'gradients_l2', 'weights_l2'}
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from retrax import optimizers
 from retrax.optimizers import base
+from tests.backend_tolerance import float32_tolerance
 
 MARKER = {'__marker_for_cached_weights_': ()}
 
@@ -82,7 +83,7 @@ def test_eager_equals_jit_and_store_slots(opt):
   assert opt.slots is slots  # store_slots=False leaves the object alone
   assert jax.tree.structure(eager) == jax.tree.structure(jitted)
   for x, y in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
-    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(x, y, **float32_tolerance(rtol=1e-6, atol=1e-9))
   moved = [not np.allclose(a, b) for a, b in zip(
       base.tree_flatten(jitted[0]), base.tree_flatten(weights))]
   assert all(moved)

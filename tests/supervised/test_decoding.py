@@ -21,6 +21,7 @@ from retrax import layers as tl
 from retrax import models
 from retrax.shapes import ShapeDtype
 from retrax.supervised import decoding
+from tests.backend_tolerance import float32_tolerance
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
                       'fixtures', 'golden')
@@ -341,7 +342,8 @@ def test_beam_search_matches_numpy_beam_search():
     for (seqs, scores), (want_score, want_seq) in zip(got, want):
       np.testing.assert_array_equal(_padded(seqs[row], max_length),
                                     _padded(want_seq, max_length))
-      np.testing.assert_allclose(scores[row], want_score, rtol=1e-5)
+      np.testing.assert_allclose(scores[row], want_score,
+                                 **float32_tolerance(rtol=1e-5, atol=0))
 
 
 def test_wide_beam_search_finds_the_best_sequences_by_enumeration():
