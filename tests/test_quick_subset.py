@@ -11,6 +11,10 @@ import pytest
 from tests import quick_subset
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A child pytest with only the plugin under test (no xdist: `-p no:xdist`, not
+# `-n 0`, which a machine without xdist, the chip's, rejects).
+_PYTEST = [sys.executable, '-m', 'pytest', '-p', 'tests.quick_subset', '-p',
+           'no:randomly', '-p', 'no:xdist']
 _TESTS = '''
 import time
 
@@ -30,8 +34,7 @@ def _pytest(tmp_path, *args, backend=None, returncode=0):
   if backend:
     env['RETRAX_TEST_BACKEND'] = backend
   proc = subprocess.run(
-      [sys.executable, '-m', 'pytest', '-p', 'tests.quick_subset', '-p',
-       'no:cacheprovider', '-p', 'no:randomly', '-p', 'no:xdist', '-v',
+      [*_PYTEST, '-p', 'no:cacheprovider', '-v',
        '--slow-tests-file', str(tmp_path / 'slow.json'), *args],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == returncode, proc.stdout + proc.stderr
@@ -127,8 +130,7 @@ def test_a_bad_shard_is_one_line(tmp_path):
   (tmp_path / 'pytest.ini').write_text('[pytest]\n')
   (tmp_path / 'test_x.py').write_text('def test_x():\n  pass\n')
   proc = subprocess.run(
-      [sys.executable, '-m', 'pytest', '-p', 'tests.quick_subset', '-p',
-       'no:randomly', '-n', '0', '--shard', '4/3'], cwd=tmp_path,
+      [*_PYTEST, '--shard', '4/3'], cwd=tmp_path,
       env=dict(os.environ, PYTHONPATH=_REPO), capture_output=True, text=True,
       timeout=300)
   assert proc.returncode == 4
