@@ -61,11 +61,6 @@ REMAT_SPEED_BLOCKS = True
 # way against 989 (0.960x; tpu.sh's variants stage, 2026-12-07). None: on a
 # TPU only (CPUs and GPUs do not pad so; unmeasured there).
 JOINT_SPEED_BLOCKS = None
-# Whether LSH's blocks run for speed gather their own sorted rows too
-# (`gathers_in_blocks`), as blocks where memory decides do: no sorted copy
-# of all rounds in HBM, a scatter-add per block in the backward pass. To be
-# measured there the same way (`ops.GATHER_SPEED_BLOCKS=True`).
-GATHER_SPEED_BLOCKS = False
 # `hash_vecs` hashes in chunks of rows whose rotated vectors (all rounds)
 # hold about this many elements (16 MB in float32), once there are 3 or more.
 HASH_CHUNK_ELEMENTS = 2**22
@@ -516,12 +511,12 @@ def _joint_speed_blocks():
 def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
                       implementation):
   """Whether `attend_shared_qk` of `n_rows` rows given with their `rows`
-  gathers them block by block: where memory decides (with
-  `GATHER_SPEED_BLOCKS`, wherever `in_blocks`), on the XLA path."""
+  gathers them block by block: where memory decides, on the XLA path. (In
+  the blocks run for speed, the paper-size 64K step on a TPU v5e, gathering
+  so took 1.081x the time of one sorted copy, 2026-12-07.)"""
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   return (_blocks_on_xla(n_rows, chunk_len, width, implementation) and
-          (GATHER_SPEED_BLOCKS or
-           memory_decides(n_rows // chunk_len, chunk_len, width)))
+          memory_decides(n_rows // chunk_len, chunk_len, width))
 
 
 def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,

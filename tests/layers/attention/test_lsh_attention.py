@@ -40,16 +40,11 @@ def _layer(**kwargs):
   return lsh.LSHSelfAttention(**kwargs)
 
 
-def _gather_in_blocks(monkeypatch, blocks_seen=None, speed=False):
+def _gather_in_blocks(monkeypatch, blocks_seen=None):
   """Makes every LSH attention gather its rows block by block, in blocks of
-  two chunks, as where memory decides (`ops.gathers_in_blocks`; `speed`: in
-  blocks run for speed, with `GATHER_SPEED_BLOCKS`); records in
+  two chunks, as where memory decides (`ops.gathers_in_blocks`); records in
   `blocks_seen` whether each blocked attention was given rows."""
-  if speed:
-    monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
-    monkeypatch.setattr(ops, 'GATHER_SPEED_BLOCKS', True)
-  else:
-    monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
+  monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 2)
   if blocks_seen is not None:
     in_blocks = ops._attend_in_blocks  # pylint: disable=protected-access
@@ -108,8 +103,7 @@ LSH_CASES = [
 
 @pytest.mark.parametrize('case', LSH_CASES + [
     dict(LSH_CASES[2], unsort_as_one=False)] + [
-        dict(c, in_blocks=True) for c in LSH_CASES] + [
-            dict(LSH_CASES[2], in_blocks='speed')])
+        dict(c, in_blocks=True) for c in LSH_CASES])
 def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
   """Also where memory decides (`in_blocks`): each block of chunks gathers
   its own sorted rows and the rounds are unsorted apart."""
@@ -118,7 +112,7 @@ def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
   blocks_seen = []
   in_blocks = case.pop('in_blocks', False)
   if in_blocks:
-    _gather_in_blocks(monkeypatch, blocks_seen, speed=in_blocks == 'speed')
+    _gather_in_blocks(monkeypatch, blocks_seen)
   length = 12
   x = _normal(1, (2, length, D_MODEL))
   layer = _layer(**case)
