@@ -11,7 +11,8 @@
 #            (tests/slow_tests_tpu.json); TPU_SH_TEST_PATHS="tests/layers
 #            tests/models" runs a part, TPU_SH_TEST_SHARD=2/4 the second of
 #            four fixed parts. Each test's seconds update the chip's list,
-#            which comes back as slow_tests_tpu.json (copy it into tests/)
+#            which comes back as slow_tests_tpu.json (copy it into tests/).
+#            Its share of TPU_SH_TOTAL_S: TPU_SH_TEST_SHARE percent (45)
 #   search   the longest default-model step that fits (target 1,048,576)
 #   table    benchmarks/vs_peers.py: paper-size ReformerLM at 16K and 64K
 #   profile  benchmarks/step_profile.py: the paper-size step part by part
@@ -42,6 +43,10 @@
 #
 #   bash benchmarks/tpu.sh                          # every stage
 #   TPU_SH_STAGES="main tests" bash benchmarks/tpu.sh
+#   # The main job, the whole quick suite, 1M tokens and the table in one
+#   # call (the tests ~5 minutes once the chip's slow list is current):
+#   TPU_SH_STAGES="main tests search table" TPU_SH_SEARCH=1048576,1048576 \
+#     TPU_SH_TEST_SHARE=55 TPU_SH_TOTAL_S=580 bash benchmarks/tpu.sh
 #   RETRAX_TPU_SH_TINY=1 JAX_PLATFORMS=cpu bash benchmarks/tpu.sh  # toy sizes
 #
 # Results (JSON, logs) go to $OUT (default: a new temporary folder), flat, so
@@ -99,7 +104,8 @@ if want main; then
 fi
 
 if want tests; then
-  echo "== pytest --quick, one process (budget $(share 45) s)"
+  TEST_S=$(share "${TPU_SH_TEST_SHARE:-45}")
+  echo "== pytest --quick, one process (budget $TEST_S s)"
   # TPU_SH_TEST_PATHS: a part of the suite (the chip compiles each test's
   # programs: the whole suite takes more than one call); TPU_SH_TEST_SHARD
   # K/N: the K-th of N fixed parts of it (e.g. 1/4 .. 4/4 over four calls).
@@ -113,7 +119,7 @@ if want tests; then
   # ends, --durations the slowest (where a call's minutes go on the chip).
   # -o addopts="" drops the project's `-n 2` (one process holds the chip)
   # and with it `-m 'not slow'`, given back here.
-  timeout -s INT -k 30 "$(share 45)" "$PY" -m pytest --quick -p no:xdist \
+  timeout -s INT -k 30 "$TEST_S" "$PY" -m pytest --quick -p no:xdist \
     -p no:cacheprovider -o addopts="" -m "not slow" -v -rfE --durations=30 \
     "${RECORD[@]}" --junitxml="$OUT_DIR/tpu_tests.xml" \
     ${TPU_SH_TEST_ARGS:-} "${TESTS[@]}" >"$OUT_DIR/tpu_tests.log" 2>&1
