@@ -284,7 +284,12 @@ def _versions(peer):
 
 
 def _device_peak_bytes(peer):
-  """Peak accelerator memory in use, where the runtime reports it."""
+  """Peak accelerator memory in use, where the runtime reports it.
+
+  On a TPU the runtime's figure leaves out the compiled step's temporaries
+  (the 2M-token step: 1.33 GB beside the 14 GiB the TPU compiler planned
+  and ran, 2026-12-07): `benchmarks/step_peak.py --tpu` plans those.
+  """
   if peer == 'hf':
     import torch
     return torch.cuda.max_memory_allocated() if torch.cuda.is_available() \
@@ -456,9 +461,11 @@ def _brief(result):
     return result['error']
   if 'step_s' in result:
     device = result.get('device_peak_bytes')
+    tpu = result.get('versions', {}).get('device') == 'tpu'
+    label = 'device arrays peak (no temporaries)' if tpu else 'device peak'
     return (f"median {statistics.median(result['step_s']):.3f} s, first "
             f"{result['first_s']:.1f} s, RSS {result['rss_bytes'] / 1e9:.2f} GB"
-            + (f', device peak {device / 1e9:.2f} GB' if device else ''))
+            + (f', {label} {device / 1e9:.2f} GB' if device else ''))
   return ', '.join(f"batch {b}: {r['tok_s']:.1f} tok/s"
                    for b, r in result.items() if isinstance(r, dict) and
                    'tok_s' in r)

@@ -252,3 +252,14 @@ def test_search_tries_each_length_once(monkeypatch):
   assert calls == [1 << 21, 1 << 20]
   assert found['fits'] == 1 << 20
   assert found['tries'][str(1 << 21)] == {'error': 'exit 1: OOM'}
+
+
+def test_tpu_device_peak_is_labelled_as_arrays_only():
+  # A TPU runtime's peak_bytes_in_use leaves out the step's temporaries.
+  result = dict(step_s=[2.0], first_s=5.0, rss_bytes=3e9,
+                device_peak_bytes=1.5e9, versions=dict(device='tpu'))
+  assert vs_peers._brief(result).endswith(  # pylint: disable=protected-access
+      'device arrays peak (no temporaries) 1.50 GB')
+  result['versions']['device'] = 'gpu'
+  assert vs_peers._brief(result).endswith(  # pylint: disable=protected-access
+      ', device peak 1.50 GB')
