@@ -107,7 +107,7 @@ if want tests; then
   TEST_S=$(share "${TPU_SH_TEST_SHARE:-45}")
   echo "== pytest --quick, one process (budget $TEST_S s)"
   # TPU_SH_TEST_PATHS: a part of the suite (the chip compiles each test's
-  # programs: the whole suite takes more than one call); TPU_SH_TEST_SHARD
+  # programs: tests not yet in its slow list can take calls); TPU_SH_TEST_SHARD
   # K/N: the K-th of N fixed parts of it (e.g. 1/4 .. 4/4 over four calls).
   read -r -a TESTS <<< "${TPU_SH_TEST_PATHS:-tests}"
   [ -n "${TPU_SH_TEST_SHARD:-}" ] && TESTS+=(--shard "$TPU_SH_TEST_SHARD")
