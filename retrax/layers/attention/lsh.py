@@ -218,22 +218,22 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
       kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
   mask_fn = functools.partial(mask_self_attention, causal=causal,
                               exclude_self=True, masked=mask is not None)
-  so, slogits = attend_shared_qk(
+  # Where memory decides, apart: on a TPU the normalisers' `[N, 1]` column
+  # (and its cotangent) takes 128 lanes, as much as the outputs.
+  as_one = UNSORT_AS_ONE and not memory_decides(n_hashes * seqlen // chunk_len,
+                                                chunk_len, width)
+  attended = attend_shared_qk(
       qv, depth, chunk_len, n_chunks_before=n_chunks_before,
       n_chunks_after=n_chunks_after, mask_fn=mask_fn, q_info=st,
       kv_info=kv_info, dropout=dropout, rng=rng, implementation=implementation,
-      rows=rows)
-  so = so.astype(v.dtype)
-  # Where memory decides, apart: on a TPU the normalisers' `[N, 1]` column
-  # (and its cotangent) takes 128 lanes, as much as the outputs.
-  if UNSORT_AS_ONE and not memory_decides(n_hashes * seqlen // chunk_len,
-                                          chunk_len, width):
-    unsorted = permute_via_gather(  # (the wider dtype: logits stay float32)
-        jnp.concatenate([so, slogits[:, None]], axis=-1), undo_sort, sticker)
-    o = unsorted[:, :-1].astype(so.dtype)  # [H*L, V]
-    logits = unsorted[:, -1].astype(slogits.dtype)  # [H*L]
+      rows=rows, joint_output=as_one)
+  if as_one:  # Outputs and normalisers `[N, V + 1]` side by side.
+    unsorted = permute_via_gather(attended, undo_sort, sticker)
+    o = unsorted[:, :-1].astype(v.dtype)  # [H*L, V]
+    logits = unsorted[:, -1]  # [H*L]
   else:
-    o = permute_via_gather(so, undo_sort, sticker)
+    so, slogits = attended
+    o = permute_via_gather(so.astype(v.dtype), undo_sort, sticker)
     logits = permute_via_gather(slogits, undo_sort, sticker)
   if n_hashes > 1:
     o = jnp.reshape(o, (n_hashes, seqlen, o.shape[-1]))

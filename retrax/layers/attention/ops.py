@@ -61,6 +61,16 @@ REMAT_SPEED_BLOCKS = True
 # way against 989 (0.960x; tpu.sh's variants stage, 2026-12-07). None: on a
 # TPU only (CPUs and GPUs do not pad so; unmeasured there).
 JOINT_SPEED_BLOCKS = None
+# Whether blocks that take the joint queries|values (above) return each
+# block's outputs and log-normalisers side by side, `[.., V + 1]`, when the
+# caller wants them so (`attend_shared_qk(..., joint_output=True)`: LSH
+# unsorts them as one gather). Otherwise they are concatenated after the
+# blocks: on a TPU that copies the normalisers into an `[N, 1]` column (a
+# 128-lane tile per 8 values) and writes `[N, V + 1]` once more; in the
+# chip's 64K step trace (2026-12-06) those copies and concatenations, in the
+# forward pass and its recomputation, took ~55 of 993 ms. To be measured
+# there (tpu.sh's variants stage, `ops.LSE_IN_BLOCKS=True`).
+LSE_IN_BLOCKS = False
 # `hash_vecs` hashes in chunks of rows whose rotated vectors (all rounds)
 # hold about this many elements (16 MB in float32), once there are 3 or more.
 HASH_CHUNK_ELEMENTS = 2**22
@@ -409,7 +419,8 @@ def remat_blocks(n_chunks, chunk_len, width):
 
 
 def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
-                      keep, keep_prob, remat, depth=None, rows=None):
+                      keep, keep_prob, remat, depth=None, rows=None,
+                      side_by_side=False):
   """`_softmax_attend` of chunked `q`, `k`, `v` over blocks of `BLOCK_CHUNKS` chunks.
 
   A `lax.map` over the blocks (the last one, if shorter, on its own): each
@@ -422,7 +433,8 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
   side by side (`[N, C, depth + V]`, `v` None) and each block parts them;
   with `rows` too (`[N, C]` indices), the chunks are `q[rows]` of an
   unchunked `q [L, depth + V]`, each block gathering its own rows.
-  Returns `(out [N, C, V], logsumexp [N, C, 1])`.
+  Returns `(out [N, C, V], logsumexp [N, C, 1])`; with `side_by_side`, one
+  `[N, C, V + 1]` array of both, joined inside each block.
   """
   n, size = (q if rows is None else rows).shape[0], BLOCK_CHUNKS
   n_full = n // size
@@ -462,8 +474,10 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
     def windows(x):  # look_adjacent's [count, W, ...] from the extended chunks
       return jnp.concatenate([x[j:j + count] for j in range(before + after + 1)],
                              axis=1)
-    return _softmax_attend(q_b, windows(k_ext), windows(v_ext), qi_b,
-                           windows(kvi_ext), mask_fn, keep, keep_prob)
+    out, lse = _softmax_attend(q_b, windows(k_ext), windows(v_ext), qi_b,
+                               windows(kvi_ext), mask_fn, keep, keep_prob)
+    return jnp.concatenate([out, lse], axis=-1) if side_by_side else (out,
+                                                                       lse)
 
   if remat:
     block = jax.checkpoint(block)
@@ -481,17 +495,16 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
             parts(k, start, count, blocks, middle=not share_qk),
             parts(v, start, count, blocks), parts(kv_info, start, count, blocks))
 
-  out, lse = lax.map(block, blocks_of(0, size, n_full))
-  out = jnp.reshape(out, (n_full * size,) + out.shape[2:])
-  lse = jnp.reshape(lse, (n_full * size,) + lse.shape[2:])
+  results = lax.map(block, blocks_of(0, size, n_full))
+  results = jax.tree_util.tree_map(
+      lambda x: jnp.reshape(x, (n_full * size,) + x.shape[2:]), results)
   rest = n - n_full * size
   if rest:
     last = jax.tree_util.tree_map(lambda x: x[0],
                                   blocks_of(n_full * size, rest, 1))  # None stays
-    out_r, lse_r = block(last)
-    out = jnp.concatenate([out, out_r], axis=0)
-    lse = jnp.concatenate([lse, lse_r], axis=0)
-  return out, lse
+    results = jax.tree_util.tree_map(
+        lambda x, y: jnp.concatenate([x, y], axis=0), results, block(last))
+  return results
 
 
 def _blocks_on_xla(n_rows, chunk_len, width, implementation):
@@ -521,7 +534,8 @@ def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
 
 def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
                      n_chunks_after=0, mask_fn=None, q_info=None, kv_info=None,
-                     dropout=0.0, rng=None, implementation='xla', rows=None):
+                     dropout=0.0, rng=None, implementation='xla', rows=None,
+                     joint_output=False):
   """`attend(x[:, :depth], None, x[:, depth:], chunk_len, ...)`, `x = qv[rows]`.
 
   Shared-QK chunked attention of queries and values that come side by side
@@ -533,7 +547,9 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   the joint one), and with `rows` (int `[N]`, e.g. LSH's sorted order)
   each block gathers its own rows: `qv[rows]` (all hash rounds) never
   exists, nor its cotangent, which the blocks add into `qv`'s instead.
-  Otherwise exactly `attend` (of `qv[rows]`).
+  Otherwise exactly `attend` (of `qv[rows]`). With `joint_output`, returns
+  `attend`'s outputs and log-normalisers side by side, one `[N, V + 1]`
+  array (joined inside the blocks with `LSE_IN_BLOCKS`).
   """
   n_rows = qv.shape[0] if rows is None else rows.shape[0]
   n_chunks = n_rows // chunk_len
@@ -542,14 +558,19 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
                             n_chunks_after, implementation) or (
       _joint_speed_blocks() and rows is None and
       _blocks_on_xla(n_rows, chunk_len, width, implementation))
+
+  def joined(out, lse):  # (the wider dtype: logits stay float32)
+    return jnp.concatenate([out, lse[:, None]], axis=-1) if joint_output else (
+        out, lse)
+
   if not joint:
     if rows is not None:
       qv = take_rows(qv, rows)
-    return attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
-                  n_chunks_before=n_chunks_before,
-                  n_chunks_after=n_chunks_after, mask_fn=mask_fn,
-                  q_info=q_info, kv_info=kv_info, dropout=dropout, rng=rng,
-                  implementation=implementation)
+    return joined(*attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
+                          n_chunks_before=n_chunks_before,
+                          n_chunks_after=n_chunks_after, mask_fn=mask_fn,
+                          q_info=q_info, kv_info=kv_info, dropout=dropout,
+                          rng=rng, implementation=implementation))
   # The sorted rows (or their indices) and infos in chunks, as `attend`'s.
   in_order = qv if rows is None else rows[:, None]
   in_order, _, _, q_info, kv_info = _chunked(in_order, None, in_order, q_info,
@@ -559,12 +580,17 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   else:
     rows = in_order[..., 0]
   keep, keep_prob = _dropout_keep(dropout, rng, (chunk_len, width))
-  out, dots_logsumexp = _attend_in_blocks(
+  side_by_side = joint_output and LSE_IN_BLOCKS
+  results = _attend_in_blocks(
       qv, None, None, q_info, kv_info, True,
       (n_chunks_before, n_chunks_after), mask_fn, keep, keep_prob,
-      remat=remat_blocks(n_chunks, chunk_len, width), depth=depth, rows=rows)
-  return (jnp.reshape(out, (-1, out.shape[-1])),
-          jnp.reshape(dots_logsumexp, (-1,)))
+      remat=remat_blocks(n_chunks, chunk_len, width), depth=depth, rows=rows,
+      side_by_side=side_by_side)
+  if side_by_side:
+    return jnp.reshape(results, (-1, results.shape[-1]))
+  out, dots_logsumexp = results
+  return joined(jnp.reshape(out, (-1, out.shape[-1])),
+                jnp.reshape(dots_logsumexp, (-1,)))
 
 
 def attend_queries_scaled(q, k, v, mask_fn=None, q_info=None, kv_info=None):

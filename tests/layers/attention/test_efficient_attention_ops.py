@@ -263,6 +263,54 @@ def test_attend_shared_qk_in_blocks_equals_attend(monkeypatch, with_rows,
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('blocks', [None, 'memory', 'speed', 'speed_lse'])
+def test_attend_shared_qk_joint_output_is_attend_side_by_side(monkeypatch,
+                                                              blocks):
+  # `joint_output`: one `[N, V + 1]` array of `attend`'s outputs and
+  # log-normalisers, whole, in blocks that gather rows (memory), in blocks
+  # of the sorted rows (speed), those joining them inside (`LSE_IN_BLOCKS`).
+  qv = np.asarray(_normal(4, (22, 7)))
+  rows = np.concatenate([np.asarray(jax.random.permutation(
+      jax.random.PRNGKey(s), 22)) for s in (5, 6)])
+  mask_fn = functools.partial(ea.mask_self_attention, causal=True,
+                              exclude_self=True)
+  common = dict(n_chunks_before=1, mask_fn=mask_fn, q_info=rows, dropout=0.2,
+                rng=jax.random.PRNGKey(7))
+  given_rows = blocks in (None, 'memory')
+
+  def reference(qv):
+    x = qv[rows]
+    out, lse = ops.attend(x[:, :4], None, x[:, 4:], q_chunk_len=4, **common)
+    return jnp.concatenate([out, lse[:, None]], axis=-1)
+
+  def joint(qv):
+    if given_rows:
+      return ops.attend_shared_qk(qv, 4, 4, rows=rows, joint_output=True,
+                                  **common)
+    return ops.attend_shared_qk(qv[rows], 4, 4, joint_output=True, **common)
+
+  def loss(f):
+    return lambda qv: jnp.sum(f(qv) * jnp.cos(f(qv)))
+
+  want = reference(qv), jax.grad(loss(reference))(qv)
+  seen = []
+  in_blocks = ops._attend_in_blocks  # pylint: disable=protected-access
+  monkeypatch.setattr(ops, '_attend_in_blocks', lambda *a, **k: (
+      seen.append(k['side_by_side']), in_blocks(*a, **k))[1])
+  monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
+  if blocks == 'memory':
+    monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
+  elif blocks:
+    monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
+    monkeypatch.setattr(ops, 'JOINT_SPEED_BLOCKS', True)
+    monkeypatch.setattr(ops, 'LSE_IN_BLOCKS', blocks == 'speed_lse')
+  got = joint(qv), jax.grad(loss(joint))(qv)
+  assert got[0].shape == (44, 4)
+  assert set(seen) == ({blocks == 'speed_lse'} if blocks else set())
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_joint_speed_blocks_by_default_on_a_tpu_only(monkeypatch):
   # Measured faster on a TPU v5e (whose tiles pad 64-wide arrays); elsewhere
   # the two slices stay, unless set.

@@ -40,17 +40,26 @@ def _layer(**kwargs):
   return lsh.LSHSelfAttention(**kwargs)
 
 
-def _gather_in_blocks(monkeypatch, blocks_seen=None):
-  """Makes every LSH attention gather its rows block by block, in blocks of
-  two chunks, as where memory decides (`ops.gathers_in_blocks`); records in
-  `blocks_seen` whether each blocked attention was given rows."""
-  monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
+def _gather_in_blocks(monkeypatch, blocks_seen=None, speed=False):
+  """Makes every LSH attention run in blocks of two chunks: as where memory
+  decides (`ops.gathers_in_blocks`: each block gathers its own rows) or,
+  `speed`, as blocks run for speed taking the sorted queries|values whole
+  (`JOINT_SPEED_BLOCKS`) and returning outputs and normalisers side by side
+  (`LSE_IN_BLOCKS`). Records in `blocks_seen` `(given rows, side by side)`
+  of each blocked attention."""
+  if speed:
+    monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
+    monkeypatch.setattr(ops, 'JOINT_SPEED_BLOCKS', True)
+    monkeypatch.setattr(ops, 'LSE_IN_BLOCKS', True)
+  else:
+    monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 2)
   if blocks_seen is not None:
     in_blocks = ops._attend_in_blocks  # pylint: disable=protected-access
 
     def spy(*args, **kwargs):
-      blocks_seen.append(kwargs.get('rows') is not None)
+      blocks_seen.append((kwargs.get('rows') is not None,
+                          kwargs.get('side_by_side', False)))
       return in_blocks(*args, **kwargs)
     monkeypatch.setattr(ops, '_attend_in_blocks', spy)
 
@@ -103,16 +112,18 @@ LSH_CASES = [
 
 @pytest.mark.parametrize('case', LSH_CASES + [
     dict(LSH_CASES[2], unsort_as_one=False)] + [
-        dict(c, in_blocks=True) for c in LSH_CASES])
+        dict(c, in_blocks=True) for c in LSH_CASES] + [
+            dict(LSH_CASES[i], in_blocks='speed') for i in (1, 2)])
 def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
   """Also where memory decides (`in_blocks`): each block of chunks gathers
-  its own sorted rows and the rounds are unsorted apart."""
+  its own sorted rows and the rounds are unsorted apart; and in blocks run
+  for speed that return outputs and normalisers side by side."""
   case = dict(case)
   monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', case.pop('unsort_as_one', True))
   blocks_seen = []
   in_blocks = case.pop('in_blocks', False)
   if in_blocks:
-    _gather_in_blocks(monkeypatch, blocks_seen)
+    _gather_in_blocks(monkeypatch, blocks_seen, speed=in_blocks == 'speed')
   length = 12
   x = _normal(1, (2, length, D_MODEL))
   layer = _layer(**case)
@@ -136,7 +147,16 @@ def test_lsh_matches_paper_algorithm_given_buckets(monkeypatch, case):
       mask=mask)
   np.testing.assert_allclose(got, want,
                              **float32_tolerance(rtol=1e-5, atol=1e-5))
-  assert all(blocks_seen) and bool(blocks_seen) == bool(in_blocks)
+  assert set(blocks_seen) == _blocks_expected(in_blocks)
+
+
+def _blocks_expected(in_blocks):
+  """What `_gather_in_blocks`' spy records for `in_blocks` (False, True or
+  'speed')."""
+  if not in_blocks:
+    return set()
+  speed = in_blocks == 'speed'
+  return {(not speed, speed)}
 
 
 def test_state_layout_and_hashing_per_example_and_head():
@@ -213,14 +233,15 @@ def test_n_bucket_ids_bounds_the_hashed_ids():
 
 
 @pytest.mark.parametrize('unsort_as_one,in_blocks', [
-    (True, False), (False, False), (True, True)])
+    (True, False), (False, False), (True, True), (True, 'speed')])
 def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one,
                                                    in_blocks):
   """The custom backward (per-head recomputation with the buckets the forward
   stored) gives the gradient of the function the forward computed, with the
   outputs and normalisers unsorted as one gather or two (`UNSORT_AS_ONE`),
   and with the rows gathered block by block (`in_blocks`: the blocks'
-  cotangents added into the unsorted queries' and values').
+  cotangents added into the unsorted queries' and values'; 'speed': blocks
+  returning outputs and normalisers side by side).
 
   Central differences move the inputs by ~1e-4 (float64), far less than the
   hashing margins of this fixed example, so every evaluation hashes alike.
@@ -228,7 +249,7 @@ def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one,
   monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', unsort_as_one)
   blocks_seen = []
   if in_blocks:
-    _gather_in_blocks(monkeypatch, blocks_seen)
+    _gather_in_blocks(monkeypatch, blocks_seen, speed=in_blocks == 'speed')
   layer = _layer(causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
                  n_parallel_heads=1)
   assert layer.has_backward
@@ -239,8 +260,7 @@ def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one,
     f = jax.jit(lambda x, w: layer.pure_fn(x, w, state,
                                            jax.random.PRNGKey(0))[0])
     check_grads(f, (x, weights), order=1, modes=['rev'])
-  assert blocks_seen == ([True] * len(blocks_seen)) and (
-      bool(blocks_seen) == in_blocks)
+  assert set(blocks_seen) == _blocks_expected(in_blocks)
 
 
 @pytest.mark.parametrize('masked,bias,n_parallel_heads,mode', [
