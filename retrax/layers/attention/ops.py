@@ -554,10 +554,9 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   n_rows = qv.shape[0] if rows is None else rows.shape[0]
   n_chunks = n_rows // chunk_len
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
-  joint = gathers_in_blocks(n_rows, chunk_len, n_chunks_before,
-                            n_chunks_after, implementation) or (
-      _joint_speed_blocks() and rows is None and
-      _blocks_on_xla(n_rows, chunk_len, width, implementation))
+  joint = _blocks_on_xla(n_rows, chunk_len, width, implementation) and (
+      memory_decides(n_chunks, chunk_len, width) or
+      (rows is None and _joint_speed_blocks()))
 
   def joined(out, lse):  # (the wider dtype: logits stay float32)
     return jnp.concatenate([out, lse[:, None]], axis=-1) if joint_output else (
