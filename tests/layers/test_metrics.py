@@ -9,6 +9,7 @@ from retrax.layers import core
 from retrax.layers import metrics
 from retrax.shapes import ShapeDtype
 from tests.backend_tolerance import float32_tolerance
+from tests.float64 import float64
 
 RS = np.random.RandomState(0)
 LOGITS = RS.randn(3, 5, 7).astype(np.float32)
@@ -87,7 +88,7 @@ def test_weighted_category_cross_entropy():
 def test_category_cross_entropy_keeps_the_logits_wider_dtype():
   # Under the suite's strict promotion: float32 one-hot targets against
   # float64 logits give float64 (gradient checks), against bfloat16 float32.
-  with jax.enable_x64(True):
+  with float64():
     got = metrics.CategoryCrossEntropy()([LOGITS.astype(np.float64), TARGETS])
     assert got.dtype == np.float64
     close(got, np_category_ce(LOGITS.astype(np.float64), TARGETS).mean(),

@@ -28,6 +28,7 @@ from retrax.layers import metrics
 from retrax.layers import normalization as norm
 from retrax.shapes import ShapeDtype
 from tests.backend_tolerance import float32_tolerance
+from tests.float64 import float64
 
 
 class Spec:
@@ -210,7 +211,7 @@ def check_gradients(layer, inputs, weights, state, rng):
   """Reverse-mode grads w.r.t. float inputs and float weights vs finite differences."""
   float_pos = [i for i, x in enumerate(inputs) if is_float(x)]
 
-  with jax.enable_x64(True):
+  with float64():
     fixed = list(inputs)
 
     def f(float_inputs, w):

@@ -66,11 +66,11 @@ JOINT_SPEED_BLOCKS = None
 # caller wants them so (`attend_shared_qk(..., joint_output=True)`: LSH
 # unsorts them as one gather). Otherwise they are concatenated after the
 # blocks: on a TPU that copies the normalisers into an `[N, 1]` column (a
-# 128-lane tile per 8 values) and writes `[N, V + 1]` once more; in the
-# chip's 64K step trace (2026-12-06) those copies and concatenations, in the
-# forward pass and its recomputation, took ~55 of 993 ms. To be measured
-# there (tpu.sh's variants stage, `ops.LSE_IN_BLOCKS=True`).
-LSE_IN_BLOCKS = False
+# 128-lane tile per 8 values) and writes `[N, V + 1]` once more. On a v5e
+# the paper-size 64K step took 891.5 ms this way against 949.8 (0.939x;
+# tpu.sh's variants stage, 2026-12-07). None: on a TPU only (unmeasured
+# elsewhere).
+LSE_IN_BLOCKS = None
 # `hash_vecs` hashes in chunks of rows whose rotated vectors (all rounds)
 # hold about this many elements (16 MB in float32), once there are 3 or more.
 HASH_CHUNK_ELEMENTS = 2**22
@@ -514,11 +514,11 @@ def _blocks_on_xla(n_rows, chunk_len, width, implementation):
           in_blocks(n_rows // chunk_len, chunk_len, width))
 
 
-def _joint_speed_blocks():
-  """`JOINT_SPEED_BLOCKS`, its default (None) read as: on a TPU."""
-  if JOINT_SPEED_BLOCKS is None:
+def _on_tpu_unless_set(setting):
+  """A setting whose default (None) reads as: on a TPU only."""
+  if setting is None:
     return jax.default_backend() == 'tpu'
-  return JOINT_SPEED_BLOCKS
+  return setting
 
 
 def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
@@ -556,7 +556,7 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   joint = _blocks_on_xla(n_rows, chunk_len, width, implementation) and (
       memory_decides(n_chunks, chunk_len, width) or
-      (rows is None and _joint_speed_blocks()))
+      (rows is None and _on_tpu_unless_set(JOINT_SPEED_BLOCKS)))
 
   def joined(out, lse):  # (the wider dtype: logits stay float32)
     return jnp.concatenate([out, lse[:, None]], axis=-1) if joint_output else (
@@ -579,7 +579,7 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   else:
     rows = in_order[..., 0]
   keep, keep_prob = _dropout_keep(dropout, rng, (chunk_len, width))
-  side_by_side = joint_output and LSE_IN_BLOCKS
+  side_by_side = joint_output and _on_tpu_unless_set(LSE_IN_BLOCKS)
   results = _attend_in_blocks(
       qv, None, None, q_info, kv_info, True,
       (n_chunks_before, n_chunks_after), mask_fn, keep, keep_prob,

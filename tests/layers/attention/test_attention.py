@@ -16,6 +16,7 @@ from retrax.layers import position
 from retrax.shapes import ShapeDtype
 
 from tests.backend_tolerance import float32_tolerance
+from tests.float64 import float64
 from tests.layers import predict_utils
 
 RNG = jax.random.PRNGKey(0)
@@ -264,7 +265,7 @@ def test_causal_attention_train_dropout_is_random_but_reproducible():
 
 
 def _check_layer_grads(layer, x):
-  with jax.enable_x64(True):
+  with float64():
     x = jax.tree_util.tree_map(np.float64, x)
     w, s = layer.init(jax.tree_util.tree_map(
         lambda a: ShapeDtype(a.shape, a.dtype), x))
@@ -278,7 +279,7 @@ def _check_layer_grads(layer, x):
 
 
 def test_dot_product_attention_grads():
-  with jax.enable_x64(True):
+  with float64():
     q, k, v = (np.float64(randn(2, 4, 3, seed=i)) for i in range(3))
     f = jax.jit(lambda q, k, v: attn.dot_product_attention(
         q, k, v, causal(4))[0])
@@ -295,7 +296,7 @@ def test_attention_grads():
   x = randn(2, 3, 4)
   mask = np.ones((2, 1, 1, 3), bool)
   layer = attn.Attention(4, n_heads=2, mode='eval')
-  with jax.enable_x64(True):
+  with float64():
     w, s = layer.init((ShapeDtype(x.shape, np.float64),
                        ShapeDtype(mask.shape, bool)))
     w = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), w)

@@ -14,6 +14,7 @@ from retrax.layers.attention import lsh
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 from tests.backend_tolerance import float32_tolerance
+from tests.float64 import float64
 
 import efficient_attention_refs as refs
 
@@ -99,7 +100,7 @@ def test_self_attention_with_narrow_model_multiplies_weights_first(case):
   want = refs.local_self_attention(np.asarray(x), weights, mask=mask,
                                    **ref_kwargs)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  with jax.enable_x64(True):
+  with float64():
     x64 = np.asarray(x, np.float64)
     w64 = tuple(w.astype(np.float64) for w in weights)
     f = jax.jit(lambda x, w: layer.pure_fn(
@@ -175,7 +176,7 @@ def test_self_attention_batching_matches_reference_code(
 def test_self_attention_custom_backward_check_grads():
   layer = ea.SelfAttention(n_heads=2, d_qk=4, d_v=3, causal=True, chunk_len=3,
                            n_chunks_before=1, share_qk=True, mode='eval')
-  with jax.enable_x64(True):
+  with float64():
     x = np.random.RandomState(0).normal(size=(2, 9, 6))
     weights = tuple(w.astype(np.float64) for w in _weights(2, 6, 4, 3, True))
     f = jax.jit(lambda x, w: layer.pure_fn(x, w, (),

@@ -263,12 +263,14 @@ def test_attend_shared_qk_in_blocks_equals_attend(monkeypatch, with_rows,
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('blocks', [None, 'memory', 'speed', 'speed_lse'])
+@pytest.mark.parametrize('blocks', [None, 'memory', 'memory_lse', 'speed',
+                                    'speed_lse'])
 def test_attend_shared_qk_joint_output_is_attend_side_by_side(monkeypatch,
                                                               blocks):
   # `joint_output`: one `[N, V + 1]` array of `attend`'s outputs and
   # log-normalisers, whole, in blocks that gather rows (memory), in blocks
-  # of the sorted rows (speed), those joining them inside (`LSE_IN_BLOCKS`).
+  # of the sorted rows (speed), either joining them inside (`_lse`:
+  # `LSE_IN_BLOCKS`).
   qv = np.asarray(_normal(4, (22, 7)))
   rows = np.concatenate([np.asarray(jax.random.permutation(
       jax.random.PRNGKey(s), 22)) for s in (5, 6)])
@@ -276,7 +278,7 @@ def test_attend_shared_qk_joint_output_is_attend_side_by_side(monkeypatch,
                               exclude_self=True)
   common = dict(n_chunks_before=1, mask_fn=mask_fn, q_info=rows, dropout=0.2,
                 rng=jax.random.PRNGKey(7))
-  given_rows = blocks in (None, 'memory')
+  given_rows = blocks in (None, 'memory', 'memory_lse')
 
   def reference(qv):
     x = qv[rows]
@@ -298,30 +300,31 @@ def test_attend_shared_qk_joint_output_is_attend_side_by_side(monkeypatch,
   monkeypatch.setattr(ops, '_attend_in_blocks', lambda *a, **k: (
       seen.append(k['side_by_side']), in_blocks(*a, **k))[1])
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 3)
-  if blocks == 'memory':
+  lse_in_blocks = bool(blocks) and blocks.endswith('_lse')
+  monkeypatch.setattr(ops, 'LSE_IN_BLOCKS', lse_in_blocks)
+  if blocks in ('memory', 'memory_lse'):
     monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
   elif blocks:
     monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
     monkeypatch.setattr(ops, 'JOINT_SPEED_BLOCKS', True)
-    monkeypatch.setattr(ops, 'LSE_IN_BLOCKS', blocks == 'speed_lse')
   got = joint(qv), jax.grad(loss(joint))(qv)
   assert got[0].shape == (44, 4)
-  assert set(seen) == ({blocks == 'speed_lse'} if blocks else set())
+  assert set(seen) == ({lse_in_blocks} if blocks else set())
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_joint_speed_blocks_by_default_on_a_tpu_only(monkeypatch):
-  # Measured faster on a TPU v5e (whose tiles pad 64-wide arrays); elsewhere
-  # the two slices stay, unless set.
-  assert ops.JOINT_SPEED_BLOCKS is None
+def test_joint_speed_blocks_and_lse_in_blocks_by_default_on_a_tpu_only(
+    monkeypatch):
+  # Both measured faster on a TPU v5e (whose tiles pad 64-wide arrays and
+  # `[N, 1]` columns); elsewhere the slices and the concatenation stay,
+  # unless set.
+  assert ops.JOINT_SPEED_BLOCKS is None and ops.LSE_IN_BLOCKS is None
   for backend, want in [('tpu', True), ('cpu', False), ('gpu', False)]:
     monkeypatch.setattr(ops.jax, 'default_backend', lambda b=backend: b)
-    assert ops._joint_speed_blocks() is want  # pylint: disable=protected-access
+    assert ops._on_tpu_unless_set(None) is want  # pylint: disable=protected-access
     for setting in (True, False):
-      monkeypatch.setattr(ops, 'JOINT_SPEED_BLOCKS', setting)
-      assert ops._joint_speed_blocks() is setting  # pylint: disable=protected-access
-    monkeypatch.setattr(ops, 'JOINT_SPEED_BLOCKS', None)
+      assert ops._on_tpu_unless_set(setting) is setting  # pylint: disable=protected-access
 
 
 def test_speed_blocks_are_rematerialized_as_set_memory_blocks_always(

@@ -12,6 +12,7 @@ from retrax.layers.attention import lsh
 from retrax.layers.base import LayerError
 from retrax.shapes import signature
 from tests.backend_tolerance import float32_tolerance
+from tests.float64 import float64
 
 import efficient_attention_refs as refs
 
@@ -45,12 +46,13 @@ def _gather_in_blocks(monkeypatch, blocks_seen=None, speed=False):
   decides (`ops.gathers_in_blocks`: each block gathers its own rows) or,
   `speed`, as blocks run for speed taking the sorted queries|values whole
   (`JOINT_SPEED_BLOCKS`) and returning outputs and normalisers side by side
-  (`LSE_IN_BLOCKS`). Records in `blocks_seen` `(given rows, side by side)`
-  of each blocked attention."""
+  (`LSE_IN_BLOCKS`, set either way: its default depends on the backend).
+  Records in `blocks_seen` `(given rows, side by side)` of each blocked
+  attention."""
+  monkeypatch.setattr(ops, 'LSE_IN_BLOCKS', speed)
   if speed:
     monkeypatch.setattr(ops, 'BLOCK_MIN_LOGITS', 0)
     monkeypatch.setattr(ops, 'JOINT_SPEED_BLOCKS', True)
-    monkeypatch.setattr(ops, 'LSE_IN_BLOCKS', True)
   else:
     monkeypatch.setattr(ops, 'REMAT_MIN_LOGITS', 0)
   monkeypatch.setattr(ops, 'BLOCK_CHUNKS', 2)
@@ -253,7 +255,7 @@ def test_check_grads_replaying_the_forward_buckets(monkeypatch, unsort_as_one,
   layer = _layer(causal=True, chunk_len=4, n_hashes=2, n_buckets=4,
                  n_parallel_heads=1)
   assert layer.has_backward
-  with jax.enable_x64(True):
+  with float64():
     x = np.random.RandomState(1).normal(size=(2, 8, D_MODEL))
     weights = tuple(w.astype(np.float64) for w in _weights())
     state = _state(2, 8, 2)
