@@ -7,7 +7,8 @@ loop runs everything else (tests added since the file was written included)
 in a fraction of the suite's time. `pytest --record-durations` times a run
 and writes the list again (with `-n 2` too: the reports reach the
 controlling process); tests that did not run keep their entries, so a part
-of the suite can be timed at a time.
+of the suite can be timed at a time, and a test cut short by an interrupt
+(a budget's SIGINT) is listed with the seconds it had run, at least.
 
 An accelerator has its own list beside it (`slow_tests_tpu.json`): a TPU
 compiles every program a test makes, eager ops included, and some tests
@@ -24,6 +25,7 @@ suite on a TPU chip may take more than one call of 10 minutes
 import collections
 import json
 import os
+import time
 import zlib
 
 QUICK_SECONDS = 1.0
@@ -86,19 +88,24 @@ def read_slow_tests(path):
     return json.load(f)['tests']
 
 
-def write_slow_tests(path, durations, root):
+def write_slow_tests(path, durations, root, at_least=None):
   """Updates `path` with the tests `durations` timed.
 
   Those that took `QUICK_SECONDS` or more are listed with their seconds,
   those under it taken out; tests `durations` lacks keep their entries
   unless their file (relative to `root`, the tests' rootdir) is gone: a
-  part of the suite can be timed at a time.
+  part of the suite can be timed at a time. `at_least`: `{test: seconds}`
+  of tests cut short, each listed with the larger of those seconds and its
+  entry's, once they reach `QUICK_SECONDS`.
   """
   kept = {test: seconds for test, seconds in read_slow_tests(path).items()
           if test not in durations
           and os.path.exists(os.path.join(root, test.split('::')[0]))}
   kept.update((test, round(seconds, 2)) for test, seconds in durations.items()
               if seconds >= QUICK_SECONDS)
+  for test, seconds in (at_least or {}).items():
+    if seconds >= QUICK_SECONDS:
+      kept[test] = max(kept.get(test, 0), round(seconds, 2))
   tmp = f'{path}.tmp'
   with open(tmp, 'w') as f:
     json.dump({'quick_seconds': QUICK_SECONDS, 'tests': dict(sorted(
@@ -114,7 +121,11 @@ class _Recorder:
     self.path = path
     self.root = root
     self.durations = collections.defaultdict(float)
+    self.started = {}
     self.finished = set()
+
+  def pytest_runtest_logstart(self, nodeid):
+    self.started[nodeid] = time.monotonic()
 
   def pytest_runtest_logreport(self, report):
     self.durations[report.nodeid] += report.duration
@@ -123,10 +134,17 @@ class _Recorder:
 
   def pytest_sessionfinish(self, exitstatus):
     # 2: interrupted (a budget's SIGINT on a chip): the tests that finished
-    # were timed all the same; one cut short is not.
+    # were timed all the same; one cut short is listed with the seconds it
+    # had run, so that the next `--quick` run there does not spend its
+    # budget on it again (on a TPU a test renamed since its timing once
+    # compiled for 170 s before the budget stopped it).
     if exitstatus in (0, 1, 2):
-      write_slow_tests(backend_file(self.path, backend()), {
-          test: self.durations[test] for test in self.finished}, self.root)
+      now = time.monotonic()
+      write_slow_tests(
+          backend_file(self.path, backend()),
+          {test: self.durations[test] for test in self.finished}, self.root,
+          at_least={test: now - start for test, start in self.started.items()
+                    if test not in self.finished})
 
 
 def pytest_configure(config):

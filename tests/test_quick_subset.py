@@ -88,18 +88,21 @@ def test_an_accelerator_keeps_its_own_list_beside_the_cpus(tmp_path):
   assert 'test_slow PASSED' in out and '1 deselected' in out
 
 
-def test_an_interrupted_run_records_the_tests_that_finished(tmp_path):
+@pytest.mark.parametrize('listed', [None, 9.0])
+def test_an_interrupted_run_records_the_tests_that_finished(tmp_path, listed):
+  # The test cut short is listed with the seconds it had run, or with its
+  # entry's where that is more.
   (tmp_path / 'test_a.py').write_text(_TESTS.format(
       sleep=quick_subset.QUICK_SECONDS + 0.2) + (
           'def test_z_cut_short():\n  time.sleep(1.5)\n'
           '  raise KeyboardInterrupt\n'))
   (tmp_path / 'slow.json').write_text(json.dumps({'tests': {
-      'test_a.py::test_z_cut_short': 9.0}}))
+      'test_a.py::test_z_cut_short': listed} if listed else {}}))
   _pytest(tmp_path, '--record-durations', returncode=2)
   assert _slow(tmp_path / 'slow.json') == {
       'test_a.py::test_slow': pytest.approx(quick_subset.QUICK_SECONDS + 0.2,
                                             abs=0.5),
-      'test_a.py::test_z_cut_short': 9.0}
+      'test_a.py::test_z_cut_short': listed or pytest.approx(1.5, abs=0.5)}
 
 
 @pytest.mark.parametrize('backend, least', [('cpu', 100), ('tpu', 20)])
