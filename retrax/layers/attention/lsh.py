@@ -78,10 +78,9 @@ from retrax.validation import ArgumentValueError
 # Whether `lsh_attend` unsorts its outputs and their normalisers as one
 # gather of `[N, V + 1]` rows (True) or as two, the normalisers a lane-dense
 # `[N]` (False). One was faster when a TPU's gathers cost per index (all
-# heads' rows in one op, 2026-12-06); since heads gather one at a time, the
-# paper-size 64K step spends ~61 of its 993 ms on the normalisers as
-# `[N, 1]` columns (copies padded 128x, slices): False is to be measured
-# there (tpu.sh's variants stage).
+# heads' rows in one op, 2026-12-06), and still is with heads gathered one
+# at a time: two took 1.106x the paper-size 64K step's time on a TPU v5e
+# (2026-12-07).
 UNSORT_AS_ONE = True
 
 
@@ -230,7 +229,16 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   if as_one:  # Outputs and normalisers `[N, V + 1]` side by side.
     unsorted = permute_via_gather(attended, undo_sort, sticker)
     o = unsorted[:, :-1].astype(v.dtype)  # [H*L, V]
-    logits = unsorted[:, -1]  # [H*L]
+    # The normalisers as a masked sum over the row rather than the slice
+    # `unsorted[:, -1]` (the same values): the slice's transpose built
+    # their cotangent as an `[N, 1]` column (a TPU tile of 8 x 128 per 8
+    # values) and padded it into `[N, V + 1]`; the sum's is a select over
+    # the row, fused with the outputs' cotangent. In the paper-size 64K step
+    # compiled for a TPU v5e that took out an `[N, 1]` copy, two `[N / 2,
+    # 1]` copies, four asynchronous copies, two slices and a pad of such
+    # columns per head and pass (2026-12-07).
+    last = jnp.arange(unsorted.shape[-1]) == unsorted.shape[-1] - 1
+    logits = jnp.sum(jnp.where(last, unsorted, 0), axis=-1)  # [H*L]
   else:
     so, slogits = attended
     o = permute_via_gather(so.astype(v.dtype), undo_sort, sticker)

@@ -223,6 +223,27 @@ def test_gather_rounds_is_a_tiled_take_and_its_gradient_a_sum_of_rounds():
   np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-6)
 
 
+def test_normalisers_unsorted_with_the_outputs_are_exactly_those_apart(
+    monkeypatch):
+  """One `[N, V + 1]` unsort (the normalisers read back by a masked sum over
+  the row, their cotangent a select) gives the same bits as two gathers:
+  outputs and gradients."""
+  layer = _layer(causal=True, n_hashes=2, n_buckets=4, chunk_len=4)
+  x = _normal(3, (2, 12, D_MODEL))
+
+  def run(as_one):
+    monkeypatch.setattr(lsh, 'UNSORT_AS_ONE', as_one)
+    state, key = _state(2, 12, 2), jax.random.PRNGKey(0)
+    f = lambda x, w: layer.pure_fn(x, w, state, key)[0]
+    y = jax.jit(f)(x, _weights())
+    grads = jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) * jnp.cos(f(x, w))),
+                             argnums=(0, 1)))(x, _weights())
+    return [y] + jax.tree_util.tree_leaves(grads)
+
+  for got, want in zip(run(True), run(False)):
+    np.testing.assert_array_equal(got, want)
+
+
 def test_n_bucket_ids_bounds_the_hashed_ids():
   vecs = jax.random.normal(jax.random.PRNGKey(0), (256, 8))
   mask = jnp.arange(256) < 200
