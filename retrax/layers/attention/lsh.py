@@ -173,7 +173,7 @@ gather_rounds.defvjp(_gather_rounds_fwd, _gather_rounds_bwd)
 
 def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
                n_chunks_before, n_chunks_after, causal, dropout=0.0, rng=None,
-               n_ids=None, implementation='xla'):
+               n_ids=None, implementation='xla', depth=None):
   """Shared-QK attention of one head within LSH buckets: returns `o [L, V]`.
 
   `q [L, D]` are the queries (keys are their normalised copies), `v [L, V]`
@@ -184,9 +184,15 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   chunks, are unsorted, and the rounds are merged weighted by their softmax
   normalisers. The buckets get no gradient; `n_ids` bounds their ids (a
   faster sort, see `sort_by_bucket`). `implementation` is `attend`'s (the
-  chunks' attention by XLA ops or the Pallas kernel).
+  chunks' attention by XLA ops or the Pallas kernel). With `depth`, `q`
+  holds the queries and the values side by side, `[L, depth + V]`, and `v`
+  is None.
   """
-  seqlen = q.shape[0]
+  if depth is None:
+    depth, qv = q.shape[-1], jnp.concatenate([q, v], axis=-1)
+  else:
+    qv = q
+  seqlen, n_values, dtype = qv.shape[0], qv.shape[-1] - depth, qv.dtype
   buckets = lax.stop_gradient(buckets)
   # A stable sort of the offset bucket ids keeps positions in order within a
   # bucket ("s" prefix = sorted order).
@@ -197,21 +203,19 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   # the outputs with their normalisers as one more: an accelerator's gather
   # costs per index, not per byte (a TPU v5e took 5.5 ms per 512K indices,
   # rows of 64 or of 1 alike), and these were 12 of a step's 13 costliest ops.
-  depth = q.shape[-1]
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   in_blocks = gathers_in_blocks(n_hashes * seqlen, chunk_len, n_chunks_before,
                                 n_chunks_after, implementation)
   kv_info = None
   if in_blocks:  # No sorted copy: each block of the attention gathers its rows.
-    qv, rows = jnp.concatenate([q, v], axis=-1), st
+    rows = st
     if mask is not None:
       kv_info = jnp.where(take_rows(mask, st), st, -st - 2)
   else:
-    columns = [q, v] + ([mask[:, None].astype(q.dtype)] if mask is not None
-                        else [])
-    sorted_columns = gather_rounds(jnp.concatenate(columns, axis=-1),
-                                   sticker, undo_sort, n_hashes)
-    qv, rows = sorted_columns[:, :depth + v.shape[-1]], None
+    columns = qv if mask is None else jnp.concatenate(
+        [qv, mask[:, None].astype(dtype)], axis=-1)
+    sorted_columns = gather_rounds(columns, sticker, undo_sort, n_hashes)
+    qv, rows = sorted_columns[:, :depth + n_values], None
     if mask is not None:
       smask = lax.stop_gradient(sorted_columns[:, -1]) > 0
       kv_info = jnp.where(smask, st, -st - 2)  # padding < 0 after +1 shift
@@ -228,7 +232,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
       rows=rows, joint_output=as_one)
   if as_one:  # Outputs and normalisers `[N, V + 1]` side by side.
     unsorted = permute_via_gather(attended, undo_sort, sticker)
-    o = unsorted[:, :-1].astype(v.dtype)  # [H*L, V]
+    o = unsorted[:, :-1].astype(dtype)  # [H*L, V]
     # The normalisers as a masked sum over the row rather than the slice
     # `unsorted[:, -1]` (the same values): the slice's transpose built
     # their cotangent as an `[N, 1]` column (a TPU tile of 8 x 128 per 8
@@ -241,7 +245,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
     logits = jnp.sum(jnp.where(last, unsorted, 0), axis=-1)  # [H*L]
   else:
     so, slogits = attended
-    o = permute_via_gather(so.astype(v.dtype), undo_sort, sticker)
+    o = permute_via_gather(so.astype(dtype), undo_sort, sticker)
     logits = permute_via_gather(slogits, undo_sort, sticker)
   if n_hashes > 1:
     o = jnp.reshape(o, (n_hashes, seqlen, o.shape[-1]))
@@ -485,24 +489,27 @@ class LSHSelfAttention(EfficientAttentionBase):
                         update_state):
     """LSH attention of one head over one example `x [L, M]`."""
     q, v = self._project(x, weights)
-    o, state = self._attend_unit(q, v, mask, state=state, rng=rng,
+    o, state = self._attend_unit(jnp.concatenate([q, v], axis=-1), mask,
+                                 state=state, rng=rng,
                                  update_state=update_state)
     out = precision.matmul(o, self._unpack_weights(weights)[2])
     return apply_output_dropout(out, rng, self._attention_dropout,
                                 self._output_dropout), state
 
-  def _attend_unit(self, q, v, mask=None, *, state, rng, update_state):
-    """One unit's LSH attention of projected `q`, `v` `[L, d]`: `(o, state)`."""
+  def _attend_unit(self, qv, mask=None, *, state, rng, update_state):
+    """One unit's LSH attention of its projected queries and values side by
+    side, `qv [L, d_qk + d_v]`: `(o, state)`."""
     if (mask is not None) != self._masked:
       raise InputValueError(f'{self.name}: masked={self._masked} but a mask was '
                             f'{"given" if mask is not None else "not given"}.')
     attend_rng, _ = dropout_rngs(rng, self._attention_dropout,
                                  self._output_dropout)
     buckets, state = buckets_and_state(
-        self.name, self.hash_vectors, q, state, mask, n_hashes=self._n_hashes,
+        self.name, self.hash_vectors, qv[:, :self._d_qk], state, mask,
+        n_hashes=self._n_hashes,
         max_length_for_buckets=self._max_length_for_buckets,
         update_state=update_state, unit='head')
-    o = lsh_attend(q, v, buckets, mask, n_hashes=self._n_hashes,
+    o = lsh_attend(qv, None, buckets, mask, n_hashes=self._n_hashes,
                    chunk_len=self._chunk_len,
                    n_chunks_before=self._n_chunks_before,
                    n_chunks_after=self._n_chunks_after, causal=self._causal,
@@ -510,7 +517,8 @@ class LSHSelfAttention(EfficientAttentionBase):
                    implementation=self.implementation,
                    n_ids=n_bucket_ids(self._n_buckets, self._n_hashes,
                                       self._chunk_len,
-                                      self.hash_length(q.shape[0])))
+                                      self.hash_length(qv.shape[0])),
+                   depth=self._d_qk)
     return o, state
 
   def _unit_stages(self, shape):
@@ -525,10 +533,19 @@ class LSHSelfAttention(EfficientAttentionBase):
                              self._combine_heads, self._d_qk + self._d_v)
 
   def _project_heads(self, inputs, weights):
-    """`(q, v)` of every unit, `[B * n_heads, L, d]` (`_project` of all heads)."""
+    """`(qv,)`: every unit's queries and values side by side, `[B * n_heads,
+    L, d_qk + d_v]` (`_project` of all heads, one matmul).
+
+    Side by side, a head's slice is one lane-dense array, as the core's
+    sort gather takes it. Apart, on a TPU, a head's `[.., 64]`-wide slices
+    were copied into tiles padded to 128 lanes and joined again: in the
+    paper-size 64K step compiled for a v5e, per head and pass, three such
+    copies and two joins became one copy (2026-12-07).
+    """
     w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
-    return (project_heads(inputs[0], w_q, b_q),
-            project_heads(inputs[0], w_v, b_v))
+    w = jnp.concatenate([w_q, w_v], axis=-1)
+    b = None if b_q is None else jnp.concatenate([b_q, b_v], axis=-1)
+    return (project_heads(inputs[0], w, b),)
 
   def _combine_heads(self, o, weights, rng):
     """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`,
