@@ -142,11 +142,14 @@ def test_output_projection_transpose_runs_at_full_precision(monkeypatch):
                            layer.weights, layer.state, rng)
 
   def dot_precisions(grad):
-    jaxpr = str(jax.make_jaxpr(lambda x: layer.forward_and_or_backward(
-        x, layer.weights, state, rng, update_state=False,
-        output_grad=x if grad else None,
-        prelude=groups.Prelude(norm_fn, norm_w),
-        input_grad_init=jnp.zeros_like(x) if grad else None))(inputs))
+    # Traced at the default precision: on a TPU the tests set 'highest' for
+    # every matmul (the root conftest), which every dot would then name.
+    with jax.default_matmul_precision('default'):
+      jaxpr = str(jax.make_jaxpr(lambda x: layer.forward_and_or_backward(
+          x, layer.weights, state, rng, update_state=False,
+          output_grad=x if grad else None,
+          prelude=groups.Prelude(norm_fn, norm_w),
+          input_grad_init=jnp.zeros_like(x) if grad else None))(inputs))
     return jaxpr.count('dot_general'), jaxpr.count('Precision.HIGHEST')
   n_dots, n_highest = dot_precisions(grad=True)
   # Two products, each traced as its vjp's forward (unused) and transpose;
