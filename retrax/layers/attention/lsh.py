@@ -68,6 +68,7 @@ from retrax.layers.attention.ops import length_normalized
 from retrax.layers.attention.ops import mask_self_attention
 from retrax.layers.attention.ops import memory_decides
 from retrax.layers.attention.ops import merge_rounds
+from retrax.layers.attention.ops import on_tpu_unless_set
 from retrax.layers.attention.ops import permute_via_gather
 from retrax.layers.attention.ops import project_heads
 from retrax.layers.attention.ops import project_step_heads
@@ -82,6 +83,16 @@ from retrax.validation import ArgumentValueError
 # at a time: two took 1.106x the paper-size 64K step's time on a TPU v5e
 # (2026-12-07).
 UNSORT_AS_ONE = True
+# Whether all heads' queries and values are projected side by side, one
+# `[.., d_qk + d_v]` array per head (`LSHSelfAttention._project_heads`): a
+# head's slice is then the lane-dense array its sort gather takes. Apart,
+# on a TPU, a head's `[.., 64]`-wide slices were copied into tiles padded
+# to 128 lanes and joined again: in the paper-size 64K step compiled for a
+# v5e, per head and pass, three such copies and two joins became one copy
+# (2026-12-07; its time there not yet measured). On this CPU the default
+# model's step took 1.04x the time side by side (16K, 5.57 vs 5.30 s).
+# None: on a TPU only.
+JOINT_PROJECTION = None
 
 
 def default_n_buckets(length, chunk_len):
@@ -171,6 +182,23 @@ def _gather_rounds_bwd(n_hashes, undo_sort, ct):
 gather_rounds.defvjp(_gather_rounds_fwd, _gather_rounds_bwd)
 
 
+def _last_column(x):
+  """`x[:, -1]`; on a TPU as a masked sum over each row (the same values).
+
+  The slice's transpose builds its cotangent as an `[N, 1]` column (a TPU
+  tile of 8 x 128 per 8 values) padded into `[N, V + 1]`; the sum's is a
+  select over the rows, fused with the other columns' cotangent. In the
+  paper-size 64K step compiled for a v5e that took out an `[N, 1]` copy,
+  two `[N / 2, 1]` copies, four asynchronous copies, two slices and a pad
+  of such columns per head and pass (2026-12-07; its time there not yet
+  measured). On a CPU the slice reads less.
+  """
+  if jax.default_backend() != 'tpu':
+    return x[:, -1]
+  last = jnp.arange(x.shape[-1]) == x.shape[-1] - 1
+  return jnp.sum(jnp.where(last, x, 0), axis=-1)
+
+
 def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
                n_chunks_before, n_chunks_after, causal, dropout=0.0, rng=None,
                n_ids=None, implementation='xla', depth=None):
@@ -233,16 +261,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   if as_one:  # Outputs and normalisers `[N, V + 1]` side by side.
     unsorted = permute_via_gather(attended, undo_sort, sticker)
     o = unsorted[:, :-1].astype(dtype)  # [H*L, V]
-    # The normalisers as a masked sum over the row rather than the slice
-    # `unsorted[:, -1]` (the same values): the slice's transpose built
-    # their cotangent as an `[N, 1]` column (a TPU tile of 8 x 128 per 8
-    # values) and padded it into `[N, V + 1]`; the sum's is a select over
-    # the row, fused with the outputs' cotangent. In the paper-size 64K step
-    # compiled for a TPU v5e that took out an `[N, 1]` copy, two `[N / 2,
-    # 1]` copies, four asynchronous copies, two slices and a pad of such
-    # columns per head and pass (2026-12-07).
-    last = jnp.arange(unsorted.shape[-1]) == unsorted.shape[-1] - 1
-    logits = jnp.sum(jnp.where(last, unsorted, 0), axis=-1)  # [H*L]
+    logits = _last_column(unsorted)  # [H*L]
   else:
     so, slogits = attended
     o = permute_via_gather(so.astype(dtype), undo_sort, sticker)
@@ -489,9 +508,8 @@ class LSHSelfAttention(EfficientAttentionBase):
                         update_state):
     """LSH attention of one head over one example `x [L, M]`."""
     q, v = self._project(x, weights)
-    o, state = self._attend_unit(jnp.concatenate([q, v], axis=-1), mask,
-                                 state=state, rng=rng,
-                                 update_state=update_state)
+    o, state = self._attend_unit_apart(q, v, mask, state=state, rng=rng,
+                                       update_state=update_state)
     out = precision.matmul(o, self._unpack_weights(weights)[2])
     return apply_output_dropout(out, rng, self._attention_dropout,
                                 self._output_dropout), state
@@ -529,23 +547,30 @@ class LSHSelfAttention(EfficientAttentionBase):
     del shape
     if not self._runs_own(LSHSelfAttention, 'forward_unbatched', '_project'):
       return None
-    return groups.UnitStages(self._project_heads, self._attend_unit,
-                             self._combine_heads, self._d_qk + self._d_v)
+    if on_tpu_unless_set(JOINT_PROJECTION):
+      project, core = self._project_heads, self._attend_unit
+    else:
+      project, core = self._project_heads_apart, self._attend_unit_apart
+    return groups.UnitStages(project, core, self._combine_heads,
+                             self._d_qk + self._d_v)
 
   def _project_heads(self, inputs, weights):
     """`(qv,)`: every unit's queries and values side by side, `[B * n_heads,
-    L, d_qk + d_v]` (`_project` of all heads, one matmul).
-
-    Side by side, a head's slice is one lane-dense array, as the core's
-    sort gather takes it. Apart, on a TPU, a head's `[.., 64]`-wide slices
-    were copied into tiles padded to 128 lanes and joined again: in the
-    paper-size 64K step compiled for a v5e, per head and pass, three such
-    copies and two joins became one copy (2026-12-07).
-    """
+    L, d_qk + d_v]` (`_project` of all heads, one matmul)."""
     w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
     w = jnp.concatenate([w_q, w_v], axis=-1)
     b = None if b_q is None else jnp.concatenate([b_q, b_v], axis=-1)
     return (project_heads(inputs[0], w, b),)
+
+  def _project_heads_apart(self, inputs, weights):
+    """`(q, v)` of every unit, `[B * n_heads, L, d]` (`_project` of all heads)."""
+    w_q, w_v, _, b_q, b_v = self._unpack_weights(weights)
+    return (project_heads(inputs[0], w_q, b_q),
+            project_heads(inputs[0], w_v, b_v))
+
+  def _attend_unit_apart(self, q, v, mask=None, **kwargs):
+    """`_attend_unit` of projected `q`, `v` `[L, d]`."""
+    return self._attend_unit(jnp.concatenate([q, v], axis=-1), mask, **kwargs)
 
   def _combine_heads(self, o, weights, rng):
     """The heads' outputs `o [B * n_heads, L, d_v]` summed through `w_o`,

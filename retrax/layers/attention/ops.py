@@ -514,7 +514,7 @@ def _blocks_on_xla(n_rows, chunk_len, width, implementation):
           in_blocks(n_rows // chunk_len, chunk_len, width))
 
 
-def _on_tpu_unless_set(setting):
+def on_tpu_unless_set(setting):
   """A setting whose default (None) reads as: on a TPU only."""
   if setting is None:
     return jax.default_backend() == 'tpu'
@@ -556,7 +556,7 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   joint = _blocks_on_xla(n_rows, chunk_len, width, implementation) and (
       memory_decides(n_chunks, chunk_len, width) or
-      (rows is None and _on_tpu_unless_set(JOINT_SPEED_BLOCKS)))
+      (rows is None and on_tpu_unless_set(JOINT_SPEED_BLOCKS)))
 
   def joined(out, lse):  # (the wider dtype: logits stay float32)
     return jnp.concatenate([out, lse[:, None]], axis=-1) if joint_output else (
@@ -579,7 +579,7 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   else:
     rows = in_order[..., 0]
   keep, keep_prob = _dropout_keep(dropout, rng, (chunk_len, width))
-  side_by_side = joint_output and _on_tpu_unless_set(LSE_IN_BLOCKS)
+  side_by_side = joint_output and on_tpu_unless_set(LSE_IN_BLOCKS)
   results = _attend_in_blocks(
       qv, None, None, q_info, kv_info, True,
       (n_chunks_before, n_chunks_after), mask_fn, keep, keep_prob,

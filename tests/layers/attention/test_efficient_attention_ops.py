@@ -322,9 +322,9 @@ def test_joint_speed_blocks_and_lse_in_blocks_by_default_on_a_tpu_only(
   assert ops.JOINT_SPEED_BLOCKS is None and ops.LSE_IN_BLOCKS is None
   for backend, want in [('tpu', True), ('cpu', False), ('gpu', False)]:
     monkeypatch.setattr(ops.jax, 'default_backend', lambda b=backend: b)
-    assert ops._on_tpu_unless_set(None) is want  # pylint: disable=protected-access
+    assert ops.on_tpu_unless_set(None) is want
     for setting in (True, False):
-      assert ops._on_tpu_unless_set(setting) is setting  # pylint: disable=protected-access
+      assert ops.on_tpu_unless_set(setting) is setting
 
 
 def test_speed_blocks_are_rematerialized_as_set_memory_blocks_always(

@@ -223,11 +223,14 @@ def test_gather_rounds_is_a_tiled_take_and_its_gradient_a_sum_of_rounds():
   np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize('backend', ['cpu', 'tpu'])
 def test_normalisers_unsorted_with_the_outputs_are_exactly_those_apart(
-    monkeypatch):
-  """One `[N, V + 1]` unsort (the normalisers read back by a masked sum over
-  the row, their cotangent a select) gives the same bits as two gathers:
-  outputs and gradients."""
+    monkeypatch, backend):
+  """One `[N, V + 1]` unsort gives the same bits as two gathers, outputs and
+  gradients: the normalisers read back by a slice, and as on a TPU (its
+  choices faked here) by a masked sum over the row, their cotangent a
+  select."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
   layer = _layer(causal=True, n_hashes=2, n_buckets=4, chunk_len=4)
   x = _normal(3, (2, 12, D_MODEL))
 

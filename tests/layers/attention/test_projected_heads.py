@@ -43,15 +43,20 @@ def _assert_close(got, want):
     # attention dropout in the cores, as each unit drops them.
     ('lsh', True, False, 2, 2, 0.4),
     ('local', False, True, None, 1, 0.4),
+    # LSH's queries and values projected side by side (`lsh.JOINT_PROJECTION`,
+    # a TPU's default), against the loop's separate projections.
+    ('lsh_joint', True, True, 2, 2, 0.0),
+    ('lsh_joint', False, False, None, 1, 0.4),
 ])
 def test_projected_pass_equals_per_unit_loop(kind, masked, bias,
                                              n_parallel_heads, batch, dropout,
                                              monkeypatch):
+  monkeypatch.setattr(lsh, 'JOINT_PROJECTION', kind == 'lsh_joint')
   common = dict(n_heads=4, d_qk=8, d_v=8, chunk_len=8, causal=True,
                 masked=masked, bias=bias, mode='train',
                 n_parallel_heads=n_parallel_heads, attention_dropout=dropout,
                 output_dropout=dropout)
-  if kind == 'lsh':
+  if kind in ('lsh', 'lsh_joint'):
     layer = tl.LSHSelfAttention(n_hashes=2, **common)
   else:  # Chunked local attention, one chunk back.
     layer = tl.SelfAttention(share_qk=kind == 'shared', n_chunks_before=1,
@@ -87,9 +92,12 @@ def test_projected_pass_equals_per_unit_loop(kind, masked, bias,
     assert backward[2][1].dtype == jax.dtypes.float0
 
 
-def test_gradients_match_finite_differences(monkeypatch):
-  """The projected pass's custom backward against JAX's own autodiff of it."""
+@pytest.mark.parametrize('joint', [False, True])
+def test_gradients_match_finite_differences(monkeypatch, joint):
+  """The projected pass's custom backward against central differences, with
+  LSH's queries and values projected apart and side by side."""
   monkeypatch.setattr(efficient_base, 'projected_max_bytes', lambda: 1 << 30)
+  monkeypatch.setattr(lsh, 'JOINT_PROJECTION', joint)
   # One chunk of all 16 positions and no neighbours: every query sees every
   # earlier key whatever the buckets, so a perturbation that moves a
   # position to another bucket does not make the loss jump.
@@ -166,3 +174,17 @@ def test_all_heads_at_once_up_to_a_backends_budget(monkeypatch):
   for backend, longest in (('tpu', 131072), ('gpu', 131072), ('cpu', 32768)):
     monkeypatch.setattr(jax, 'default_backend', lambda b=backend: b)
     assert at(longest) and not at(2 * longest), backend
+
+
+def test_queries_and_values_side_by_side_on_a_tpu_only(monkeypatch):
+  # `lsh.JOINT_PROJECTION`'s default (None): one `[.., d_qk + d_v]`
+  # projection per head on a TPU, two elsewhere.
+  assert lsh.JOINT_PROJECTION is None
+  layer = tl.LSHSelfAttention(n_heads=2, d_qk=4, d_v=3, n_hashes=2,
+                              chunk_len=8)
+  x = jnp.ones((1, 16, 8))
+  weights, _ = layer.init(shapes.signature(x))
+  for backend, widths in [('tpu', [7]), ('cpu', [4, 3])]:
+    monkeypatch.setattr(jax, 'default_backend', lambda b=backend: b)
+    units = layer._unit_stages(x.shape).project((x,), weights)  # pylint: disable=protected-access
+    assert [u.shape[-1] for u in units] == widths
