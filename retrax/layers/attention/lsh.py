@@ -547,12 +547,11 @@ class LSHSelfAttention(EfficientAttentionBase):
     del shape
     if not self._runs_own(LSHSelfAttention, 'forward_unbatched', '_project'):
       return None
-    if on_tpu_unless_set(JOINT_PROJECTION):
-      project, core = self._project_heads, self._attend_unit
-    else:
-      project, core = self._project_heads_apart, self._attend_unit_apart
-    return groups.UnitStages(project, core, self._combine_heads,
-                             self._d_qk + self._d_v)
+    joint = on_tpu_unless_set(JOINT_PROJECTION)
+    return groups.UnitStages(
+        self._project_heads if joint else self._project_heads_apart,
+        self._attend_unit if joint else self._attend_unit_apart,
+        self._combine_heads, self._d_qk + self._d_v)
 
   def _project_heads(self, inputs, weights):
     """`(qv,)`: every unit's queries and values side by side, `[B * n_heads,
