@@ -63,6 +63,7 @@ Clock = importlib.import_module('decode').Clock
 report = importlib.import_module('vs_peers_report')
 
 RESULT_TAG = 'VS_PEERS_RESULT '
+PROGRESS_TAG = 'vs_peers worker: '
 FULL = dict(vocab=256, d_model=256, d_ff=1024, n_heads=4, d_head=64,
             n_layers=6, n_hashes=2, chunk_len=64)
 TINY = dict(vocab=32, d_model=32, d_ff=64, n_heads=2, d_head=16, n_layers=2,
@@ -110,6 +111,12 @@ def _sync_jax():
     a.block_until_ready()
 
 
+def progress(message):
+  """A worker's progress line on stderr: what a timed-out worker had done
+  (`run_worker` reports the last one)."""
+  print(f'{PROGRESS_TAG}{message}', file=sys.stderr, flush=True)
+
+
 def trax_train_program(cfg, length, steps):
   """ReformerLM-LSH trained by `training.Loop`: step times and the last loss."""
   import trax.layers as tl
@@ -127,12 +134,14 @@ def trax_train_program(cfg, length, steps):
   clock = Clock()
   loop = training.Loop(_trax_lm(cfg, length, 'train'), [task])
   setup_s = clock.elapsed()[0]
+  progress(f'model and loop set up in {setup_s:.1f} s')
   times = []
-  for _ in range(steps + 1):
+  for step in range(steps + 1):
     clock = Clock()
     loop.run(1)
     _sync_jax()
     times.append(clock.elapsed())
+    progress(f'step {step + 1} of {steps + 1} in {times[-1][0]:.1f} s')
   return dict(setup_s=setup_s, first_s=times[0][0],
               step_s=[wall for wall, _ in times[1:]],
               step_cpu_s=[cpu for _, cpu in times[1:]])
@@ -357,11 +366,24 @@ def run_worker(python, peer, argv, timeout, cpus=None):
     return {'error': 'skipped: --budget spent'}
   pin_argv, env = pinned_argv_env(cpus)
   cmd = [python, os.path.abspath(__file__), '--peer', peer] + argv + pin_argv
+  return run_json_command(cmd, timeout, env)
+
+
+def run_json_command(cmd, timeout, env=None):
+  """A worker command's tagged result, or `{'error': why}`; a timed-out
+  one's error names the last progress line it wrote (where it was)."""
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=env)
-  except subprocess.TimeoutExpired:
-    return {'error': f'timed out after {timeout} s'}
+  except subprocess.TimeoutExpired as e:
+    # (Captured output comes back as bytes here, whatever `text` says.)
+    stderr = e.stderr.decode(errors='replace') if isinstance(
+        e.stderr, bytes) else (e.stderr or '')
+    lines = [line[len(PROGRESS_TAG):] for line in stderr.splitlines()
+             if line.startswith(PROGRESS_TAG)]
+    last = lines[-1] if lines else 'no progress line (still starting)'
+    return {'error': f'timed out after {timeout} s; last: {last}',
+            'stderr_tail': stderr[-4000:]}
   for line in reversed(proc.stdout.splitlines()):
     if line.startswith(RESULT_TAG):
       return json.loads(line[len(RESULT_TAG):])

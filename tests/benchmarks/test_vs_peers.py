@@ -226,6 +226,20 @@ def test_decode_worker_runs_lsh_predict_mode():
   assert result['1']['tok_s'] > 0
 
 
+@pytest.mark.parametrize('progress, last', [
+    (['model and loop set up in 1.0 s', 'step 1 of 4 in 2.0 s'],
+     'step 1 of 4 in 2.0 s'),
+    ([], 'no progress line (still starting)')])
+def test_a_timed_out_worker_says_where_it_was(progress, last):
+  # On the chip a paper-size 16K worker timed out twice with no clue where.
+  code = ''.join(f'vs_peers.progress({line!r}); ' for line in progress)
+  cmd = [sys.executable, '-c', f'import sys; sys.path.insert(0, '
+         f'{os.path.dirname(vs_peers.__file__)!r}); import vs_peers; {code}'
+         'import time; time.sleep(60)']
+  result = vs_peers.run_json_command(cmd, timeout=5)
+  assert result['error'] == f'timed out after 5 s; last: {last}'
+
+
 def test_error_line_names_the_error_not_jax_closing_note():
   stderr = ('Traceback (most recent call last):\n  File "x.py", line 1\n'
             'jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory\n'
