@@ -113,7 +113,7 @@ def _sync_jax():
 
 def progress(message):
   """A worker's progress line on stderr: what a timed-out worker had done
-  (`run_worker` reports the last one)."""
+  (`run_json_command` reports the last one)."""
   print(f'{PROGRESS_TAG}{message}', file=sys.stderr, flush=True)
 
 
