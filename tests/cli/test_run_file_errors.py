@@ -39,7 +39,9 @@ def _one_line(capsys, *fragments):
     ('run_files.json', b'{"format": "retrax-run-files", "files": [[1]]}'),
     ('run_files.json', b'[]'),
     ('run_files.json', b'[' * 100_000),  # Too deep: RecursionError.
-])
+], ids=['config-truncated', 'config-not-an-object', 'config-not-utf8',
+        'config-5000-digits', 'files-bad-entry', 'files-not-an-object',
+        'files-too-deep'])
 def test_damaged_run_files_are_one_line(run, tmp_path, capsys, name, content):
   path = os.path.join(run, name)
   with open(path, 'rb') as f:
