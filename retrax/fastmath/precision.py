@@ -97,6 +97,19 @@ def vmapped():
     _current['vmapped'] = old
 
 
+def float32_dots_round_to_bfloat16(on_tpu):
+  """Whether the float32 matmuls traced now round their operands to bfloat16.
+
+  Under the bfloat16 policy (matmuls of `MIN_ROWS` rows or more), and, where
+  `on_tpu`, at JAX's default matmul precision: XLA's float32 dots take one
+  bfloat16 pass there, unless `jax.default_matmul_precision` asks for more.
+  """
+  if _current['name'] == 'bfloat16':
+    return True
+  asked = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
+  return on_tpu and asked in (None, 'default', 'fastest', 'bfloat16')
+
+
 def _policy_dtype(a, b):
   """The dtype to round `a` and `b` to, or None to leave them as they are."""
   dtype = _DTYPES[_current['name']]

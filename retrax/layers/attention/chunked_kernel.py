@@ -144,10 +144,8 @@ def matmul_precision(on_tpu):
     return 'bfloat16'
   if not on_tpu:
     return None
-  asked = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
-  if asked in (None, 'default', 'fastest', 'bfloat16'):
-    return 'bfloat16'
-  return 'float32'
+  return ('bfloat16' if precision.float32_dots_round_to_bfloat16(on_tpu)
+          else 'float32')
 
 
 def unsupported(q, k, v):

@@ -72,6 +72,7 @@ from retrax.layers.attention.ops import on_tpu_unless_set
 from retrax.layers.attention.ops import permute_via_gather
 from retrax.layers.attention.ops import project_heads
 from retrax.layers.attention.ops import project_step_heads
+from retrax.layers.attention.ops import runs_kernel
 from retrax.layers.attention.ops import take_rows
 from retrax.validation import ArgumentValueError
 
@@ -93,6 +94,19 @@ UNSORT_AS_ONE = True
 # model's step took 1.04x the time side by side (16K, 5.57 vs 5.30 s).
 # None: on a TPU only.
 JOINT_PROJECTION = None
+# Whether `lsh_attend` sorts its queries|values into bfloat16 rows where
+# every matmul that reads them rounds them to bfloat16 anyway (on a TPU at
+# JAX's default matmul precision): the sort gather, the layout copies
+# around the chunks' attention and their cotangents then move half the
+# bytes; the chunks compute in float32 as before, from keys normalised after
+# that rounding. The cotangents of the sorted rows are rounded to bfloat16
+# too, which the projections' weight-gradient matmuls do to them anyway.
+# In the paper-size 64K step compiled for a v5e (2026-12-07, this CPU),
+# layout copies of over 1 GB a step wrote 48.3 GB, of which the sorted rows'
+# made ~26 (its time on the chip not yet measured). Only where speed
+# decides (`gathers_in_blocks` False: the memory path gathers rows block by
+# block from float32). None: on a TPU only.
+SORTED_BFLOAT16 = None
 
 
 def default_n_buckets(length, chunk_len):
@@ -199,6 +213,18 @@ def _last_column(x):
   return jnp.sum(jnp.where(last, x, 0), axis=-1)
 
 
+def _sorted_dtype(dtype, implementation):
+  """The dtype `lsh_attend` sorts float32 queries|values into (`SORTED_BFLOAT16`)."""
+  if dtype != jnp.float32 or runs_kernel(implementation):
+    return dtype
+  if SORTED_BFLOAT16 is None:
+    on_tpu = jax.default_backend() == 'tpu'
+    narrow = on_tpu and precision.float32_dots_round_to_bfloat16(on_tpu)
+  else:
+    narrow = SORTED_BFLOAT16
+  return jnp.bfloat16 if narrow else dtype
+
+
 def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
                n_chunks_before, n_chunks_after, causal, dropout=0.0, rng=None,
                n_ids=None, implementation='xla', depth=None):
@@ -234,7 +260,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   width = chunk_len * (1 + n_chunks_before + n_chunks_after)
   in_blocks = gathers_in_blocks(n_hashes * seqlen, chunk_len, n_chunks_before,
                                 n_chunks_after, implementation)
-  kv_info = None
+  kv_info, compute_dtype = None, None
   if in_blocks:  # No sorted copy: each block of the attention gathers its rows.
     rows = st
     if mask is not None:
@@ -242,6 +268,9 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   else:
     columns = qv if mask is None else jnp.concatenate(
         [qv, mask[:, None].astype(dtype)], axis=-1)
+    stored = _sorted_dtype(dtype, implementation)
+    if stored != dtype:
+      columns, compute_dtype = columns.astype(stored), dtype
     sorted_columns = gather_rounds(columns, sticker, undo_sort, n_hashes)
     qv, rows = sorted_columns[:, :depth + n_values], None
     if mask is not None:
@@ -257,7 +286,7 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
       qv, depth, chunk_len, n_chunks_before=n_chunks_before,
       n_chunks_after=n_chunks_after, mask_fn=mask_fn, q_info=st,
       kv_info=kv_info, dropout=dropout, rng=rng, implementation=implementation,
-      rows=rows, joint_output=as_one)
+      rows=rows, joint_output=as_one, compute_dtype=compute_dtype)
   if as_one:  # Outputs and normalisers `[N, V + 1]` side by side.
     unsorted = permute_via_gather(attended, undo_sort, sticker)
     o = unsorted[:, :-1].astype(dtype)  # [H*L, V]

@@ -420,7 +420,7 @@ def remat_blocks(n_chunks, chunk_len, width):
 
 def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
                       keep, keep_prob, remat, depth=None, rows=None,
-                      side_by_side=False):
+                      side_by_side=False, compute_dtype=None):
   """`_softmax_attend` of chunked `q`, `k`, `v` over blocks of `BLOCK_CHUNKS` chunks.
 
   A `lax.map` over the blocks (the last one, if shorter, on its own): each
@@ -434,7 +434,8 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
   with `rows` too (`[N, C]` indices), the chunks are `q[rows]` of an
   unchunked `q [L, depth + V]`, each block gathering its own rows.
   Returns `(out [N, C, V], logsumexp [N, C, 1])`; with `side_by_side`, one
-  `[N, C, V + 1]` array of both, joined inside each block.
+  `[N, C, V + 1]` array of both, joined inside each block. `compute_dtype`:
+  the dtype each block reads the joint `q` as (None: as it is stored).
   """
   n, size = (q if rows is None else rows).shape[0], BLOCK_CHUNKS
   n_full = n // size
@@ -459,6 +460,10 @@ def _attend_in_blocks(q, k, v, q_info, kv_info, share_qk, window, mask_fn,
     if rows is not None:  # Indices: the block's rows and its neighbours'.
       q_b = take_rows(q, q_b)
       k_parts = (take_rows(q, k_parts[0]), None, take_rows(q, k_parts[2]))
+    if compute_dtype is not None:
+      q_b = q_b.astype(compute_dtype)
+      k_parts = (k_parts[0].astype(compute_dtype), None,
+                 k_parts[2].astype(compute_dtype))
     if depth is not None:  # Keys (the queries) and values part here.
       v_parts = (k_parts[0][..., depth:], q_b[..., depth:],
                  k_parts[2][..., depth:])
@@ -535,7 +540,7 @@ def gathers_in_blocks(n_rows, chunk_len, n_chunks_before, n_chunks_after,
 def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
                      n_chunks_after=0, mask_fn=None, q_info=None, kv_info=None,
                      dropout=0.0, rng=None, implementation='xla', rows=None,
-                     joint_output=False):
+                     joint_output=False, compute_dtype=None):
   """`attend(x[:, :depth], None, x[:, depth:], chunk_len, ...)`, `x = qv[rows]`.
 
   Shared-QK chunked attention of queries and values that come side by side
@@ -549,7 +554,10 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   exists, nor its cotangent, which the blocks add into `qv`'s instead.
   Otherwise exactly `attend` (of `qv[rows]`). With `joint_output`, returns
   `attend`'s outputs and log-normalisers side by side, one `[N, V + 1]`
-  array (joined inside the blocks with `LSE_IN_BLOCKS`).
+  array (joined inside the blocks with `LSE_IN_BLOCKS`). `qv` may be stored
+  narrower than it is computed in (`compute_dtype`, e.g. LSH's sorted rows
+  in bfloat16 where the matmuls round them so anyway): its rows are read
+  as `compute_dtype` (None: as stored).
   """
   n_rows = qv.shape[0] if rows is None else rows.shape[0]
   n_chunks = n_rows // chunk_len
@@ -565,6 +573,8 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   if not joint:
     if rows is not None:
       qv = take_rows(qv, rows)
+    if compute_dtype is not None:
+      qv = qv.astype(compute_dtype)
     return joined(*attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
                           n_chunks_before=n_chunks_before,
                           n_chunks_after=n_chunks_after, mask_fn=mask_fn,
@@ -584,7 +594,7 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
       qv, None, None, q_info, kv_info, True,
       (n_chunks_before, n_chunks_after), mask_fn, keep, keep_prob,
       remat=remat_blocks(n_chunks, chunk_len, width), depth=depth, rows=rows,
-      side_by_side=side_by_side)
+      side_by_side=side_by_side, compute_dtype=compute_dtype)
   if side_by_side:
     return jnp.reshape(results, (-1, results.shape[-1]))
   out, dots_logsumexp = results

@@ -1,5 +1,7 @@
 """Tests of LSHSelfAttention against NumPy references, Trax's golden model and itself."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.test_util import check_grads
@@ -642,3 +644,85 @@ def test_recent_matching_mask_picks_the_sorted_rule_s_keys(q_start, density):
                                     n_keys)
     np.testing.assert_array_equal(np.nonzero(np.asarray(mask))[0],
                                   np.sort(np.asarray(keys)))
+
+
+def _round_to_bfloat16(x):
+  return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16),
+                    np.float64)
+
+
+@pytest.mark.parametrize('masked,speed_blocks', [
+    (False, False), (True, False), (False, True), (True, True)])
+def test_sorted_bfloat16_rows_compute_as_float32_from_the_rounded_rows(
+    monkeypatch, masked, speed_blocks):
+  """`SORTED_BFLOAT16`: the queries|values are sorted as bfloat16 rows, and
+  everything after computes in float32 as from those rounded rows: the
+  paper-algorithm reference (float64) on the rounded queries and values
+  matches to float32 rounding, whole and in blocks run for speed; their
+  gradients are the float32 path's at the rounded inputs up to the
+  bfloat16 rounding of the sorted rows' cotangents."""
+  if speed_blocks:
+    _gather_in_blocks(monkeypatch, speed=True)
+  length, chunk_len, n_hashes, depth, n_values = 16, 4, 2, 8, 8
+  q = np.random.RandomState(0).normal(size=(length, depth)).astype(np.float32)
+  v = np.random.RandomState(1).normal(size=(length, n_values)).astype(
+      np.float32)
+  mask = np.ones(length, bool)
+  if masked:
+    mask[[3, 11, 15]] = False
+  buckets = lsh.lsh_buckets(jnp.asarray(q), jax.random.PRNGKey(2), 4, n_hashes,
+                            chunk_len)
+  kw = dict(n_hashes=n_hashes, chunk_len=chunk_len, n_chunks_before=1,
+            n_chunks_after=0, causal=True)
+
+  def run(narrow, q, v):
+    monkeypatch.setattr(lsh, 'SORTED_BFLOAT16', narrow)
+    f = lambda q, v: lsh.lsh_attend(q, v, buckets, jnp.asarray(mask)
+                                    if masked else None, **kw)
+    loss = lambda q, v: jnp.sum(f(q, v) * jnp.cos(f(q, v)))
+    assert ('bf16[' in str(jax.make_jaxpr(f)(q, v))) == narrow
+    return jax.jit(f)(q, v), jax.jit(jax.grad(loss, (0, 1)))(q, v)
+
+  got, grads = run(True, q, v)
+  q16, v16 = _round_to_bfloat16(q), _round_to_bfloat16(v)
+  # One head whose projections pick the rounded queries and values out of x.
+  x = np.concatenate([q16, v16], axis=-1)[None]
+  eye = np.eye(depth + n_values)
+  weights = (eye[None, :, :depth], eye[None, :, depth:],
+             eye[None, depth:])  # The output lands in x's last columns.
+  want = refs.lsh_attention(x, weights, np.asarray(buckets)[None], n_heads=1,
+                            n_hashes=n_hashes, chunk_len=chunk_len,
+                            causal=True, mask=mask[None] if masked else None)
+  want = want[0, :, depth:]
+  np.testing.assert_allclose(got, want,
+                             **float32_tolerance(rtol=2e-5, atol=2e-5))
+  # The float32 rows differ from the rounded ones by far more than that.
+  full, full_grads = run(False, q, v)
+  assert np.abs(np.asarray(full) - want).max() > 1e-4
+  _, rounded_grads = run(False, jnp.asarray(q16, jnp.float32),
+                         jnp.asarray(v16, jnp.float32))
+  for g, want_g in zip(grads, rounded_grads):
+    np.testing.assert_allclose(g, want_g, rtol=0, atol=1e-2 * np.abs(
+        want_g).max())
+
+
+@pytest.mark.parametrize('backend,asked,narrow', [
+    ('tpu', None, True), ('tpu', 'bfloat16', True), ('tpu', 'highest', False),
+    ('cpu', None, False), ('gpu', None, False)])
+def test_sorted_bfloat16_by_default_where_matmuls_round_to_it(
+    monkeypatch, backend, asked, narrow):
+  """`SORTED_BFLOAT16` None: on a TPU at JAX's default matmul precision
+  (one bfloat16 pass), not where `jax.default_matmul_precision` asks for
+  more, nor on other backends; never for the Pallas kernel."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+  q = _normal(0, (32, 8))
+  buckets = lsh.lsh_buckets(q, jax.random.PRNGKey(2), 4, 2, 8)
+  kw = dict(n_hashes=2, chunk_len=8, n_chunks_before=1, n_chunks_after=0,
+            causal=True)
+  for implementation, want in (('xla', narrow), ('pallas', False)):
+    with jax.default_matmul_precision(asked):
+      jaxpr = str(jax.make_jaxpr(functools.partial(
+          lsh.lsh_attend, v=q, buckets=buckets, implementation=implementation,
+          **kw))(q))
+    # The sorted rows of both rounds, queries|values side by side.
+    assert ('bf16[64,16]' in jaxpr) == want, (implementation, jaxpr)
