@@ -244,6 +244,10 @@ def lsh_attend(q, v, buckets, mask=None, *, n_hashes, chunk_len,
   """
   if depth is None:
     depth, qv = q.shape[-1], jnp.concatenate([q, v], axis=-1)
+  elif v is not None:
+    raise ArgumentValueError(
+        f'lsh_attend: with depth={depth} the values come in q (queries|values '
+        f'side by side, {tuple(q.shape)}); v must be None, got {tuple(v.shape)}.')
   else:
     qv = q
   seqlen, n_values, dtype = qv.shape[0], qv.shape[-1] - depth, qv.dtype

@@ -520,6 +520,12 @@ def test_errors_are_clear():
     lsh.LSHSelfAttention(mode='predict', causal=True, masked=True)
   with pytest.raises(ValueError, match='even'):
     lsh.LSHSelfAttention(n_buckets=[4, 3])
+  qv = jnp.zeros((8, 6))
+  with pytest.raises(ValueError, match=r'depth=4 the values come in q .*\(8, 6\)'
+                     r'.*v must be None, got \(8, 2\)'):
+    lsh.lsh_attend(qv, qv[:, 4:], jnp.zeros(8, jnp.int32), n_hashes=1,
+                   chunk_len=4, n_chunks_before=1, n_chunks_after=0,
+                   causal=True, depth=4)
   layer = _layer(chunk_len=4, n_hashes=1)
   with pytest.raises(LayerError, match='must be a multiple of chunk_len=4'):
     layer.pure_fn(jnp.zeros((1, 6, D_MODEL)), _weights(), _state(1, 6, 1),
