@@ -713,8 +713,9 @@ def test_sorted_bfloat16_rows_compute_as_float32_from_the_rounded_rows(
 
 
 @pytest.mark.parametrize('backend,asked,narrow', [
-    ('tpu', None, True), ('tpu', 'bfloat16', True), ('tpu', 'highest', False),
-    ('cpu', None, False), ('gpu', None, False)])
+    ('tpu', 'default', True), ('tpu', 'bfloat16', True),
+    ('tpu', 'highest', False), ('cpu', 'default', False),
+    ('gpu', 'default', False)])
 def test_sorted_bfloat16_by_default_where_matmuls_round_to_it(
     monkeypatch, backend, asked, narrow):
   """`SORTED_BFLOAT16` None: on a TPU at JAX's default matmul precision
