@@ -57,7 +57,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT_DIR="${OUT:-$(mktemp -d)}"
 TOTAL_S="${TPU_SH_TOTAL_S:-560}"
-STAGES="${TPU_SH_STAGES:-float32 main tests search table profile decode}"
+STAGES="${TPU_SH_STAGES:-float32 main tests table search profile decode}"
 SITE="${TPU_SH_SITE:-/tmp/retrax-site}"
 INDEX=/opt/pypi/simple
 TINY="${RETRAX_TPU_SH_TINY:-}"
