@@ -102,10 +102,10 @@ JOINT_PROJECTION = None
 # that rounding. The cotangents of the sorted rows are rounded to bfloat16
 # too, which the projections' weight-gradient matmuls do to them anyway.
 # In the paper-size 64K step compiled for a v5e (2026-12-07, this CPU),
-# layout copies of over 1 GB a step wrote 48.3 GB, of which the sorted rows'
-# made ~26 (its time on the chip not yet measured). Only where speed
-# decides (`gathers_in_blocks` False: the memory path gathers rows block by
-# block from float32). None: on a TPU only.
+# layout copies of over 1 GB a step wrote 48.3 GB with float32 rows and 35.4
+# with these, gathers 39.1 and 29.4 GB (its time on the chip not yet
+# measured). Only where speed decides (`gathers_in_blocks` False: the memory
+# path gathers rows block by block from float32). None: on a TPU only.
 SORTED_BFLOAT16 = None
 
 
