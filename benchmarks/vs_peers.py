@@ -371,24 +371,38 @@ def run_worker(python, peer, argv, timeout, cpus=None):
 
 def run_json_command(cmd, timeout, env=None):
   """A worker command's tagged result, or `{'error': why}`; a timed-out
-  one's error names the last progress line it wrote (where it was)."""
+  one's error names the last progress line it wrote (where it was). A
+  worker that wrote its result and then did not exit in time (on a TPU
+  machine the runtime's shutdown after a large step can take that long)
+  keeps its result, marked `exit_timed_out_s`."""
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=env)
   except subprocess.TimeoutExpired as e:
     # (Captured output comes back as bytes here, whatever `text` says.)
-    stderr = e.stderr.decode(errors='replace') if isinstance(
-        e.stderr, bytes) else (e.stderr or '')
+    stdout, stderr = (x.decode(errors='replace') if isinstance(x, bytes)
+                      else (x or '') for x in (e.stdout, e.stderr))
+    result = _tagged_result(stdout)
+    if result is not None:
+      return dict(result, exit_timed_out_s=timeout)
     lines = [line[len(PROGRESS_TAG):] for line in stderr.splitlines()
              if line.startswith(PROGRESS_TAG)]
     last = lines[-1] if lines else 'no progress line (still starting)'
     return {'error': f'timed out after {timeout} s; last: {last}',
             'stderr_tail': stderr[-4000:]}
-  for line in reversed(proc.stdout.splitlines()):
-    if line.startswith(RESULT_TAG):
-      return json.loads(line[len(RESULT_TAG):])
+  result = _tagged_result(proc.stdout)
+  if result is not None:
+    return result
   return {'error': f'exit {proc.returncode}: {error_line(proc.stderr)[:300]}',
           'stderr_tail': proc.stderr[-4000:]}
+
+
+def _tagged_result(stdout):
+  """The last result line a worker wrote to `stdout`, parsed; None if none."""
+  for line in reversed(stdout.splitlines()):
+    if line.startswith(RESULT_TAG):
+      return json.loads(line[len(RESULT_TAG):])
+  return None
 
 
 def error_line(stderr):
@@ -485,9 +499,11 @@ def _brief(result):
     device = result.get('device_peak_bytes')
     tpu = result.get('versions', {}).get('device') == 'tpu'
     label = 'device arrays peak (no temporaries)' if tpu else 'device peak'
+    slow_exit = result.get('exit_timed_out_s')
     return (f"median {statistics.median(result['step_s']):.3f} s, first "
             f"{result['first_s']:.1f} s, RSS {result['rss_bytes'] / 1e9:.2f} GB"
-            + (f', {label} {device / 1e9:.2f} GB' if device else ''))
+            + (f', {label} {device / 1e9:.2f} GB' if device else '')
+            + (f'; it did not exit within {slow_exit} s' if slow_exit else ''))
   return ', '.join(f"batch {b}: {r['tok_s']:.1f} tok/s"
                    for b, r in result.items() if isinstance(r, dict) and
                    'tok_s' in r)

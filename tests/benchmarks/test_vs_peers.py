@@ -240,6 +240,20 @@ def test_a_timed_out_worker_says_where_it_was(progress, last):
   assert result['error'] == f'timed out after 5 s; last: {last}'
 
 
+def test_a_result_written_before_a_slow_exit_is_kept():
+  # On the chip a 64K step's process took 20 s or more to exit after it had
+  # written its result.
+  cmd = [sys.executable, '-c', f'import sys; sys.path.insert(0, '
+         f'{os.path.dirname(vs_peers.__file__)!r}); import vs_peers; '
+         f'print(vs_peers.RESULT_TAG + \'{{"median_s": 0.5}}\', flush=True); '
+         'import time; time.sleep(60)']
+  assert vs_peers.run_json_command(cmd, timeout=5) == {
+      'median_s': 0.5, 'exit_timed_out_s': 5}
+  result = dict(step_s=[2.0], first_s=5.0, rss_bytes=3e9, exit_timed_out_s=5)
+  assert vs_peers._brief(result) == (  # pylint: disable=protected-access
+      'median 2.000 s, first 5.0 s, RSS 3.00 GB; it did not exit within 5 s')
+
+
 def test_error_line_names_the_error_not_jax_closing_note():
   stderr = ('Traceback (most recent call last):\n  File "x.py", line 1\n'
             'jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory\n'
