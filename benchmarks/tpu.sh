@@ -44,8 +44,8 @@
 #   bash benchmarks/tpu.sh                          # every stage
 #   TPU_SH_STAGES="main tests" bash benchmarks/tpu.sh
 #   # The main job, the whole quick suite, the table and 1M tokens in one
-#   # call (by the chip's slow list of 2026-12-07, --quick there is ~1,600
-#   # tests, ~210 s of test time; main ~70 s, table ~75 s, 1M ~75 s):
+#   # call (on the chip, 2026-12-07: main 65 s, --quick 270 s before the
+#   # slow list's last 76 s of tests, table ~150 s, the 1M try ~106 s):
 #   TPU_SH_STAGES="main tests table search" TPU_SH_SEARCH=1048576,1048576 \
 #     TPU_SH_TEST_SHARE=55 TPU_SH_TOTAL_S=585 bash benchmarks/tpu.sh
 #   RETRAX_TPU_SH_TINY=1 JAX_PLATFORMS=cpu bash benchmarks/tpu.sh  # toy sizes
@@ -63,22 +63,29 @@ INDEX=/opt/pypi/simple
 TINY="${RETRAX_TPU_SH_TINY:-}"
 
 # The machine's own JAX stays first on the path; what pip brings goes after.
-if ! "$PY" -c 'import optax, safetensors, tqdm, google_crc32c' 2>/dev/null \
+# A stamp in $SITE skips the import check and the carried wheels' reinstall
+# on a warm machine (seconds of a call's ten minutes).
+STAMP="$SITE/.retrax-tpu-sh-$(cat .whl-tpu/*.whl 2>/dev/null | cksum | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] \
+    && ! "$PY" -c 'import optax, safetensors, tqdm, google_crc32c' 2>/dev/null \
     && [ -d "$INDEX" ]; then
   PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q \
     --only-binary=:all: --index-url "file://$INDEX" --target "$SITE" \
     optax safetensors tqdm google-crc32c sentencepiece >"$OUT_DIR/pip.log" 2>&1 \
     || { echo "pip install from $INDEX failed (see pip.log)"; exit 1; }
 fi
-if compgen -G ".whl-tpu/*.whl" >/dev/null; then  # e.g. gin-config
+if [ ! -f "$STAMP" ] && compgen -G ".whl-tpu/*.whl" >/dev/null; then  # gin
   PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --no-index \
     --no-deps --no-compile --upgrade --target "$SITE" .whl-tpu/*.whl \
     >>"$OUT_DIR/pip.log" 2>&1 || { echo "carried wheels failed"; exit 1; }
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}:$SITE"
 export PYTHONUNBUFFERED=1
-"$PY" -c 'import jax, retrax; print("jax", jax.__version__, jax.devices())' \
+# Imports only: each stage names the device it ran on, and starting the
+# TPU runtime once more here would cost ~10 s (no transparent hugepages).
+"$PY" -c 'import jax, retrax, optax; print("jax", jax.__version__)' \
   || exit 1
+[ -d "$SITE" ] && touch "$STAMP"
 
 left() { echo $((TOTAL_S - SECONDS)); }
 # share N: N percent of the total, at most what is left.
@@ -87,14 +94,14 @@ share() { local s=$((TOTAL_S * $1 / 100)); local l; l=$(left)
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if want float32; then
-  echo "== float32 arithmetic against float64 NumPy (the tests' TPU tolerance)"
+  echo "== [+${SECONDS} s] float32 arithmetic against float64 NumPy (the tests' TPU tolerance)"
   SIZE=512; [ -n "$TINY" ] && SIZE=64
   timeout -k 10 "$(share 10)" "$PY" benchmarks/float32_error.py --size "$SIZE" \
     --json "$OUT_DIR/tpu_float32.json"
 fi
 
 if want main; then
-  echo "== main job: retrax train (budget $(share 20) s)"
+  echo "== [+${SECONDS} s] main job: retrax train (budget $(share 20) s)"
   RUN_DIR=$(mktemp -d)
   START=$SECONDS
   MAIN=(-m retrax train)
@@ -106,7 +113,7 @@ fi
 
 if want tests; then
   TEST_S=$(share "${TPU_SH_TEST_SHARE:-45}")
-  echo "== pytest --quick, one process (budget $TEST_S s)"
+  echo "== [+${SECONDS} s] pytest --quick, one process (budget $TEST_S s)"
   # TPU_SH_TEST_PATHS: a part of the suite (the chip compiles each test's
   # programs: tests not yet in its slow list can take calls); TPU_SH_TEST_SHARD
   # K/N: the K-th of N fixed parts of it (e.g. 1/4 .. 4/4 over four calls).
@@ -133,7 +140,7 @@ fi
 PAPER=(--d-model 1024 --d-ff 4096 --n-heads 16 --chunk-len 128)
 [ -n "$TINY" ] && PAPER=(--tiny --n-layers 1)
 if want table; then
-  echo "== paper-size table (budget $(share 30) s)"
+  echo "== [+${SECONDS} s] paper-size table (budget $(share 30) s)"
   LENGTHS="${TPU_SH_LENGTHS:-16384,65536}"
   [ -n "$TINY" ] && LENGTHS=32
   "$PY" benchmarks/vs_peers.py "${PAPER[@]}" --lengths "$LENGTHS" --steps 3 \
@@ -146,7 +153,7 @@ fi
 # then in 110 s in the next call, where it took ~35 s before (cause not
 # known: docs/benchmarks.md, tenth chip session).
 if want search; then
-  echo "== longest default-model step (budget $(share 30) s)"
+  echo "== [+${SECONDS} s] longest default-model step (budget $(share 30) s)"
   SEARCH="${TPU_SH_SEARCH:-524288,1048576,2097152}"
   SIZES=()
   [ -n "$TINY" ] && { SEARCH=32,64; SIZES=(--tiny --n-layers 1); }
@@ -158,7 +165,7 @@ if want search; then
 fi
 
 if want profile; then
-  echo "== step profile, paper size (budget $(share 20) s)"
+  echo "== [+${SECONDS} s] step profile, paper size (budget $(share 20) s)"
   # Traces stay on the machine (too large to bring back); their device time
   # by HLO category and slowest ops go into the JSON, the XLA LSH layer's
   # and the step's compiled HLO beside it (to read what those ops are).
@@ -176,7 +183,7 @@ if want profile; then
 fi
 
 if want variants; then
-  echo "== step variants (budget $(share 60) s)"
+  echo "== [+${SECONDS} s] step variants (budget $(share 60) s)"
   IFS=';' read -r -a VARIANTS <<< "${TPU_SH_VARIANTS:-}"
   [ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("")  # the defaults alone
   SIZE=(--length "${TPU_SH_PROFILE_LENGTH:-16384}")
@@ -196,7 +203,7 @@ if want variants; then
 fi
 
 if want decode; then
-  echo "== decoding (budget $(left) s)"
+  echo "== [+${SECONDS} s] decoding (budget $(left) s)"
   DEC=(--lengths "" --decode-tokens 256,2048 --decode-batches 1,8)
   [ -n "$TINY" ] && DEC=(--tiny --n-layers 1 --lengths "" --decode-tokens 16
                          --decode-batches 1)
@@ -204,7 +211,7 @@ if want decode; then
     --json "$OUT_DIR/tpu_decode.json"
 fi
 if want gather; then
-  echo "== row gathers, XLA vs Pallas (budget $(share 20) s)"
+  echo "== [+${SECONDS} s] row gathers, XLA vs Pallas (budget $(share 20) s)"
   read -r -a GATHER <<< "${TPU_SH_GATHER_ARGS:-}"
   [ -n "$TINY" ] && GATHER+=(--tiny)
   timeout -k 10 "$(share 20)" "$PY" benchmarks/gather_bench.py "${GATHER[@]}" \
@@ -218,7 +225,7 @@ if want real_text; then
   # The piece stops at the last eval that leaves time for the next stretch,
   # one minute before what is left (startup, the corpus, the copy below).
   MINUTES=$(( ($(left) - 60) / 60 ))
-  echo "== real_text in $RT_DIR (${MINUTES} minutes): ${RT_ARGS[*]}"
+  echo "== [+${SECONDS} s] real_text in $RT_DIR (${MINUTES} minutes): ${RT_ARGS[*]}"
   "$PY" benchmarks/real_text.py "${RT_ARGS[@]}" --run_dir "$RT_DIR" \
     --max_minutes "$MINUTES" --json "$OUT_DIR/real_text.json" \
     2>&1 | tee "$OUT_DIR/real_text.log" | tail -n 40

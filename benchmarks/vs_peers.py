@@ -322,7 +322,9 @@ def worker(args):
   if args.worker == 'train':
     result = (hf_train if hf else trax_train_program)(cfg, args.length,
                                                       args.steps)
-    if args.peer == 'retrax':
+    # The search's tries skip it: they need whether a length fits, and the
+    # peak's eight compiled matmuls cost seconds of a chip call.
+    if args.peer == 'retrax' and not args.no_matmul_peak:
       result['peak_gflops'] = matmul_peak(cfg, args.length)
   else:
     result = {str(b): (hf_decode if hf else trax_decode_program)(
@@ -480,7 +482,8 @@ def search_max_length(args, cfg, log=print):
   while start <= length <= most and str(length) not in tries:
     result = run_worker(sys.executable, 'retrax', [
         '--cfg', json.dumps(cfg), '--worker', 'train', '--length',
-        str(length), '--steps', '1'], budget.timeout(args.timeout))
+        str(length), '--steps', '1', '--no-matmul-peak'],
+        budget.timeout(args.timeout))
     tries[str(length)] = result
     log(f'search L={length}: {_brief(result)}', flush=True)
     if 'error' in result:
@@ -549,6 +552,8 @@ def parse_args(argv=None):
   parser.add_argument('--cpus', help=argparse.SUPPRESS)
   parser.add_argument('--length', type=int, help=argparse.SUPPRESS)
   parser.add_argument('--tokens', type=int, help=argparse.SUPPRESS)
+  parser.add_argument('--no-matmul-peak', action='store_true',
+                      help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
 

@@ -81,8 +81,10 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   assert f32['backend'] == 'cpu' and f32['cases']['exp']['rel'] < 1e-6
   search = json.loads((tmp_path / 'tpu_max_length.json').read_text())
   assert search['fits'] == 64
+  assert 'peak_gflops' not in search['tries']['64']
   table = json.loads((tmp_path / 'tpu_vs_peers.json').read_text())
   assert table['train']['32']['retrax']['step_s'][0] > 0
+  assert table['train']['32']['retrax']['peak_gflops']['float32'] > 0
   # The real_text stage's progress file reports as the run itself did.
   assert 'real_text: rc 0' in proc.stdout
   progress = tmp_path / 'real_text_progress.json'

@@ -272,6 +272,8 @@ def test_search_tries_each_length_once(monkeypatch):
   def fake_worker(python, peer, argv, timeout, cpus=None):
     length = int(argv[argv.index('--length') + 1])
     calls.append(length)
+    # A try asks whether the length fits: no matmul peak measured.
+    assert '--no-matmul-peak' in argv
     return {'error': 'exit 1: OOM'} if length > 1 << 20 else {
         'step_s': [1.0], 'first_s': 2.0, 'rss_bytes': 1e9}
   monkeypatch.setattr(vs_peers, 'run_worker', fake_worker)
