@@ -28,6 +28,8 @@ import os
 import time
 import zlib
 
+import pytest
+
 QUICK_SECONDS = 1.0
 SLOW_TESTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                'slow_tests.json')
@@ -115,7 +117,14 @@ def write_slow_tests(path, durations, root, at_least=None):
 
 
 class _Recorder:
-  """Sums each finished test's setup, call and teardown seconds; writes them."""
+  """Sums each finished test's setup, call and teardown seconds; writes them.
+
+  A module-, class- or session-scoped fixture's setup is left out: pytest
+  counts it in the setup of whichever test first asks for it, and charging
+  that test would move the fixture's cost on to the next one each time the
+  slow one is left out (on the chip, a module's 20 s fixture walked through
+  one parametrized test's cases, one per recorded run).
+  """
 
   def __init__(self, path, root):
     self.path = path
@@ -123,12 +132,25 @@ class _Recorder:
     self.durations = collections.defaultdict(float)
     self.started = {}
     self.finished = set()
+    self.shared_setup = collections.defaultdict(float)
+    self.current = None
 
   def pytest_runtest_logstart(self, nodeid):
     self.started[nodeid] = time.monotonic()
+    self.current = nodeid
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_fixture_setup(self, fixturedef):
+    start = time.monotonic()
+    yield
+    if fixturedef.scope != 'function' and self.current is not None:
+      self.shared_setup[self.current] += time.monotonic() - start
 
   def pytest_runtest_logreport(self, report):
-    self.durations[report.nodeid] += report.duration
+    seconds = report.duration
+    if report.when == 'setup':
+      seconds = max(0.0, seconds - self.shared_setup.pop(report.nodeid, 0.0))
+    self.durations[report.nodeid] += seconds
     if report.when == 'teardown':
       self.finished.add(report.nodeid)
 

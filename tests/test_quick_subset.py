@@ -60,6 +60,24 @@ def test_recorded_slow_tests_are_left_out_and_new_ones_kept(tmp_path):
   assert 'test_slow PASSED' in _pytest(tmp_path)  # Without --quick: all.
 
 
+def test_a_shared_fixture_s_setup_is_charged_to_no_test(tmp_path):
+  # A module's slow fixture is not the first test's own time: otherwise,
+  # left out, its cost would pass to the next test at each recording.
+  slow = quick_subset.QUICK_SECONDS + 0.2
+  (tmp_path / 'test_m.py').write_text(
+      'import time\nimport pytest\n\n'
+      '@pytest.fixture(scope="module")\ndef shared():\n'
+      f'  time.sleep({slow})\n\n'
+      '@pytest.fixture\ndef own():\n'
+      f'  time.sleep({slow})\n\n'
+      '@pytest.mark.parametrize("i", [0, 1])\n'
+      'def test_uses_it(shared, i):\n  pass\n\n'
+      'def test_own_fixture(shared, own):\n  pass\n')
+  _pytest(tmp_path, '--record-durations')
+  # The function-scoped fixture stays its test's own time.
+  assert list(_slow(tmp_path / 'slow.json')) == ['test_m.py::test_own_fixture']
+
+
 def test_recording_updates_the_tests_it_timed_and_keeps_the_others(tmp_path):
   slow = quick_subset.QUICK_SECONDS + 0.2
   (tmp_path / 'test_a.py').write_text(_TESTS.format(sleep=slow))
