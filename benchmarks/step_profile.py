@@ -67,6 +67,7 @@ report = importlib.import_module('vs_peers_report')
 from retrax import layers as tl  # noqa: E402
 from retrax import models  # noqa: E402
 from retrax import shapes  # noqa: E402
+from retrax.fastmath import precision  # noqa: E402
 
 PAPER = dict(vocab=256, d_model=1024, d_ff=4096, n_heads=16, d_head=64,
              n_layers=6, n_hashes=2, chunk_len=128)
@@ -318,11 +319,17 @@ def compare_steps(paths, log=print):
   return rows
 
 
-def apply_settings(assignments):
+def apply_settings(assignments, matmul_dtype=None):
   """Sets each `MODULE.NAME=VALUE` (VALUE a Python literal) and returns
   `{MODULE.NAME: VALUE}`; a name the module lacks is an error, not a new
-  attribute (a misspelt policy would otherwise measure the default)."""
+  attribute (a misspelt policy would otherwise measure the default).
+  `matmul_dtype` ('float32' or 'bfloat16'), if given, sets the matmul policy
+  (`precision.set_matmul_dtype`, as `RETRAX_MATMUL_DTYPE` does), recorded
+  as `matmul_dtype`."""
   settings = {}
+  if matmul_dtype:
+    precision.set_matmul_dtype(matmul_dtype)
+    settings['matmul_dtype'] = matmul_dtype
   for assignment in assignments:
     target, sep, text = assignment.partition('=')
     module_name, _, name = target.rpartition('.')
@@ -365,6 +372,9 @@ def main(argv=None):
                       metavar='MODULE.NAME=VALUE',
                       help='change a module constant for this run, e.g. '
                       'retrax.layers.attention.ops.REMAT_SPEED_BLOCKS=False')
+  parser.add_argument('--matmul-dtype', choices=['float32', 'bfloat16'],
+                      help='the matmul policy for this run (as '
+                      'RETRAX_MATMUL_DTYPE)')
   parser.add_argument('--compare', nargs='+', metavar='JSON',
                       help='print the step of these runs (their --json), '
                       'each over the first; nothing is run')
@@ -372,7 +382,7 @@ def main(argv=None):
   if args.compare:
     compare_steps(args.compare)
     return
-  settings = apply_settings(args.set)
+  settings = apply_settings(args.set, args.matmul_dtype)
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]
   summary = profile(cfg, args.length, args.trace, json_path=args.json,

@@ -27,7 +27,8 @@
 #            space-separated list of MODULE.NAME=VALUE (`step_profile.py
 #            --set`), the first usually empty (the defaults), e.g.
 #            TPU_SH_VARIANTS=";$M.REMAT_SPEED_BLOCKS=False" with M=
-#            retrax.layers.attention.ops; one process each, then each
+#            retrax.layers.attention.ops, or step_profile.py's own
+#            options (--matmul-dtype=bfloat16); one process each, then each
 #            step's time over the first's; not in the default stages
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
@@ -187,12 +188,16 @@ if want variants; then
   IFS=';' read -r -a VARIANTS <<< "${TPU_SH_VARIANTS:-}"
   [ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("")  # the defaults alone
   SIZE=(--length "${TPU_SH_PROFILE_LENGTH:-16384}")
-  [ -n "$TINY" ] && { VARIANTS=("" "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0");
-                      SIZE=(--tiny --length 256); }
+  [ -n "$TINY" ] && {
+    VARIANTS=("" "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0 --matmul-dtype=bfloat16")
+    SIZE=(--tiny --length 256); }
   END=$((SECONDS + $(share 60)))
   for i in "${!VARIANTS[@]}"; do
     SETS=()
-    for assignment in ${VARIANTS[$i]}; do SETS+=(--set "$assignment"); done
+    for assignment in ${VARIANTS[$i]}; do  # step_profile's own --options too
+      case "$assignment" in --*) SETS+=("$assignment") ;;
+                             *) SETS+=(--set "$assignment") ;; esac
+    done
     # Each variant gets an equal share of what is left.
     LEFT=$(( (END - SECONDS) / (${#VARIANTS[@]} - i) ))
     timeout -k 10 "$LEFT" "$PY" benchmarks/step_profile.py "${SIZE[@]}" \

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from retrax.fastmath import precision
+
 _BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks')
 _spec = importlib.util.spec_from_file_location(
     'step_profile', os.path.join(_BENCH, 'step_profile.py'))
@@ -74,9 +76,11 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   variants = [json.loads((tmp_path / f'tpu_variant_{i}.json').read_text())
               for i in range(2)]
   assert [v['settings'] for v in variants] == [
-      {}, {'retrax.layers.attention.ops.BLOCK_MIN_LOGITS': 0}]
+      {}, {'retrax.layers.attention.ops.BLOCK_MIN_LOGITS': 0,
+           'matmul_dtype': 'bfloat16'}]
   assert all(v['parts']['step']['step_s'] > 0 for v in variants)
-  assert 'retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0' in proc.stdout
+  assert ("matmul_dtype='bfloat16' "
+          "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0") in proc.stdout
   f32 = json.loads((tmp_path / 'tpu_float32.json').read_text())
   assert f32['backend'] == 'cpu' and f32['cases']['exp']['rel'] < 1e-6
   search = json.loads((tmp_path / 'tpu_max_length.json').read_text())
@@ -111,6 +115,13 @@ def test_set_changes_a_module_constant_and_refuses_unknown_names(monkeypatch):
   assert got == {f'{name}REMAT_SPEED_BLOCKS': False,
                  f'{name}BLOCK_CHUNKS': 32}
   assert ops.REMAT_SPEED_BLOCKS is False and ops.BLOCK_CHUNKS == 32
+  old = precision.set_matmul_dtype('float32')
+  try:
+    assert step_profile.apply_settings([], 'bfloat16') == {
+        'matmul_dtype': 'bfloat16'}
+    assert precision.matmul_dtype() == 'bfloat16'
+  finally:
+    precision.set_matmul_dtype(old)
   for bad, message in [(f'{name}REMAT_SPEED_BLOCK=False', 'has no'),
                        (f'{name}BLOCK_CHUNKS=thirty', 'not a Python literal'),
                        ('REMAT_SPEED_BLOCKS', 'MODULE.NAME=VALUE'),
