@@ -151,8 +151,9 @@ fi
 
 # The longest step after the table: twice (2026-12-07) the paper-size 16K
 # step that followed the 1M step on the chip did not finish, in 52 s and
-# then in 110 s in the next call, where it took ~35 s before (cause not
-# known: docs/benchmarks.md, tenth chip session).
+# then in 110 s in the next call, where it took ~35 s before (likely the 1M
+# process's slow exit holding the chip; the workers now leave by os._exit:
+# docs/benchmarks.md, tenth to twelfth chip sessions).
 if want search; then
   echo "== [+${SECONDS} s] longest default-model step (budget $(share 30) s)"
   SEARCH="${TPU_SH_SEARCH:-524288,1048576,2097152}"
