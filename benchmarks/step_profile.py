@@ -3,6 +3,7 @@
     python benchmarks/step_profile.py [--length 16384] [--tiny] [--trace DIR]
         [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz] [--step-only]
         [--trace-steps 3] [--set MODULE.NAME=VALUE ...]
+        [--matmul-dtype bfloat16] [--compiler-option NAME=VALUE ...]
     python benchmarks/step_profile.py --compare base.json variant.json ...
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
@@ -37,7 +38,10 @@ HLO category; `--step-only` times and traces the step alone. `--set
 retrax.layers.attention.ops.REMAT_SPEED_BLOCKS=False` runs with a module
 constant changed (a Python literal; repeatable): one variant of a policy per
 run, to compare on a device with the default's run (`--compare` prints
-each run's step over the first's).
+each run's step over the first's). `--compiler-option
+xla_tpu_scoped_vmem_limit_kib=98304` compiles the step with an XLA option
+(the other parts without), e.g. a TPU compiler's flag that would otherwise
+need `LIBTPU_INIT_ARGS` before the process starts.
 Each row is printed, and `--json` rewritten, as soon as it is measured, so
 a run cut short by a time limit keeps the rows it finished.
 """
@@ -108,18 +112,22 @@ def model_of(cfg, length):
       max_len=length, attention_type=attention, mode='train')
 
 
-def step_fn(cfg, length):
-  """The loss's jitted value-and-gradient, its weights and one batch."""
+def step_fn(cfg, length, compiler_options=None):
+  """The loss's jitted value-and-gradient, its weights and one batch.
+
+  `compiler_options`: XLA options for this jit (`--compiler-option`)."""
   model = tl.Serial(model_of(cfg, length), tl.WeightedCategoryCrossEntropy())
   rng = np.random.RandomState(0)
   tokens = rng.randint(1, cfg['vocab'], size=(1, length)).astype(np.int32)
   batch = (tokens, tokens, np.ones((1, length), np.float32))
-  weights, state = model.init(shapes.signature(batch))
+  weights, state = model.init(shapes.signature(batch),
+                              rng=jax.random.PRNGKey(0))
 
   def loss(w, batch):
     y, _ = model.pure_fn(batch, w, state, jax.random.PRNGKey(0))
     return y
-  return jax.jit(jax.value_and_grad(loss)), weights, batch
+  return (jax.jit(jax.value_and_grad(loss), compiler_options=compiler_options),
+          weights, batch)
 
 
 def _lsh_layer(cfg, implementation, n_parallel_heads=None):
@@ -132,7 +140,7 @@ def _lsh_layer(cfg, implementation, n_parallel_heads=None):
 
 def profile(cfg, length, trace_dir=None, log=print, json_path=None,
             units=(), hlo_path=None, step_only=False, trace_steps=3,
-            settings=None):
+            settings=None, compiler_options=None):
   """Times the parts; returns `{part: {compile_s, step_s, flops, tflops,
   of_matmul} or {error}}` plus `lsh_kernel_over_xla` when both ran. `units`:
   the `n_parallel_heads` of the `lsh_unitsK` rows. With `trace_dir`, the
@@ -143,7 +151,8 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   added before `.txt`). `step_only`: the matmul baseline and the step
   alone; `trace_steps`: calls per trace (fewer: a long length's trace
   read within a time limit); `settings`: the module constants `--set`
-  changed, recorded in the summary."""
+  changed, recorded in the summary; `compiler_options`: XLA options for the
+  step's compile alone (recorded in `settings` by `main`)."""
   blocks, head = report.forward_flops(cfg, length)
   per_layer = blocks / cfg['n_layers']
   d = cfg['d_model']
@@ -184,7 +193,8 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
     write_json(json_path, summary)
 
   if step_only:
-    _step_part(cfg, length, record, trace, summary, json_path, hlo_path)
+    _step_part(cfg, length, record, trace, summary, json_path, hlo_path,
+               compiler_options)
     return summary
 
   ff = tl.Serial(tl.LayerNorm(), tl.Dense(cfg['d_ff']), tl.Relu(),
@@ -197,7 +207,8 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   write_hlo(hlo_path, fn, w, x)
   trace('lsh', fn, w, x)
 
-  _step_part(cfg, length, record, trace, summary, json_path, hlo_path)
+  _step_part(cfg, length, record, trace, summary, json_path, hlo_path,
+             compiler_options)
 
   for k in units:
     fn, w = _layer_grad_fn(_lsh_layer(cfg, 'xla', k), x)
@@ -221,9 +232,10 @@ def profile(cfg, length, trace_dir=None, log=print, json_path=None,
   return summary
 
 
-def _step_part(cfg, length, record, trace, summary, json_path, hlo_path):
+def _step_part(cfg, length, record, trace, summary, json_path, hlo_path,
+               compiler_options=None):
   """Times (and traces) the whole step: `profile`'s 'step' row."""
-  fn, w, batch = step_fn(cfg, length)
+  fn, w, batch = step_fn(cfg, length, compiler_options)
   record('step', *_median_seconds(fn, w, batch, repeats=3),
          report.train_flops(cfg, length))
   if hlo_path:
@@ -350,6 +362,24 @@ def apply_settings(assignments, matmul_dtype=None):
   return settings
 
 
+def compiler_options(assignments):
+  """`{NAME: VALUE}` of `--compiler-option NAME=VALUE`s: VALUE `true` or
+  `false` (any case) a bool, digits an int, anything else text (XLA takes
+  each option typed: it refuses the text 'false' for a bool)."""
+  options = {}
+  for assignment in assignments:
+    name, sep, value = assignment.partition('=')
+    if not (sep and name and value):
+      raise SystemExit(f'--compiler-option takes NAME=VALUE; got '
+                       f'{assignment!r}')
+    if value.lower() in ('true', 'false'):
+      value = value.lower() == 'true'
+    elif value.lstrip('-').isdigit():
+      value = int(value)
+    options[name.removeprefix('--')] = value
+  return options
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--length', type=int, default=16384)
@@ -375,6 +405,10 @@ def main(argv=None):
   parser.add_argument('--matmul-dtype', choices=['float32', 'bfloat16'],
                       help='the matmul policy for this run (as '
                       'RETRAX_MATMUL_DTYPE)')
+  parser.add_argument('--compiler-option', action='append', default=[],
+                      metavar='NAME=VALUE',
+                      help="an XLA option for the step's compile, e.g. "
+                      'xla_tpu_scoped_vmem_limit_kib=98304 (repeatable)')
   parser.add_argument('--compare', nargs='+', metavar='JSON',
                       help='print the step of these runs (their --json), '
                       'each over the first; nothing is run')
@@ -383,12 +417,15 @@ def main(argv=None):
     compare_steps(args.compare)
     return
   settings = apply_settings(args.set, args.matmul_dtype)
+  options = compiler_options(args.compiler_option)
+  if options:
+    settings['compiler_options'] = options
   cfg = TINY if args.tiny else PAPER
   units = [int(k) for k in args.units.split(',') if k]
   summary = profile(cfg, args.length, args.trace, json_path=args.json,
                     units=units, hlo_path=args.hlo,
                     step_only=args.step_only, trace_steps=args.trace_steps,
-                    settings=settings)
+                    settings=settings, compiler_options=options or None)
   ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')

@@ -28,8 +28,9 @@
 #            --set`), the first usually empty (the defaults), e.g.
 #            TPU_SH_VARIANTS=";$M.REMAT_SPEED_BLOCKS=False" with M=
 #            retrax.layers.attention.ops, or step_profile.py's own
-#            options (--matmul-dtype=bfloat16); one process each, then each
-#            step's time over the first's; not in the default stages
+#            options (--matmul-dtype=bfloat16, --compiler-option=
+#            xla_tpu_scoped_vmem_limit_kib=98304); one process each, then
+#            each step's time over the first's; not in the default stages
 #   decode   decoding tokens/s (vs_peers' decode rows, default model)
 #   gather   benchmarks/gather_bench.py: XLA's row gathers against the
 #            Pallas kernels of gather_kernel at the LSH shapes (16 units of

@@ -144,3 +144,28 @@ def test_compare_steps_divides_by_the_first_run_with_a_step(tmp_path):
   assert rows == [({}, None, None), ({}, 500.0, 1.0),
                   ({'m.X': False}, 400.0, pytest.approx(0.8))]
   assert lines[-1].split() == ['400.00', '0.800', 'm.X=False']
+
+
+def test_compiler_options_reach_the_steps_compile():
+  """`--compiler-option`s parse to typed values and are handed to XLA: an
+  option XLA lacks fails the step's compile, a real one compiles the same
+  step to the same numbers."""
+  got = step_profile.compiler_options(
+      ['xla_a=98304', '--xla_b=ENABLED', 'xla_c=False', 'xla_d=true'])
+  assert got == {'xla_a': 98304, 'xla_b': 'ENABLED', 'xla_c': False,
+                 'xla_d': True}
+  assert [type(v) for v in got.values()] == [int, str, bool, bool]
+  for bad in ['xla_a', 'xla_a=', '=1']:
+    with pytest.raises(SystemExit, match='NAME=VALUE'):
+      step_profile.compiler_options([bad])
+  fn, w, batch = step_profile.step_fn(step_profile.TINY, 16)
+  want = fn(w, batch)
+  fn, w, batch = step_profile.step_fn(
+      step_profile.TINY, 16,
+      step_profile.compiler_options(['xla_cpu_enable_fast_math=false']))
+  got = fn(w, batch)
+  assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
+  fn, w, batch = step_profile.step_fn(
+      step_profile.TINY, 16, {'xla_no_such_option_here': 1})
+  with pytest.raises(Exception, match='xla_no_such_option_here'):
+    fn(w, batch)
