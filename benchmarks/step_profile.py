@@ -4,6 +4,7 @@
         [--units 1,4] [--json out.json] [--hlo lsh_hlo.txt.gz] [--step-only]
         [--trace-steps 3] [--set MODULE.NAME=VALUE ...]
         [--matmul-dtype bfloat16] [--compiler-option NAME=VALUE ...]
+        [--n-parallel-heads K]
     python benchmarks/step_profile.py --compare base.json variant.json ...
 
 Paper-size model by default (d_model 1024, d_ff 4096, 16 heads of 64, 6
@@ -103,8 +104,12 @@ def _layer_grad_fn(layer, x):
 
 
 def model_of(cfg, length):
+  """The ReformerLM of `cfg`; its attention runs `cfg['n_parallel_heads']`
+  (example, head) units at a time if given (`--n-parallel-heads`), else the
+  layer's default."""
   attention = functools.partial(tl.LSHSelfAttention, n_hashes=cfg['n_hashes'],
-                                chunk_len=cfg['chunk_len'])
+                                chunk_len=cfg['chunk_len'],
+                                n_parallel_heads=cfg.get('n_parallel_heads'))
   return models.ReformerLM(
       vocab_size=cfg['vocab'], d_model=cfg['d_model'], d_ff=cfg['d_ff'],
       d_attention_key=cfg['d_head'], d_attention_value=cfg['d_head'],
@@ -135,7 +140,8 @@ def _lsh_layer(cfg, implementation, n_parallel_heads=None):
                              d_v=cfg['d_head'], n_hashes=cfg['n_hashes'],
                              chunk_len=cfg['chunk_len'], mode='train',
                              implementation=implementation,
-                             n_parallel_heads=n_parallel_heads)
+                             n_parallel_heads=(n_parallel_heads or
+                                               cfg.get('n_parallel_heads')))
 
 
 def profile(cfg, length, trace_dir=None, log=print, json_path=None,
@@ -405,6 +411,9 @@ def main(argv=None):
   parser.add_argument('--matmul-dtype', choices=['float32', 'bfloat16'],
                       help='the matmul policy for this run (as '
                       'RETRAX_MATMUL_DTYPE)')
+  parser.add_argument('--n-parallel-heads', type=int,
+                      help="the step's LSH layers run this many (example, "
+                      'head) units at a time (default: the layer\'s choice)')
   parser.add_argument('--compiler-option', action='append', default=[],
                       metavar='NAME=VALUE',
                       help="an XLA option for the step's compile, e.g. "
@@ -421,6 +430,9 @@ def main(argv=None):
   if options:
     settings['compiler_options'] = options
   cfg = TINY if args.tiny else PAPER
+  if args.n_parallel_heads:
+    cfg = dict(cfg, n_parallel_heads=args.n_parallel_heads)
+    settings['n_parallel_heads'] = args.n_parallel_heads
   units = [int(k) for k in args.units.split(',') if k]
   summary = profile(cfg, args.length, args.trace, json_path=args.json,
                     units=units, hlo_path=args.hlo,

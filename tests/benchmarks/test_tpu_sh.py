@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from retrax.fastmath import precision
@@ -169,3 +171,28 @@ def test_compiler_options_reach_the_steps_compile():
       step_profile.TINY, 16, {'xla_no_such_option_here': 1})
   with pytest.raises(Exception, match='xla_no_such_option_here'):
     fn(w, batch)
+
+
+def test_n_parallel_heads_reaches_the_steps_attention():
+  """`--n-parallel-heads` sets the step's LSH layers' unit count (recorded
+  in the settings); two heads at a time is the same function as one."""
+  from retrax import layers as tl
+
+  def lsh_layers(layer):
+    found = [layer] if isinstance(layer, tl.LSHSelfAttention) else []
+    for sub in layer.sublayers:
+      found += lsh_layers(sub)
+    return found
+  cfg = dict(step_profile.TINY, n_parallel_heads=2)
+  layers = lsh_layers(step_profile.model_of(cfg, 16))
+  assert len(layers) == cfg['n_layers']
+  assert {layer._n_parallel_heads for layer in layers} == {2}
+  assert {layer._n_parallel_heads for layer in lsh_layers(
+      step_profile.model_of(step_profile.TINY, 16))} == {None}
+  one = step_profile.step_fn(dict(step_profile.TINY, n_parallel_heads=1), 16)
+  two = step_profile.step_fn(cfg, 16)
+  (loss1, grads1), (loss2, grads2) = one[0](*one[1:]), two[0](*two[1:])
+  assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
+  for g1, g2 in zip(jax.tree_util.tree_leaves(grads1),
+                    jax.tree_util.tree_leaves(grads2)):
+    np.testing.assert_allclose(g2, g1, rtol=1e-4, atol=1e-6)
