@@ -191,7 +191,7 @@ if want variants; then
   [ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("")  # the defaults alone
   SIZE=(--length "${TPU_SH_PROFILE_LENGTH:-16384}")
   [ -n "$TINY" ] && {
-    VARIANTS=("" "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0 --matmul-dtype=bfloat16")
+    VARIANTS=("" "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0 --matmul-dtype=bfloat16 --n-parallel-heads=2")
     SIZE=(--tiny --length 256); }
   END=$((SECONDS + $(share 60)))
   for i in "${!VARIANTS[@]}"; do

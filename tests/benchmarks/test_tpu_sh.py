@@ -74,15 +74,18 @@ def test_tpu_sh_tiny_on_cpu(tmp_path):
   assert profile['lsh_kernel_over_xla'] == pytest.approx(
       profile['parts']['lsh_pallas']['step_s'] /
       profile['parts']['lsh']['step_s'])
-  # The variants stage: the defaults, then blocks forced on, compared.
+  # The variants stage: the defaults, then blocks forced on, bfloat16
+  # matmuls and two heads at a time, compared.
   variants = [json.loads((tmp_path / f'tpu_variant_{i}.json').read_text())
               for i in range(2)]
   assert [v['settings'] for v in variants] == [
       {}, {'retrax.layers.attention.ops.BLOCK_MIN_LOGITS': 0,
-           'matmul_dtype': 'bfloat16'}]
+           'matmul_dtype': 'bfloat16', 'n_parallel_heads': 2}]
+  assert variants[1]['cfg']['n_parallel_heads'] == 2
   assert all(v['parts']['step']['step_s'] > 0 for v in variants)
   assert ("matmul_dtype='bfloat16' "
-          "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0") in proc.stdout
+          "retrax.layers.attention.ops.BLOCK_MIN_LOGITS=0 "
+          "n_parallel_heads=2") in proc.stdout
   f32 = json.loads((tmp_path / 'tpu_float32.json').read_text())
   assert f32['backend'] == 'cpu' and f32['cases']['exp']['rel'] < 1e-6
   search = json.loads((tmp_path / 'tpu_max_length.json').read_text())
