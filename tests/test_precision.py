@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+from jax import export
 import jax.extend
 import jax.numpy as jnp
 import ml_dtypes
@@ -176,7 +177,7 @@ def test_attention_products_in_both_layouts(policy):
 
 def _dot_operand_types(fun, platform, *args):
   """`(lhs, rhs, out)` element types of each dot of `fun` lowered for `platform`."""
-  text = jax.export.export(jax.jit(fun), platforms=[platform])(
+  text = export.export(jax.jit(fun), platforms=[platform])(
       *args).mlir_module()
   return re.findall(r'stablehlo.dot_general.*: \(tensor<[\dx]*x(\w+)>, '
                     r'tensor<[\dx]*x(\w+)>\) -> tensor<[\dx]*x(\w+)>', text)

@@ -11,6 +11,7 @@ import math
 import warnings
 
 import jax
+from jax import export
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -318,7 +319,7 @@ def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype):
                                           scale)
       return jnp.sum(out) + jnp.sum(lse)
     return jax.vmap(jax.grad(loss, (0, 1, 2)))(q, k, v, q_info, kv_info)
-  exported = jax.export.export(jax.jit(grads), platforms=['tpu'])(
+  exported = export.export(jax.jit(grads), platforms=['tpu'])(
       q, q, q, info, info, scale)
   module = exported.mlir_module()
   assert module.count('tpu_custom_call') == 2  # forward and backward kernels

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export
 from jax import lax
 
 from retrax.layers.attention import gather_kernel
@@ -207,7 +208,7 @@ def test_kernels_lower_for_tpu(method, dtype, width, vmapped):
   indices = jax.ShapeDtypeStruct(lead + (256,), jnp.int32)
   gather = functools.partial(gather_kernel.gather_rows, method=method,
                              interpret=False, block_rows=128)
-  exported = jax.export.export(
+  exported = export.export(
       jax.jit(jax.vmap(gather) if vmapped else gather),
       platforms=['tpu'])(x, indices)
   module = exported.mlir_module()
