@@ -96,10 +96,8 @@ def find_caller():
 def short_traceback(exc):
   """The exception's type and message, without JAX's traceback-filtering note."""
   info = traceback.TracebackException(type(exc), exc, None, compact=True)
-  # Python 3.10's TracebackException has no __notes__ (3.11 added them).
-  notes = getattr(info, '__notes__', None)
-  if notes:
-    info.__notes__ = [n for n in notes  # type: ignore[attr-defined]
+  if info.__notes__:
+    info.__notes__ = [n for n in info.__notes__
                       if 'JAX has removed its internal frames' not in n]
   return ''.join(info.format_exception_only()).rstrip()
 

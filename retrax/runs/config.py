@@ -12,16 +12,12 @@ import dataclasses
 import json
 import math
 import os
-import sys
+import tomllib
 import typing
 
 from retrax import suggest
 from retrax.errors import UserInputError
 
-if sys.version_info >= (3, 11):
-  import tomllib
-else:  # pragma: no cover
-  import tomli as tomllib
 
 
 class ConfigError(UserInputError):

@@ -86,8 +86,10 @@ def test_projected_pass_equals_per_unit_loop(kind, masked, bias,
   dropped = np.all(np.asarray(forward[0]) == 0, axis=(0, 1))
   assert dropped.any() == (dropout > 0) and not dropped.all()
   assert forward[2] is None and forward[3] is None
-  np.testing.assert_allclose(backward[0], base - forward[0], rtol=1e-6,
-                             atol=1e-6)
+  # The backward pass recomputes the attention in another compiled program,
+  # whose float32 sums XLA may order differently (1.8e-6 off at 0.67 seen
+  # under JAX 0.10.1): the same tolerance as between the two paths.
+  _assert_close(backward[0], base - forward[0])
   if masked:  # The mask's cotangent is float0 zeros, as before.
     assert backward[2][1].dtype == jax.dtypes.float0
 
