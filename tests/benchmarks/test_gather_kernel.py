@@ -1,6 +1,9 @@
-"""The Pallas row-gather kernels (interpret mode on CPU) against numpy's fancy indexing."""
+"""benchmarks/gather_kernel.py's Pallas row gathers (interpret mode on CPU)
+against numpy's fancy indexing."""
 
 import functools
+import importlib.util
+import os
 import re
 
 import jax
@@ -10,8 +13,12 @@ import pytest
 from jax import export
 from jax import lax
 
-from retrax.layers.attention import gather_kernel
 from retrax.validation import ArgumentTypeError, ArgumentValueError
+
+_spec = importlib.util.spec_from_file_location('gather_kernel', os.path.join(
+    os.path.dirname(__file__), '..', '..', 'benchmarks', 'gather_kernel.py'))
+gather_kernel = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gather_kernel)
 
 
 def _case(seed, u, length, n, width, dtype):

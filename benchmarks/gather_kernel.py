@@ -5,8 +5,9 @@ what LSH attention's sort, unsort and `gather_rounds` compute with XLA
 gathers (`jnp.take`). On a TPU v5e, XLA gathers 524,288 rows from `[16,
 32768, 128]` float32 in ~5.5 ms (~10 ns a row, whatever the row's width),
 where HBM bandwidth would allow ~0.3 ms. This module tries three kernels,
-to be measured by benchmarks/gather_bench.py; nothing in the layers calls
-them.
+to be measured by benchmarks/gather_bench.py; nothing in retrax calls them
+(in the LSH step they lost to XLA's per-head gathers on the chip, 2026-12-06),
+so they live here, beside their benchmark.
 
 The kernels move 32-bit words only. A 16-bit row packs two to a sublane
 (16-row tiles), and Mosaic can neither prove nor lower single-row
