@@ -51,7 +51,6 @@ sys.path.insert(0, os.path.dirname(_HERE))
 step_profile = importlib.import_module('step_profile')
 gather_kernel = importlib.import_module('gather_kernel')  # The kernels timed.
 
-
 CHIP = dict(units=16, length=32768, n=32768)
 TINY = dict(units=2, length=512, n=1024)
 

@@ -19,7 +19,6 @@ from retrax import suggest
 from retrax.errors import UserInputError
 
 
-
 class ConfigError(UserInputError):
   """A bad configuration: unknown key, wrong type, unreadable file."""
 

@@ -7,7 +7,6 @@ import os
 import jax.numpy as jnp
 import pytest
 
-
 _BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks')
 _spec = importlib.util.spec_from_file_location(
     'gather_bench', os.path.join(_BENCH, 'gather_bench.py'))

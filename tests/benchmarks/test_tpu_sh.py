@@ -177,8 +177,9 @@ def test_compiler_options_reach_the_steps_compile():
 
 
 def test_n_parallel_heads_reaches_the_steps_attention():
-  """`--n-parallel-heads` sets the step's LSH layers' unit count (recorded
-  in the settings); two heads at a time is the same function as one."""
+  """`--n-parallel-heads` sets the step's LSH layers' unit count (`main`
+  records it in the settings: the toy tpu.sh run checks that); two heads at
+  a time is the same function as one."""
   from retrax import layers as tl
 
   def lsh_layers(layer):
