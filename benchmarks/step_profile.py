@@ -72,6 +72,7 @@ report = importlib.import_module('vs_peers_report')
 from retrax import layers as tl  # noqa: E402
 from retrax import models  # noqa: E402
 from retrax import shapes  # noqa: E402
+from retrax import validation  # noqa: E402
 from retrax.fastmath import precision  # noqa: E402
 
 PAPER = dict(vocab=256, d_model=1024, d_ff=4096, n_heads=16, d_head=64,
@@ -434,10 +435,15 @@ def main(argv=None):
     cfg = dict(cfg, n_parallel_heads=args.n_parallel_heads)
     settings['n_parallel_heads'] = args.n_parallel_heads
   units = [int(k) for k in args.units.split(',') if k]
-  summary = profile(cfg, args.length, args.trace, json_path=args.json,
-                    units=units, hlo_path=args.hlo,
-                    step_only=args.step_only, trace_steps=args.trace_steps,
-                    settings=settings, compiler_options=options or None)
+  try:
+    summary = profile(cfg, args.length, args.trace, json_path=args.json,
+                      units=units, hlo_path=args.hlo,
+                      step_only=args.step_only, trace_steps=args.trace_steps,
+                      settings=settings, compiler_options=options or None)
+  except validation.ArgumentError as e:
+    # A setting the model's layers refuse (e.g. `--n-parallel-heads 3` for
+    # 16 heads): their one-line message, not a traceback.
+    parser.error(str(e))
   ops = summary.get('top_ops', [])
   if ops:
     print('slowest device ops of a step (ms, calls, op, category):')

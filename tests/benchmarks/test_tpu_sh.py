@@ -200,3 +200,16 @@ def test_n_parallel_heads_reaches_the_steps_attention():
   for g1, g2 in zip(jax.tree_util.tree_leaves(grads1),
                     jax.tree_util.tree_leaves(grads2)):
     np.testing.assert_allclose(g2, g1, rtol=1e-4, atol=1e-6)
+
+
+
+def test_n_parallel_heads_the_layers_refuse_is_one_line(capsys):
+  """A unit count the layers refuse (3 for 2 heads) ends as a usage error
+  with the layer's message, not a traceback."""
+  with pytest.raises(SystemExit) as exit_info:
+    step_profile.main(['--tiny', '--length', '16', '--step-only',
+                       '--n-parallel-heads', '3'])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert 'n_parallel_heads must be a multiple or a divisor of n_heads (2)' in err
+  assert 'Traceback' not in err
