@@ -6,15 +6,15 @@
 1. The blog's program (seed `trax_reformer_blog_ja.txt`): ReformerLM(d_model=32,
    d_ff=128, n_layers=2, vocab_size=32) on the copy task, batch 16, length 10,
    Adam with Trax 1.2's MultifactorSchedule, through the legacy `Trainer`
-   (3 x `train_epoch(500, 2)`, as in the blog) and through `Loop`. Printed: the
-   seconds per 500 steps of the epochs after the first (the first compiles).
+   (3 x `train_epoch(500, 2)`, as in the blog) and through `Loop`, then the
+   Loop again with the attention's units one at a time (`n_parallel_heads=1`,
+   Trax's loop) as this run's baseline. Printed: the seconds per 500 steps of
+   the epochs after the first (the first compiles), and the default's ratio.
    Baseline: real Trax 1.4.1 took 3.7-3.9 s per 500 steps on the 2-core CPU
    machine this project is developed on; the target is <= 2.5 s. Measured
-   there (jax 0.10.2, load ~1): Trainer 2.23-2.30 s, Loop 2.32-2.33 s per
-   500 steps (3.0-3.2 process CPU-s); the compiled step alone takes 4.3 ms
-   on one core (it was 8.5 ms, and the Trainer 3.5-3.9 s, before the
-   attention heads were batched head-major and narrow models' attention
-   weights multiplied first).
+   there (jax 0.10.2, load ~1, 2026-12-07): Trainer 2.23 s, Loop 2.37 s per
+   500 steps (2.9-3.3 process CPU-s), units one at a time 6.67 s (2.82x
+   slower); the compiled step alone takes 4.7 ms.
 2. Steps/s of ReformerLM and TransformerLM with d_model 256, d_ff 1024, 6
    layers, 4 heads, vocab 256, batch 1, at L = 1024 and 4096 (ReformerLM with
    LSH attention, chunk_len 128, as in the paper; and with its default
@@ -25,6 +25,7 @@
 
 import argparse
 import contextlib
+import functools
 import io
 import re
 import statistics
@@ -73,9 +74,13 @@ def copy_task(batch_size, vocab_size, length):
     yield (x, x, loss_weights)
 
 
-def tiny_reformer_lm(mode):
+def tiny_reformer_lm(mode, n_parallel_heads=None):
+  """The blog's model; `n_parallel_heads=1`: its attention's (example, head)
+  units one at a time, Trax's loop (None: the layer's default)."""
+  attention = functools.partial(tl.SelfAttention,
+                                n_parallel_heads=n_parallel_heads)
   return models.ReformerLM(d_model=32, d_ff=128, n_layers=2, vocab_size=32,
-                           mode=mode)
+                           attention_type=attention, mode=mode)
 
 
 def blog_trainer():
@@ -101,7 +106,7 @@ def blog_trainer():
   return times, cpu_times, report
 
 
-def blog_loop():
+def blog_loop(n_parallel_heads=None):
   """Seconds per 500 steps (runs 2 and 3) of the same config through Loop."""
   np.random.seed(0)
   task = training.TrainTask(copy_task(16, 32, 10),
@@ -109,8 +114,9 @@ def blog_loop():
                             optimizers.Adam(), n_steps_per_checkpoint=None,
                             lr_schedule=lambda step: lr.MultifactorSchedule()(
                                 step)['learning_rate'])
-  loop = training.Loop(tiny_reformer_lm('train'), task,
-                       eval_model=tiny_reformer_lm('eval'), random_seed=0)
+  loop = training.Loop(tiny_reformer_lm('train', n_parallel_heads), task,
+                       eval_model=tiny_reformer_lm('eval', n_parallel_heads),
+                       random_seed=0)
   times, cpu_times = [], []
   for _ in range(3):
     start, cpu = time.time(), time.process_time()
@@ -198,6 +204,11 @@ def blog():
   print(f'Blog config through Loop, 3 x run(500): {loop_times} -> '
         f'{statistics.mean(loop_times[1:]):.2f} s per 500 steps; process CPU '
         f'seconds {loop_cpu}')
+  one_times, _ = blog_loop(n_parallel_heads=1)
+  ratio = statistics.mean(one_times[1:]) / statistics.mean(loop_times[1:])
+  print(f'  the same, attention units one at a time (n_parallel_heads=1, '
+        f"Trax's loop): {one_times} -> {statistics.mean(one_times[1:]):.2f} s;"
+        f' the default is {ratio:.2f}x faster')
 
 
 if __name__ == '__main__':
