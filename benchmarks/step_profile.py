@@ -18,8 +18,9 @@ median of five calls after a compiling one:
   attention by XLA ops (`implementation='xla'`, the default);
 * `lsh_unitsK` (`--units`): the same layer with `n_parallel_heads=K`,
   (example, head) units K at a time (a loop over groups) where `lsh` takes
-  the layer's default (one at a time on a CPU or a TPU; on a GPU as many as
-  fit a quarter of its memory): fewer units make smaller gathers and
+  the layer's default (on a CPU or a TPU as many as fit 16 MiB, one at a
+  time for the paper-size layer; on a GPU as many as fit a quarter of its
+  memory): fewer units make smaller gathers and
   sorts, more of them;
 * `lsh_pallas`: the same layer with the Pallas kernel
   (`implementation='pallas'`: compiled on a TPU, interpreted elsewhere),

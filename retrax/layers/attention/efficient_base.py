@@ -72,34 +72,35 @@ def fit_to_memory(rows, mem_len):
                  ((0, 0),) * (rows.ndim - 1))
 
 
-# XLA:CPU's group budget: what a group of small units may take (below).
-CPU_GROUP_BYTES = 16 << 20
+# CPUs' and TPUs' group budget: small units batched, large ones one at a time.
+SMALL_GROUP_BYTES = 16 << 20
 
 
 @functools.lru_cache(maxsize=None)
 def group_memory_bytes():
   """Working memory one group of units may take: 0 means one unit at a time.
 
-  TPUs run one (example, head) unit at a time, as Trax did: on a TPU v5e
-  (JAX 0.10.2, 2026-12-06) the paper-size LSH layer at 16K (16 heads,
+  CPUs and TPUs batch units up to `SMALL_GROUP_BYTES` (16 MiB) and run
+  larger ones one at a time, as Trax did. A unit of a small model is a few
+  microseconds of work behind each of the loop's dozens of ops, so the
+  loop's overhead is the step: Trax's blog ReformerLM (8 heads, batch 16 x
+  10 tokens) took 13.7 ms a step on this CPU one unit at a time, 4.7 ms
+  batched; compiled for a TPU v5e, the README's default job's step is
+  18,838 device ops one unit at a time and 833 batched (the blog's 21,960
+  and 1,486), where the chip spends ~1.2 us on each small op. Large units
+  keep the loop: on XLA:CPU batched heads cost layout copies of per-head
+  cotangents (the default ReformerLM step at 4K, 40 MiB a unit, took 2.36 s
+  with its 4 heads batched, 1.65 s one by one); on a TPU v5e (JAX 0.10.2,
+  2026-12-06) the paper-size LSH layer at 16K (16 heads, 136 MiB each,
   forward and backward) took 19.7 ms one head at a time, 37.3 ms four at a
   time and 57.7 ms all 16 at once: the batched row gathers and sorts of all
   heads cost more than the loop (`benchmarks/step_profile.py --units`).
-  CPUs batch units up to `CPU_GROUP_BYTES` (16 MiB): a unit of a small
-  model is a few microseconds of work behind each of the loop's dozens of
-  ops, so the loop's overhead is the step (Trax's blog ReformerLM, 8 heads
-  at batch 16 x 10 tokens: a step 13.7 ms one unit at a time, 4.7 ms
-  batched), while large units keep the loop (on XLA:CPU batched heads cost
-  layout copies of per-head cotangents: the default ReformerLM step at 4K,
-  40 MiB a unit, took 2.36 s with its 4 heads batched, 1.65 s one by one).
   Elsewhere (GPUs) units are batched up to 1/4 of the device's memory; 3/4
   are left for the model's weights, optimizer slots and other activations.
   """
   device = jax.local_devices()[0]
-  if device.platform == 'tpu':
-    return 0
-  if device.platform == 'cpu':
-    return CPU_GROUP_BYTES
+  if device.platform in ('cpu', 'tpu'):
+    return SMALL_GROUP_BYTES
   limit = (device.memory_stats() or {}).get('bytes_limit')
   return limit // 4 if limit else 1 << 30
 
@@ -180,8 +181,8 @@ class EfficientAttentionBase(base.Layer):
     n_parallel_heads: (example, head) units computed at once. None: as many
       as fit `group_memory_bytes()` by `unit_bytes`' estimate (on a GPU
       all of them at ordinary lengths, fewer as sequences grow; on a CPU
-      those of small models, long sequences one at a time; on a TPU one at
-      a time, measured fastest there); 1: one at a time (least
+      or a TPU those of small models, larger ones one at a time, measured
+      fastest there); 1: one at a time (least
       memory); a divisor of `n_heads`: that many heads of one example; a
       multiple of `n_heads`: `n_parallel_heads // n_heads` whole examples.
       A predict-mode call of one position computes all units at once.

@@ -410,8 +410,9 @@ class LSHSelfAttention(EfficientAttentionBase):
   factorised hashing), mode, predict_mem_len, predict_drop_len,
   attention_dropout, output_dropout (train-only), max_length_for_buckets (pad
   the stored buckets to this length, for inputs of varying length), bias,
-  n_parallel_heads (default None: on an accelerator as many (example, head)
-  units at once as fit a memory budget, on a CPU one at a time, see
+  n_parallel_heads (default None: as many (example, head) units at once as
+  fit a memory budget, on a GPU 1/4 of its memory, on a CPU or a TPU 16 MiB
+  (small models batched, long sequences one at a time), see
   `EfficientAttentionBase`; Trax's default, 1, always computes one at a time
   and leaves an accelerator idle),
   use_python_loop, use_reference_code; and `implementation` of the sorted

@@ -616,7 +616,7 @@ def test_decode_step_runs_all_units_at_once(monkeypatch):
 
   With `n_parallel_heads=1` the units of longer calls run in a loop, one at a
   time; for a decoding step that loop would make batch 8 cost 8 batch-1 steps.
-  (The default batches units on accelerators; CPUs get one at a time.)
+  (A GPU's budget: everything batched.)
   """
   monkeypatch.setattr(efficient_base, 'group_memory_bytes', lambda: 1 << 30)
   def n_loops(n_parallel_heads, length):
