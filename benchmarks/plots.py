@@ -86,7 +86,8 @@ def depth_memory(depths, d_model=512, d_ff=2048, length=4096):
     out[kind] = []
     for depth in depths:
       model = reversible_memory._build(kind, depth, d_model, d_ff)
-      weights, state = model.init((sig, sig), rng=jax.random.PRNGKey(0))
+      _, state = model.init((sig, sig), rng=jax.random.PRNGKey(0))
+      weights = reversible_memory.held_weights(model)
       x = (jax.ShapeDtypeStruct(sig.shape, jnp.float32),) * 2
 
       def loss(weights, x, model=model, state=state):
