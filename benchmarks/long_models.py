@@ -110,7 +110,15 @@ def train_step_of(model, plain_loss=False):
     return weights, new_state, (slots, opt_params), value
 
   def init(batch):
-    weights, state = net.init(shapes.signature(batch), rng=jax.random.PRNGKey(0))
+    # The weights as the training loop holds them (`stacked_weights`: the
+    # reversible blocks' stack, not Trax's per-layer tree, which the
+    # program would restack, one more copy of the weights and gradients).
+    # Traced (`jax.eval_shape(init, ...)`, step_peak's --tpu plans) a
+    # ReversibleSerial keeps the per-layer tree it was given, so those plans
+    # still restack the blocks' weights: 6 MiB a weight matrix for the
+    # default model, next to GiBs of activations at 1M tokens.
+    _, state = net.init(shapes.signature(batch), rng=jax.random.PRNGKey(0))
+    weights = net.stacked_weights
     return weights, state, opt.tree_init(weights)
   return init, xla_cpu.jit(step, donate_argnums=(0, 1, 2))
 

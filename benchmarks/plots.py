@@ -109,7 +109,8 @@ def model_memory_and_time(lengths, time_max_length, repeats=2):
     for length in lengths:
       model = make_model(length)
       sig = ShapeDtype((1, length), np.int32)
-      weights, state = model.init(sig, rng=jax.random.PRNGKey(0))
+      _, state = model.init(sig, rng=jax.random.PRNGKey(0))
+      weights = model.stacked_weights  # As the training step holds them.
       tokens = jax.random.randint(jax.random.PRNGKey(1), (1, length), 1, 256)
 
       def loss(weights, model=model, state=state, tokens=tokens):

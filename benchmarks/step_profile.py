@@ -127,8 +127,8 @@ def step_fn(cfg, length, compiler_options=None):
   rng = np.random.RandomState(0)
   tokens = rng.randint(1, cfg['vocab'], size=(1, length)).astype(np.int32)
   batch = (tokens, tokens, np.ones((1, length), np.float32))
-  weights, state = model.init(shapes.signature(batch),
-                              rng=jax.random.PRNGKey(0))
+  _, state = model.init(shapes.signature(batch), rng=jax.random.PRNGKey(0))
+  weights = model.stacked_weights  # As training.Loop passes them.
 
   def loss(w, batch):
     y, _ = model.pure_fn(batch, w, state, jax.random.PRNGKey(0))
