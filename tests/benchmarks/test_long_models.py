@@ -84,3 +84,16 @@ def test_reformer_step_runs_head_and_loss_over_position_chunks(monkeypatch):
     assert chunked['temp_bytes'] < 0.6 * plain['temp_bytes'], (chunked, plain)
   # The same three Adam steps: the same loss, up to float rounding.
   assert chunked['loss'] == pytest.approx(plain['loss'], rel=1e-5)
+
+
+def test_step_takes_the_reversible_blocks_weights_stacked():
+  """As `training.Loop` holds them: Trax's per-layer tree would make the
+  step restack the blocks' weights (one more copy of weights and grads)."""
+  from retrax.layers.stacked import StackedLayers
+  cfg = dict(long_models.TINY, n_layers=2)
+  model, n_inputs = long_models.build('ReformerLM', cfg, 64)
+  init, _ = long_models.train_step_of(model)
+  weights, _, _ = init(long_models.batch_for(cfg, 64, n_inputs))
+  found = jax.tree_util.tree_leaves(
+      weights, is_leaf=lambda x: isinstance(x, StackedLayers))
+  assert any(isinstance(x, StackedLayers) for x in found)
