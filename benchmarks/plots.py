@@ -87,7 +87,7 @@ def depth_memory(depths, d_model=512, d_ff=2048, length=4096):
     for depth in depths:
       model = reversible_memory._build(kind, depth, d_model, d_ff)
       _, state = model.init((sig, sig), rng=jax.random.PRNGKey(0))
-      weights = reversible_memory.held_weights(model)
+      weights = model.stacked_weights  # As the training step holds them.
       x = (jax.ShapeDtypeStruct(sig.shape, jnp.float32),) * 2
 
       def loss(weights, x, model=model, state=state):

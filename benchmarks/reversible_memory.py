@@ -48,18 +48,6 @@ def _build(kind, depth, d_model, d_ff):
   return tl.Serial(layers)
 
 
-def held_weights(model):
-  """The weights as the training step passes them to its program.
-
-  The reversible stack's declared repeats are held stacked
-  (`model.stacked_weights`); Trax's per-layer tree (`model.weights`) would
-  be stacked again inside the program, one more copy of every block's
-  weights, and the temporaries would grow with depth by the weights' size
-  (tests/layers/reversible/test_reversible_stacked.py).
-  """
-  return model.stacked_weights
-
-
 def _rss_kib(field):
   with open('/proc/self/status') as f:
     for line in f:
@@ -87,7 +75,10 @@ def _worker(kind, depth, d_model, d_ff, length, batch):
   model = _build(kind, depth, d_model, d_ff)
   sig = ShapeDtype((batch, length, d_model))
   _, state = model.init((sig, sig), rng=jax.random.PRNGKey(0))
-  weights = held_weights(model)
+  # As the training step holds them: Trax's per-layer tree (`model.weights`)
+  # would be restacked inside the program, one more copy of every block's
+  # weights and gradients, and the temporaries would grow with depth.
+  weights = model.stacked_weights
   keys = jax.random.split(jax.random.PRNGKey(1), 2)
   x = tuple(jax.random.normal(k, sig.shape) for k in keys)
   rng = jax.random.PRNGKey(2)

@@ -202,7 +202,6 @@ def test_n_parallel_heads_reaches_the_steps_attention():
     np.testing.assert_allclose(g2, g1, rtol=1e-4, atol=1e-6)
 
 
-
 def test_n_parallel_heads_the_layers_refuse_is_one_line(capsys):
   """A unit count the layers refuse (3 for 2 heads) ends as a usage error
   with the layer's message, not a traceback."""
