@@ -27,26 +27,26 @@ ReformerLM's attention is chosen with --reformer-attention: 'causal'
 projected keys and values of its memory (Trax recomputes them at every
 token), so a step projects only the new position.
 
-Measured on the 2-core CPU (load ~1), default arguments:
+Measured on the 2-core CPU (2026-12-07, load ~1.5), default arguments:
 
   model               batch  compiled tok/s  loop tok/s  speedup  CPU-time
-  TransformerLM           1           224.5       10.36    21.7x     18.3x
-  TransformerLM           8           442.5       62.28     7.1x      6.8x
-  ReformerLM-causal       1           212.4        7.92    26.8x     22.4x
-  ReformerLM-causal       8           477.3       57.23     8.3x      7.6x
+  TransformerLM           1           310.5       10.29    30.2x     24.3x
+  TransformerLM           8           606.5       65.06     9.3x      8.6x
+  ReformerLM-causal       1           266.2        6.19    43.0x     34.1x
+  ReformerLM-causal       8           603.6       43.98    13.7x     11.8x
+
+(ReformerLM's compiled rows were 119 and 480 tok/s from a1ff00f, which held
+the reversible blocks' weights stacked, to the fix that gives the decoding
+programs each layer's own arrays: `Decoder.weights`.)
 
 With ReformerLM's default SelfAttention and with LSHSelfAttention (128
-tokens, --repeats 2, load ~1), batch 1 / 8:
+tokens, --repeats 2, 2026-12-07, load ~1.5), batch 1 / 8:
 
   model               batch  compiled tok/s  loop tok/s  speedup  CPU-time
-  ReformerLM-self         1           172.8       22.95     7.5x      6.1x
-  ReformerLM-self         8           372.8      142.64     2.6x      2.4x
-  ReformerLM-lsh          1            57.3       22.68     2.5x      2.1x
-  ReformerLM-lsh          8            82.3       54.10     1.5x      1.4x
-
-(These LSH rows predate predict-mode LSH key/value caches and the
-all-units-at-once decoding step; docs/benchmarks.md "vs peers" has the current LSH
-decoding figures.)
+  ReformerLM-self         1           274.2       10.61    25.8x     23.4x
+  ReformerLM-self         8           769.0       85.10     9.0x      9.0x
+  ReformerLM-lsh          1           316.2       10.45    30.3x     26.8x
+  ReformerLM-lsh          8           768.6       91.92     8.4x      8.4x
 
 The encoder-decoder Transformer (6 + 6 layers, a 32-token source), same
 sizes, --repeats 2, load 7-8 (other jobs on the 2 cores):
