@@ -6,6 +6,8 @@ A stack is one item (bare) or a tuple of items, top first. `run_layers` and
 `ReversibleHalfResidual` and `ReversibleSerial` are built on them.
 """
 
+import jax
+
 from retrax import fastmath
 from retrax.layers.errors import in_sublayer
 from retrax.layers.errors import input_error
@@ -66,11 +68,25 @@ def n_inputs_n_outputs(layers):
   return running_max, running_max - running_total
 
 
+# Eagerly, `jax.random.split` and then indexing its result cost a dispatch
+# per key; a combinator splits at every call (~100 per token of a
+# predict-mode ReformerLM called in a Python loop): one compiled call instead.
+_split_keys = jax.jit(lambda rng, n: tuple(jax.random.split(rng, n)),
+                      static_argnums=1)
+
+
 def split_rngs(rng, n):
-  """`n` keys split from `rng` (all None if `rng` is None)."""
+  """`n` keys split from `rng` (all None if `rng` is None).
+
+  Under tracing (and the NumPy backend) an array of keys; otherwise a tuple
+  of them, made in one dispatch.
+  """
   if rng is None:
     return (None,) * n
-  return fastmath.random.split(rng, n)
+  if isinstance(rng, jax.core.Tracer) or fastmath.is_backend(
+      fastmath.Backend.NUMPY):
+    return fastmath.random.split(rng, n)
+  return _split_keys(rng, n)
 
 
 def run_layers(parent, layers, stack, weights, state, rngs, use_cache=True,

@@ -40,6 +40,22 @@ def _row(x, k):
   return x
 
 
+# Row `k` of every leaf of a tree of concrete arrays, in one dispatch: called
+# eagerly leaf by leaf (a slice and a squeeze each), a 6-layer ReformerLM's
+# rows took ~40 ms of the blog's ~90 ms per-token predict call.
+_take_rows = jax.jit(
+    lambda tree, k: jax.tree_util.tree_map(lambda x: x[k], tree))
+
+
+def rows(tree, k):
+  """Entry `k` of every stacked leaf of `tree` (see `_row`)."""
+  leaves = jax.tree_util.tree_leaves(tree)
+  if leaves and all(isinstance(x, jax.Array) and
+                    not isinstance(x, jax.core.Tracer) for x in leaves):
+    return _take_rows(tree, k)
+  return jax.tree_util.tree_map(lambda x: _row(x, k), tree)
+
+
 class StackedLayers(tuple):
   """The weight trees of `n` layers, held as `period` stacked trees.
 
@@ -84,7 +100,7 @@ class StackedLayers(tuple):
     if not 0 <= i < self.n:
       raise IndexError(f'layer {index} of {self.n} stacked layers')
     p = self.period
-    return jax.tree_util.tree_map(lambda x: _row(x, i // p), self.groups[i % p])
+    return rows(self.groups[i % p], i // p)
 
   def __iter__(self):
     return (self[i] for i in range(self.n))
@@ -151,7 +167,7 @@ class StackedRow:
     for k in self.path:
       tree = tree[k]
     row = self.index // stacked.period
-    return jax.tree_util.tree_map(lambda x: _row(x, row), tree)
+    return rows(tree, row)
 
 
 def _flatten(stacked):

@@ -103,3 +103,31 @@ def test_zero_cotangent_and_casts_follow_jax_rules():
   assert isinstance(matched, tuple) and matched[1] is None
   with pytest.raises(ValueError, match='does not match'):
     cotangents.match_structure((np.ones(2),), (np.ones(2), np.ones(2)))
+
+
+def test_split_rngs_gives_the_split_keys_eagerly_and_under_tracing():
+  """Concrete keys come as a tuple (one dispatch), traced ones as the array."""
+  key = jax.random.PRNGKey(3)
+  want = np.asarray(jax.random.split(key, 4))
+  got = stack.split_rngs(key, 4)
+  assert isinstance(got, tuple) and len(got) == 4
+  np.testing.assert_array_equal(np.stack([np.asarray(k) for k in got]), want)
+  traced = jax.jit(lambda k: jnp.stack(list(stack.split_rngs(k, 4))))(key)
+  np.testing.assert_array_equal(traced, want)
+  assert stack.split_rngs(None, 2) == (None, None)
+
+
+def test_stacked_rows_match_slicing_each_leaf():
+  """`stacked.rows` of concrete arrays (one compiled call) equals `x[k]` per leaf."""
+  from retrax.layers import stacked
+  rng = np.random.RandomState(0)
+  tree = {'w': jnp.asarray(rng.randn(3, 4, 5), jnp.float32),
+          'b': (jnp.asarray(rng.randn(3, 5), jnp.bfloat16),)}
+  for k in range(3):
+    got = stacked.rows(tree, k)
+    np.testing.assert_array_equal(got['w'], np.asarray(tree['w'])[k])
+    assert got['b'][0].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got['b'][0], np.float32),
+                                  np.asarray(tree['b'][0], np.float32)[k])
+  sig = stacked.rows({'w': ShapeDtype((3, 4), np.float32)}, 1)
+  assert sig['w'].shape == (4,)

@@ -47,7 +47,9 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   when read, and each weighted layer below holds a `StackedRow` (its rows
   of the stack) rather than arrays of its own: the stack is the one copy.
   A layer below given weights of its own (a per-layer trainer) is taken
-  back into the stack at the next read.
+  back into the stack at the next read. A stack that decodes (a layer
+  below in `mode='predict'`) holds its weights per layer: it runs one
+  position at a time, never scans, and would slice the rows at every call.
   """
 
   def __init__(self, *layers, repeats=None):
@@ -116,12 +118,14 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   def _stacked_if_repeated(self, weights):
     """`weights` as a concrete `StackedLayers` of the declared block, or None.
 
-    None (held per layer) unless repeats were declared, every leaf is a
-    float array, the copies' trees match, and every weighted layer below
+    None (held per layer) unless repeats were declared, no layer decodes
+    (`mode='predict'`), every leaf is a float array, the copies' trees match, and every weighted layer below
     can hold rows of the stack.
     """
     n, period = len(self.sublayers), self._period
-    if period is None:
+    if period is None or self._decodes():
+      # Decoding never scans (one position at a time), and each block's
+      # rows sliced out of the stack would be copied at every call.
       return None
     if isinstance(weights, StackedLayers):
       ok = (weights.n == n and
