@@ -92,8 +92,9 @@ step at batch 1 and at batch 8 alike (op dispatch and Trax's walk of the
 layer tree, setting each layer's weights and state), while the compiled
 step grows with the batch. At batch 8 its dense layers alone take
 7 ms (f32 GEMMs of 8 rows stream all 76 MB of weights each token, measured
-apart from the model), the attention over the cache 8 ms of one core. At batch 1 the dense layers are
-matrix-vector products at the memory-bandwidth floor (3.2 ms).
+apart from the model), the attention over the cache 8 ms of one core. At
+batch 1 the dense layers are matrix-vector products at the memory-bandwidth
+floor (3.2 ms).
 `ReversibleSerial` skips its weight-to-data tie in predict mode (it halved
 ReformerLM's batch-1 step).
 

@@ -119,8 +119,8 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     """`weights` as a concrete `StackedLayers` of the declared block, or None.
 
     None (held per layer) unless repeats were declared, no layer decodes
-    (`mode='predict'`), every leaf is a float array, the copies' trees match, and every weighted layer below
-    can hold rows of the stack.
+    (`mode='predict'`), every leaf is a float array, the copies' trees
+    match, and every weighted layer below can hold rows of the stack.
     """
     n, period = len(self.sublayers), self._period
     if period is None or self._decodes():
