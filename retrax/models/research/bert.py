@@ -214,7 +214,8 @@ class PretrainedBERT(tl.Serial):
   def __init__(self, *sublayers, init_checkpoint=None, n_layers=12, d_head=64):
     super().__init__(*sublayers)
     self._init_checkpoint = _checkpoint_path(init_checkpoint)
-    self._n_layers, self._d_head = n_layers, d_head
+    # Not `_n_layers`: Serial counts its sublayers there (one key each).
+    self._n_encoder_layers, self._d_head = n_layers, d_head
 
   @property
   def init_checkpoint(self):
@@ -227,7 +228,8 @@ class PretrainedBERT(tl.Serial):
 
   def load_checkpoint(self, reader):
     """Sets the weights from a TF BERT checkpoint reader (`get_tensor(name)`)."""
-    new = bert_checkpoint_leaves(reader, self._n_layers, self._d_head)
+    new = bert_checkpoint_leaves(reader, self._n_encoder_layers,
+                                 self._d_head)
     leaves, treedef = jax.tree_util.tree_flatten(self.weights)
     if len(new) != len(leaves):
       raise TreeStructureError(f'PretrainedBERT: the checkpoint gives {len(new)} '
