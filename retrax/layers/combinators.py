@@ -51,7 +51,6 @@ class Serial(base.Layer):
     super().__init__(name=name, sublayers_to_print=sublayers_to_print)
     sublayers = _ensure_flat(sublayers)
     self._sublayers = sublayers
-    self._n_layers = len(sublayers)
     if sublayers:
       self._n_in, self._n_out = n_inputs_n_outputs(sublayers)
       self._weights = tuple(None for _ in sublayers)
@@ -60,7 +59,7 @@ class Serial(base.Layer):
   def forward(self, xs):
     if not self.sublayers:
       return xs
-    rngs = split_rngs(self.rng, self._n_layers)
+    rngs = split_rngs(self.rng, len(self.sublayers))
     # Held weights: a stacked block below is passed on as it is, not sliced.
     outputs, self.state = run_layers(self, self.sublayers, xs,
                                      self.stacked_weights, self.state, rngs)
@@ -84,7 +83,6 @@ class Parallel(base.Layer):
     super().__init__(name=name)
     sublayers = _validate_parallel(sublayers)
     self._sublayers = sublayers
-    self._n_layers = len(sublayers)
     self._n_in = sum(l.n_in for l in sublayers)
     self._n_out = sum(l.n_out for l in sublayers)
     self._weights = tuple(None for _ in sublayers)
@@ -92,7 +90,7 @@ class Parallel(base.Layer):
 
   def forward(self, inputs):
     sub_inputs = self._allot_to_sublayers(inputs)
-    rngs = split_rngs(self.rng, self._n_layers)
+    rngs = split_rngs(self.rng, len(self.sublayers))
     outputs, new_state = [], []
     for i, (layer, x, w, s, r) in enumerate(zip(
         self.sublayers, sub_inputs, self.stacked_weights, self.state, rngs)):

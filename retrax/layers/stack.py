@@ -97,6 +97,11 @@ def run_layers(parent, layers, stack, weights, state, rngs, use_cache=True,
   `parent[i]` in their path. `prepare(w, rng, stack) -> (w, rng)`, if given,
   may rewrite a layer's weights and key just before it runs.
   """
+  if len(rngs) < len(layers):
+    # An array of traced keys indexed past its end would clamp silently
+    # (sublayers sharing a key).
+    raise ValueError(f'{parent.name}: {len(rngs)} keys for its '
+                     f'{len(layers)} sublayers.')
   new_state = []
   for i, layer in enumerate(layers):
     w, s, r = weights[i], state[i], rngs[i]

@@ -131,3 +131,14 @@ def test_stacked_rows_match_slicing_each_leaf():
                                   np.asarray(tree['b'][0], np.float32)[k])
   sig = stacked.rows({'w': ShapeDtype((3, 4), np.float32)}, 1)
   assert sig['w'].shape == (4,)
+
+
+def test_run_layers_refuses_fewer_keys_than_layers_under_tracing():
+  """Traced keys indexed past their end would clamp: one key for two layers."""
+  layers = [cb.Dup(), cb.Drop()]
+  parent = cb.Serial(*layers)
+
+  def run(x, keys):
+    return stack.run_layers(parent, layers, x, ((), ()), ((), ()), keys)[0]
+  with pytest.raises(ValueError, match='1 keys for its 2 sublayers'):
+    jax.jit(run)(jnp.ones(3), jax.random.split(jax.random.PRNGKey(0), 1))
