@@ -214,7 +214,6 @@ class PretrainedBERT(tl.Serial):
   def __init__(self, *sublayers, init_checkpoint=None, n_layers=12, d_head=64):
     super().__init__(*sublayers)
     self._init_checkpoint = _checkpoint_path(init_checkpoint)
-    # Not `_n_layers`: Serial counts its sublayers there (one key each).
     self._n_encoder_layers, self._d_head = n_layers, d_head
 
   @property
