@@ -370,7 +370,10 @@ class Layer:
     combinators) the weights stay set on the object so that a shared layer's
     later uses see them.
     """
-    old_weights, old_state, old_rng = self.held_weights, self.state, self._rng
+    old_rng = self._rng
+    # Kept only to put back: with `use_cache` the run's weights and state
+    # stay (gathering them walks the whole subtree, at every nesting level).
+    old = None if use_cache else (self.held_weights, self.state)
     try:
       check_arity(self, x, self.n_in, 'pure_fn')
       self._rng = rng
@@ -386,15 +389,15 @@ class Layer:
         outputs, s = self._do_custom_gradients(x)
         self.state = s
       self._rng = old_rng
-      if not use_cache:
-        self.weights, self.state = old_weights, old_state
+      if old is not None:
+        self.weights, self.state = old
       if was_cached:
         s = GET_STATE_FROM_CACHE
       return outputs, s
     except Exception as e:
       self._rng = old_rng
-      if not use_cache:
-        self._restore(old_weights, old_state)
+      if old is not None:
+        self._restore(*old)
       if isinstance(e, LayerError):
         raise
       raise LayerError(self._name, 'pure_fn', self._caller, signature(x),
