@@ -52,12 +52,13 @@ and dispatching per key (loop tok/s at batch 1 / 8: TransformerLM 10.29 /
 reversible stack held its blocks' weights stacked and each eager call
 sliced every block's rows out (~40 ms of a ~90 ms call); every combinator
 split its key and indexed the keys one dispatch each. A predict-mode stack
-now holds each layer's own weights (which also lifted the compiled causal
-and LSH rows from 266 / 604 and 316 / 769), and concrete keys are split
-into a tuple in one dispatch. (ReformerLM's compiled rows were 119 and 480
-tok/s from a1ff00f, which held the stacked weights in the decoding
-programs, to the fix that gives them each layer's own arrays:
-`Decoder.weights`.)
+now holds each layer's own weights, and concrete keys are split into a
+tuple in one dispatch. The compiled programs did not change: their rows
+vary between runs on this CPU (causal at batch 1 / 8: 303 / 622 in the
+table, 248-262 / 523-591 in two later runs the same evening).
+(ReformerLM's compiled rows were 119 and 480 tok/s from a1ff00f, which
+held the stacked weights in the decoding programs, to the fix that gives
+them each layer's own arrays: `Decoder.weights`.)
 
 The encoder-decoder Transformer (6 + 6 layers, a 32-token source), same
 sizes, --repeats 2, same load (on 12-02, at load 7-8 with other jobs on the
