@@ -1,18 +1,13 @@
 """Smoke tests of benchmarks/duplication.py on a tiny config."""
 
-import importlib.util
 import json
-import os
 
 import jax
 import numpy as np
 import pytest
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'duplication.py')
-_spec = importlib.util.spec_from_file_location('duplication_bench', _PATH)
-duplication = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(duplication)
+duplication = benchmark_scripts.load('duplication')
 
 
 def tiny_config(**overrides):

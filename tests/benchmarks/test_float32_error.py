@@ -1,20 +1,15 @@
 """benchmarks/float32_error.py: the error measure and the CPU's figures."""
 
-import importlib.util
 import json
-import os
 
 import jax
 import numpy as np
 import pytest
 
 from tests import backend_tolerance
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'float32_error.py')
-_spec = importlib.util.spec_from_file_location('float32_error', _PATH)
-float32_error = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(float32_error)
+float32_error = benchmark_scripts.load('float32_error')
 
 
 def test_errors_is_max_abs_and_relative_away_from_zero():

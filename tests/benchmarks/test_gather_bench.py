@@ -1,17 +1,12 @@
 """benchmarks/gather_bench.py on CPU: rows timed, mismatches and failures recorded."""
 
-import importlib.util
 import json
-import os
 
 import jax.numpy as jnp
 import pytest
+from tests import benchmark_scripts
 
-_BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks')
-_spec = importlib.util.spec_from_file_location(
-    'gather_bench', os.path.join(_BENCH, 'gather_bench.py'))
-gather_bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gather_bench)
+gather_bench = benchmark_scripts.load('gather_bench')
 gather_kernel = gather_bench.gather_kernel  # The module the benchmark times.
 
 XLA_ROWS = {'xla_take_along_axis', 'xla_take_flat', 'xla_take_vmapped'}

@@ -2,8 +2,6 @@
 against numpy's fancy indexing."""
 
 import functools
-import importlib.util
-import os
 import re
 
 import jax
@@ -14,11 +12,9 @@ from jax import export
 from jax import lax
 
 from retrax.validation import ArgumentTypeError, ArgumentValueError
+from tests import benchmark_scripts
 
-_spec = importlib.util.spec_from_file_location('gather_kernel', os.path.join(
-    os.path.dirname(__file__), '..', '..', 'benchmarks', 'gather_kernel.py'))
-gather_kernel = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gather_kernel)
+gather_kernel = benchmark_scripts.load('gather_kernel')
 
 
 def _case(seed, u, length, n, width, dtype):

@@ -1,13 +1,8 @@
 """benchmarks/long_length.py: the memory-per-token table from worker results."""
 
-import importlib.util
-import os
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'long_length.py')
-_spec = importlib.util.spec_from_file_location('long_length_bench', _PATH)
-long_length = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(long_length)
+long_length = benchmark_scripts.load('long_length')
 
 
 def _result(rss, wall, cpu):

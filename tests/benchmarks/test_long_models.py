@@ -1,19 +1,14 @@
 """benchmarks/long_models.py: its measurements at toy sizes and its table."""
 
-import importlib.util
 import math
-import os
 
 import jax
 import pytest
 
 from retrax.layers import position_chunks
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'long_models.py')
-_spec = importlib.util.spec_from_file_location('long_models_bench', _PATH)
-long_models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(long_models)
+long_models = benchmark_scripts.load('long_models')
 
 
 def test_batches_hold_length_tokens_in_all():

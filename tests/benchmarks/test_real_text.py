@@ -1,20 +1,15 @@
 """Smoke tests of benchmarks/real_text.py: corpus, evaluation, a quick run."""
 
-import importlib.util
 import json
 import math
-import os
 import sys
 
 import jax
 import numpy as np
 import pytest
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'real_text.py')
-_spec = importlib.util.spec_from_file_location('real_text_bench', _PATH)
-real_text = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(real_text)
+real_text = benchmark_scripts.load('real_text')
 
 
 def quick_config(**overrides):

@@ -1,14 +1,9 @@
 """benchmarks/reversible_memory.py: the reversible stack's memory is flat in depth."""
 
-import importlib.util
 import json
-import os
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'reversible_memory.py')
-_spec = importlib.util.spec_from_file_location('reversible_memory_bench', _PATH)
-reversible_memory = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(reversible_memory)
+reversible_memory = benchmark_scripts.load('reversible_memory')
 
 
 def _temp_bytes(kind, depth, capsys):

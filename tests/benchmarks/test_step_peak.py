@@ -6,12 +6,10 @@ import subprocess
 import sys
 
 import pytest
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'step_peak.py')
-_spec = importlib.util.spec_from_file_location('step_peak_bench', _PATH)
-step_peak = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(step_peak)
+_PATH = benchmark_scripts.path('step_peak')
+step_peak = benchmark_scripts.load('step_peak')
 
 _LIVE_RANGES = """\
   Live ranges at 7 (peak):

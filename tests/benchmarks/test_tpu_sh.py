@@ -1,7 +1,6 @@
 """benchmarks/tpu.sh at toy sizes on CPU, and step_profile's trace reading."""
 
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,12 +11,10 @@ import numpy as np
 import pytest
 
 from retrax.fastmath import precision
+from tests import benchmark_scripts
 
-_BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks')
-_spec = importlib.util.spec_from_file_location(
-    'step_profile', os.path.join(_BENCH, 'step_profile.py'))
-step_profile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(step_profile)
+_BENCH = benchmark_scripts.FOLDER
+step_profile = benchmark_scripts.load('step_profile')
 
 
 def test_top_ops_sums_leaf_device_ops_per_step(tmp_path):

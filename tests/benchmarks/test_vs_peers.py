@@ -1,7 +1,6 @@
 """benchmarks/vs_peers.py: closed-form FLOPs, the table's ratios, a toy run end to end."""
 
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -16,12 +15,10 @@ from retrax import layers as tl
 from retrax import models
 from retrax.layers.attention.lsh import default_n_buckets
 from retrax.shapes import ShapeDtype
+from tests import benchmark_scripts
 
-_PATH = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks',
-                     'vs_peers.py')
-_spec = importlib.util.spec_from_file_location('vs_peers_bench', _PATH)
-vs_peers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vs_peers)
+_PATH = benchmark_scripts.path('vs_peers')
+vs_peers = benchmark_scripts.load('vs_peers')
 
 
 def test_bucket_count_is_retrax_default():
