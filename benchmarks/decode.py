@@ -58,7 +58,7 @@ vary between runs on this CPU (causal at batch 1 / 8: 303 / 622 in the
 table, 248-262 / 523-591 in two later runs the same evening).
 (ReformerLM's compiled rows were 119 and 480 tok/s from a1ff00f, which
 held the stacked weights in the decoding programs, to the fix that gives
-them each layer's own arrays: `Decoder.weights`.)
+them each layer's own arrays: a predict-mode stack now holds them.)
 
 The encoder-decoder Transformer (6 + 6 layers, a 32-token source), same
 sizes, --repeats 2, same load (on 12-02, at load 7-8 with other jobs on the

@@ -166,7 +166,7 @@ def beam_search(model, inputs=None, batch_size=1, n_beams=2, start_id=0,
   program = decoder.program(
       ('beam', None if enc is None else enc.shape[1:]) + config,
       BeamSearch(*config, decoder.layout).run)
-  seqs, scores, n = decoder.call(program, accelerate, decoder.weights, state,
+  seqs, scores, n = decoder.call(program, accelerate, model.stacked_weights, state,
                                  *args, enc, model.rng)
   seqs, scores, n = np.asarray(seqs), np.asarray(scores), int(n)
   return [(seqs[:, i, :n], scores[:, i]) for i in range(n_beams)]

@@ -83,20 +83,6 @@ class Decoder:
       raise RuntimeError('The decoded model no longer exists.')
     return model
 
-  @property
-  def weights(self):
-    """The weights the programs take: each layer's own arrays (Trax's tree).
-
-    A reversible stack in training holds its repeated blocks' weights
-    stacked (`stacked_weights`, what training scans over). Given the stack,
-    a decoding program slices each layer's rows inside its loop over
-    positions, and XLA:CPU copied them at every position: a 6-layer
-    d_model-512 ReformerLM (CausalAttention) decoded 120 tokens/s at batch 1
-    against 280 given the per-layer tree. A predict-mode stack holds that
-    tree already (`ReversibleSerial`); other models' are sliced here.
-    """
-    return self.model.weights
-
   # --- programs ---------------------------------------------------------------
 
   @property
@@ -138,7 +124,7 @@ class Decoder:
       return state, 0, np.zeros((prefix.shape[0], vocab), np.float32)
     model = self.model
     log_probs, state = self.call(self.program(('first_step',), first_step),
-                                 accelerate, self.weights, state,
+                                 accelerate, model.stacked_weights, state,
                                  jnp.asarray(prefix[:, :1]), enc, model.rng)
     return state, 1, log_probs
 

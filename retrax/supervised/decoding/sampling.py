@@ -317,7 +317,7 @@ def _stream(model, state, prefix, enc, programs, key, accelerate, eval_mode,
   first, feed, eval_step = programs
   decoder = decoder_for(model)
   call = decoder.call
-  weights, rng = decoder.weights, model.rng
+  weights, rng = model.stacked_weights, model.rng
   known, lag = _eval_prefix(model, prefix)
   free, where = budget
   n_fed, index, tok = prefix.shape[1], 0, None
@@ -381,7 +381,7 @@ def autoregressive_sample(model: Any, inputs: Any = None, batch_size: int = 1,
                         enc, accelerate)
     run = _predict_program(capacity, sample, eos_id)
   program = decoder.program(('sample', length) + config, run)
-  out, n_gen, state = decoder.call(program, accelerate, decoder.weights, state,
+  out, n_gen, state = decoder.call(program, accelerate, model.stacked_weights, state,
                                    *args, enc, model.rng, base_key(rng),
                                    jnp.int32(max_length))
   model.state = state
