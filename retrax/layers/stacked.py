@@ -40,9 +40,10 @@ def _row(x, k):
   return x
 
 
-# Row `k` of every leaf of a tree of concrete arrays, in one dispatch: called
-# eagerly leaf by leaf (a slice and a squeeze each), a 6-layer ReformerLM's
-# rows took ~40 ms of the blog's ~90 ms per-token predict call.
+# Row `k` of every leaf of a tree of concrete arrays, in one dispatch (reads
+# of `weights`, checkpoints): taken leaf by leaf, a slice and a squeeze each,
+# a 6-layer ReformerLM's rows took ~40 ms when its predict-mode stack still
+# held them (~0.5 ms a leaf).
 _take_rows = jax.jit(
     lambda tree, k: jax.tree_util.tree_map(lambda x: x[k], tree))
 
