@@ -70,6 +70,21 @@ def test_positional_encoding_default_table_long_positions():
                              atol=1e-5)
 
 
+@pytest.mark.parametrize('d', [16, 7])
+def test_a_table_in_blocks_is_the_one_pass_table(monkeypatch, d):
+  # Long tables are filled in blocks of rows on threads; every value must be
+  # the one-pass float64 formula's, rounded once to float32.
+  whole = position.sin_cos_table(1000, d)
+  monkeypatch.setattr(position, '_TABLE_BLOCK_ROWS', 64)
+  table = position.sin_cos_table(1000, d)
+  np.testing.assert_array_equal(table, whole)
+  positions = np.arange(1000)[:, None]
+  angles = positions / 10000.0**((np.arange(d) - np.arange(d) % 2) / d)
+  want = np.where(np.arange(d) % 2 == 0, np.sin(angles), np.cos(angles))
+  assert table.dtype == np.float32
+  np.testing.assert_allclose(table, want, rtol=0, atol=6e-8)
+
+
 def test_positional_encoding_eval_adds_table_rows():
   x = randn(2, 6, 8)
   layer = position.PositionalEncoding(max_len=10, mode='eval')
