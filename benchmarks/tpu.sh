@@ -46,8 +46,9 @@
 #   bash benchmarks/tpu.sh                          # every stage
 #   TPU_SH_STAGES="main tests" bash benchmarks/tpu.sh
 #   # The main job, the whole quick suite, the table and 1M tokens in one
-#   # call (on the chip, 2026-12-07: main 65 s, --quick 270 s before the
-#   # slow list's last 76 s of tests, table ~150 s, the 1M try ~106 s):
+#   # call (on the chip, 2026-12-08: main 58 s, --quick 269 s before the
+#   # slow list's last ~70 s of tests, table 137 s, the 1M try ~97 s
+#   # before its table of positions was filled on threads):
 #   TPU_SH_STAGES="main tests table search" TPU_SH_SEARCH=1048576,1048576 \
 #     TPU_SH_TEST_SHARE=55 TPU_SH_TOTAL_S=585 bash benchmarks/tpu.sh
 #   RETRAX_TPU_SH_TINY=1 JAX_PLATFORMS=cpu bash benchmarks/tpu.sh  # toy sizes
