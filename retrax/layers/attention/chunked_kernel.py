@@ -124,6 +124,12 @@ class Config(NamedTuple):
   matmul_dtype: Optional[str]
   interpret: bool
   rows_per_step: int = ROWS_PER_STEP
+  # None: the keys come scaled. A float: they come as the queries (shared
+  # QK) and the kernel length-normalises them with this epsilon and scales
+  # them by 1/sqrt(D) as it loads each chunk, and takes the gradient back
+  # through both: on a TPU the normalised copy and its gradient were XLA
+  # passes over every sorted row, ~5 of a 16K paper-size step's 174 ms.
+  key_norm_epsilon: Optional[float] = None
 
   @property
   def width(self):
@@ -186,7 +192,9 @@ def attention(config, q, k, v, q_info, kv_info, scale=None):
   Args:
     config: a `Config`.
     q: `[N, C, D]` queries.
-    k: `[N, C, D]` keys, already scaled (and, shared, length-normalised).
+    k: `[N, C, D]` keys, already scaled (and, shared, length-normalised);
+      with `config.key_norm_epsilon`, the raw keys (the queries, when
+      shared), which the kernel normalises and scales.
     v: `[N, C, V]` values.
     q_info: `[N, 1, C]` query position infos (as `attend` shifted them).
     kv_info: `[N, 1, C]` key infos (negative: padding, when `masked`).
@@ -330,6 +338,32 @@ def _masked_logits(q, k, q_info, kv_info, config):
   return s
 
 
+def _keys(k, config):
+  """A chunk's keys as the logits take them (`ops._scaled_keys` of shared keys
+  when `config.key_norm_epsilon` is set; else as given)."""
+  if config.key_norm_epsilon is None:
+    return k
+  x = k.astype(jnp.float32)
+  variance = jnp.mean(x * x, axis=-1, keepdims=True)
+  x = x / jnp.sqrt(variance + config.key_norm_epsilon)
+  return (x / math.sqrt(k.shape[-1])).astype(k.dtype)
+
+
+def _keys_vjp(k, dk, config):
+  """The gradient of the raw keys `k` from that of `_keys(k)`, `dk` (float32).
+
+  With `n = 1 / sqrt(mean(k^2) + eps)` and `y = k n / sqrt(D)`:
+  `dk_raw = n / sqrt(D) * (dk - k n^2 (dk . k) / D)`, row by row.
+  """
+  if config.key_norm_epsilon is None:
+    return dk
+  x = k.astype(jnp.float32)
+  depth = k.shape[-1]
+  n2 = 1.0 / (jnp.mean(x * x, axis=-1, keepdims=True) + config.key_norm_epsilon)
+  along = jnp.sum(dk * x, axis=-1, keepdims=True)
+  return jnp.sqrt(n2) / math.sqrt(depth) * (dk - x * n2 * along / depth)
+
+
 def _key_infos(kvi_w, t, g):
   """Chunk `t`'s key infos as a `[C, 1]` column, from their `[1, C]` row.
 
@@ -350,7 +384,7 @@ def _fwd_kernel(config, g, has_scale, *refs):
   out_ref, lse_ref, factor_ref = rest[-3:]
   for c in range(g):
     q, q_info = q_ref[c], qi_ref[c]
-    logits = [_masked_logits(q, k_w.chunk(c + o, g), q_info,
+    logits = [_masked_logits(q, _keys(k_w.chunk(c + o, g), config), q_info,
                              _key_infos(kvi_w, c + o, g), config)
               for o in _offsets(config)]
     top = functools.reduce(jnp.maximum, [jnp.max(s, axis=0, keepdims=True)
@@ -407,7 +441,8 @@ def _bwd_kernel(config, g, has_scale, *refs):
     d_out, d_term = do_ref[c], dt_ref[c]
     dq = None
     for j, o in enumerate(_offsets(config)):
-      k, v = k_w.chunk(c + o, g), v_w.chunk(c + o, g)
+      raw, v = k_w.chunk(c + o, g), v_w.chunk(c + o, g)
+      k = _keys(raw, config)
       s = _masked_logits(q, k, q_info, _key_infos(kvi_w, c + o, g), config)
       p = jnp.exp(s - lse)  # [C keys, C queries]
       dp = _dot(v, d_out, _NT, config)
@@ -416,7 +451,7 @@ def _bwd_kernel(config, g, has_scale, *refs):
         p_kept = p * scale_ref[j]
         dp = dp * scale_ref[j]
       ds = p * (dp + d_term)
-      to_key_chunk(c + o, _dot(ds, q, _NN, config),
+      to_key_chunk(c + o, _keys_vjp(raw, _dot(ds, q, _NN, config), config),
                    _dot(p_kept, d_out, _NN, config))
       part = _dot(ds, k, _TN, config)  # [C queries, D]
       dq = part if dq is None else dq + part

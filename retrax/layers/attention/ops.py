@@ -83,7 +83,10 @@ KEYS_MAJOR_MIN_QUERIES = 8
 BOTH_LAYOUTS_POLICIES = ('bfloat16',)
 
 
-def length_normalized(x, epsilon=1e-6):
+LENGTH_NORM_EPSILON = 1e-6
+
+
+def length_normalized(x, epsilon=LENGTH_NORM_EPSILON):
   """Scales each vector along the last axis to unit root-mean-square."""
   variance = jnp.mean(x**2, axis=-1, keepdims=True)
   return x / jnp.sqrt(variance + epsilon)
@@ -354,7 +357,9 @@ def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
                         keep_prob):
   """`_softmax_attend` of chunked `q [N, C, D]` by the Pallas kernel.
 
-  Returns `(out [N, C, V], logsumexp [N, 1, C])`.
+  Shared keys go in as the queries themselves: the kernel normalises and
+  scales each chunk as it loads it (no normalised copy, nor its gradient,
+  as XLA passes). Returns `(out [N, C, V], logsumexp [N, 1, C])`.
   """
   chunk_len = q.shape[1]
   scale = None
@@ -362,7 +367,11 @@ def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
     factors = keep.astype(jnp.float32) / keep_prob
     scale = jnp.transpose(jnp.reshape(factors, (chunk_len, -1, chunk_len)),
                           (1, 2, 0))
-  return chunked_kernel.attention(config, q, _scaled_keys(k, share_qk), v,
+  if share_qk:
+    config = config._replace(key_norm_epsilon=LENGTH_NORM_EPSILON)
+  else:
+    k = _scaled_keys(k, share_qk)
+  return chunked_kernel.attention(config, q, k, v,
                                   q_info[:, None, :], kv_info[:, None, :],
                                   scale)
 

@@ -120,13 +120,14 @@ def _padding_that_leaves_a_key_to_each_query(rs, q_info, kw):
   raise AssertionError('no padding leaves a key to every query')
 
 
-def _kernel(arrays, kw, rows_per_step):
+def _kernel(arrays, kw, rows_per_step, key_norm_epsilon=None):
   q, k, v, q_info, kv_info, keep = arrays
   n, c = q.shape[:2]
   width = 1 + kw['before'] + kw['after']
   config = chunked_kernel.Config(
       **kw, mask_penalty=1e9, self_penalty=1e5, matmul_dtype=None,
-      interpret=True, rows_per_step=rows_per_step)
+      interpret=True, rows_per_step=rows_per_step,
+      key_norm_epsilon=key_norm_epsilon)
   scale = None
   if keep is not None:
     scale = jnp.asarray(keep.reshape(c, width, c).transpose(1, 2, 0),
@@ -171,6 +172,45 @@ def test_kernel_matches_numpy(name, rows_per_step):
     minus = objective(*(a - eps * b for a, b in zip((q, k, v), u)))
     want = (plus - minus) / (2 * eps)
     got = sum(np.sum(np.asarray(g, np.float64) * b) for g, b in zip(grads, u))
+    np.testing.assert_allclose(got, want,
+                               **float32_tolerance(rtol=1e-4, atol=1e-4))
+
+
+def test_kernel_normalises_shared_keys_itself():
+  """Keys given as the raw queries (`key_norm_epsilon`): the kernel's outputs,
+  log-normalisers and the queries' whole gradient (through their query and
+  key roles) against float64 numpy on normalised, scaled keys."""
+  arrays, kw = _case('lsh')
+  q, _, v, q_info, kv_info, keep = arrays
+  d = q.shape[-1]
+
+  def ref(q, v):
+    keys = q / np.sqrt(np.mean(q**2, -1, keepdims=True) + 1e-6) / math.sqrt(d)
+    return numpy_chunked_attention(q, keys, v, q_info, kv_info, keep=keep,
+                                   **kw)
+  f = _kernel(arrays, kw, 1024, key_norm_epsilon=1e-6)
+  rs = np.random.RandomState(11)
+  want_out, want_lse = ref(q, v)
+  ct_out, ct_lse = rs.randn(*want_out.shape), rs.randn(*want_lse.shape)
+  (out, lse), vjp = jax.vjp(jax.jit(lambda q, v: f(q, q, v)),
+                            jnp.asarray(q, jnp.float32),
+                            jnp.asarray(v, jnp.float32))
+  dq, dv = vjp((jnp.asarray(ct_out, jnp.float32),
+                jnp.asarray(ct_lse, jnp.float32)))
+  np.testing.assert_allclose(out, want_out,
+                             **float32_tolerance(rtol=1e-5, atol=1e-5))
+  np.testing.assert_allclose(lse, want_lse,
+                             **float32_tolerance(rtol=1e-6, atol=1e-5))
+
+  def objective(q, v):
+    o, l = ref(q, v)
+    return np.sum(o * ct_out) + np.sum(l * ct_lse)
+  eps = 1e-6
+  for _ in range(3):  # directional derivatives by central differences
+    u = [rs.randn(*a.shape) for a in (q, v)]
+    want = (objective(q + eps * u[0], v + eps * u[1]) -
+            objective(q - eps * u[0], v - eps * u[1])) / (2 * eps)
+    got = sum(np.sum(np.asarray(g, np.float64) * b) for g, b in zip((dq, dv), u))
     np.testing.assert_allclose(got, want,
                                **float32_tolerance(rtol=1e-4, atol=1e-4))
 
@@ -293,10 +333,11 @@ def test_layers_with_dropout_and_bfloat16_matmuls_equal_the_xla_layers():
       np.testing.assert_allclose(g, w, atol=2e-2 * scale)
 
 
-@pytest.mark.parametrize('chunk_len, depth, dropout, matmul_dtype', [
-    (128, 64, False, None), (64, 128, True, 'bfloat16'),
-    (256, 64, False, 'float32')])
-def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype):
+@pytest.mark.parametrize('chunk_len, depth, dropout, matmul_dtype, shared', [
+    (128, 64, False, None, True), (64, 128, True, 'bfloat16', False),
+    (256, 64, False, 'float32', False)])
+def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype,
+                               shared):
   """Forward and backward, vmapped over units, lower to Mosaic TPU kernels.
 
   `jax.export` for the TPU platform runs Pallas' TPU lowering on a CPU
@@ -307,7 +348,8 @@ def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype):
   n, before, after = 8, 1, int(dropout)
   width = 1 + before + after
   config = chunked_kernel.Config(before, after, True, True, True, 1e9, 1e5,
-                                 matmul_dtype, interpret=False)
+                                 matmul_dtype, interpret=False,
+                                 key_norm_epsilon=1e-6 if shared else None)
   q = jax.ShapeDtypeStruct((2, n, chunk_len, depth), jnp.float32)
   info = jax.ShapeDtypeStruct((2, n, 1, chunk_len), jnp.int32)
   scale = (jax.ShapeDtypeStruct((width, chunk_len, chunk_len), jnp.float32)
