@@ -124,11 +124,7 @@ class Config(NamedTuple):
   matmul_dtype: Optional[str]
   interpret: bool
   rows_per_step: int = ROWS_PER_STEP
-  # None: the keys come scaled. A float: they come as the queries (shared
-  # QK) and the kernel length-normalises them with this epsilon and scales
-  # them by 1/sqrt(D) as it loads each chunk, and takes the gradient back
-  # through both: on a TPU the normalised copy and its gradient were XLA
-  # passes over every sorted row, ~5 of a 16K paper-size step's 174 ms.
+  # Shared keys' length normalisation (`attention` with `k=None`).
   key_norm_epsilon: Optional[float] = None
 
   @property
@@ -192,9 +188,12 @@ def attention(config, q, k, v, q_info, kv_info, scale=None):
   Args:
     config: a `Config`.
     q: `[N, C, D]` queries.
-    k: `[N, C, D]` keys, already scaled (and, shared, length-normalised);
-      with `config.key_norm_epsilon`, the raw keys (the queries, when
-      shared), which the kernel normalises and scales.
+    k: `[N, C, D]` keys, already scaled; or None: shared with the queries,
+      which the kernel length-normalises (`config.key_norm_epsilon`) and
+      scales by `1/sqrt(D)` as it loads each chunk, and whose gradient
+      comes back whole (query and key roles) as `q`'s. On a TPU the
+      normalised copy, its gradient and the two roles' sum were XLA passes
+      over every sorted row around the kernel.
     v: `[N, C, V]` values.
     q_info: `[N, 1, C]` query position infos (as `attend` shifted them).
     kv_info: `[N, 1, C]` key infos (negative: padding, when `masked`).
@@ -203,6 +202,10 @@ def attention(config, q, k, v, q_info, kv_info, scale=None):
 
   Gradients flow to `q`, `k` and `v` (the infos and `scale` are constants).
   """
+  if k is None and config.key_norm_epsilon is None:
+    raise validation.ArgumentValueError(
+        'chunked_kernel.attention: shared keys (k=None) need '
+        'config.key_norm_epsilon, the epsilon of their length normalisation.')
   return _attention(config, q, k, v, q_info.astype(jnp.float32),
                     kv_info.astype(jnp.float32), scale)
 
@@ -232,8 +235,8 @@ def _attention_bwd(config, residuals, cts):
   d_term = softmax_factor * (d_lse.astype(jnp.float32) - delta[:, None, :])
   dq, dk, dv = _backward(config, q, k, v, q_info, kv_info, scale, lse,
                          d_out, d_term)
-  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None,
-          None, None)
+  return (dq.astype(q.dtype), None if k is None else dk.astype(k.dtype),
+          dv.astype(v.dtype), None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -338,10 +341,10 @@ def _masked_logits(q, k, q_info, kv_info, config):
   return s
 
 
-def _keys(k, config):
-  """A chunk's keys as the logits take them (`ops._scaled_keys` of shared keys
-  when `config.key_norm_epsilon` is set; else as given)."""
-  if config.key_norm_epsilon is None:
+def _keys(k, config, shared):
+  """A chunk's keys as the logits take them: shared ones (the queries)
+  length-normalised and scaled as `ops._scaled_keys` does; others as given."""
+  if not shared:
     return k
   x = k.astype(jnp.float32)
   variance = jnp.mean(x * x, axis=-1, keepdims=True)
@@ -349,13 +352,13 @@ def _keys(k, config):
   return (x / math.sqrt(k.shape[-1])).astype(k.dtype)
 
 
-def _keys_vjp(k, dk, config):
+def _keys_vjp(k, dk, config, shared):
   """The gradient of the raw keys `k` from that of `_keys(k)`, `dk` (float32).
 
   With `n = 1 / sqrt(mean(k^2) + eps)` and `y = k n / sqrt(D)`:
   `dk_raw = n / sqrt(D) * (dk - k n^2 (dk . k) / D)`, row by row.
   """
-  if config.key_norm_epsilon is None:
+  if not shared:
     return dk
   x = k.astype(jnp.float32)
   depth = k.shape[-1]
@@ -377,14 +380,15 @@ def _offsets(config):
   return range(-config.before, config.after + 1)
 
 
-def _fwd_kernel(config, g, has_scale, *refs):
+def _fwd_kernel(config, g, has_scale, shared, *refs):
   (q_ref, qi_ref, k_w, v_w, kvi_w), rest = _split_refs(
       refs, config, ('own', 'own', 'window', 'window', 'window'))
   scale_ref = rest[0] if has_scale else None
   out_ref, lse_ref, factor_ref = rest[-3:]
   for c in range(g):
     q, q_info = q_ref[c], qi_ref[c]
-    logits = [_masked_logits(q, _keys(k_w.chunk(c + o, g), config), q_info,
+    logits = [_masked_logits(q, _keys(k_w.chunk(c + o, g), config, shared),
+                             q_info,
                              _key_infos(kvi_w, c + o, g), config)
               for o in _offsets(config)]
     top = functools.reduce(jnp.maximum, [jnp.max(s, axis=0, keepdims=True)
@@ -403,14 +407,18 @@ def _fwd_kernel(config, g, has_scale, *refs):
     factor_ref[c] = jnp.exp(lse - top) / total
 
 
-def _bwd_kernel(config, g, has_scale, *refs):
+def _bwd_kernel(config, g, has_scale, shared, *refs):
   (q_ref, qi_ref, k_w, v_w, kvi_w, lse_ref, do_ref, dt_ref), rest = (
       _split_refs(refs, config, ('own', 'own', 'window', 'window', 'window',
                                  'own', 'own', 'own')))
   scale_ref = rest[0] if has_scale else None
   outs = rest[1:] if has_scale else rest
-  dq_ref, dk_ref, dv_ref = outs[:3]
-  halo = outs[3:]  # dk, dv before the block; dk, dv after it
+  if shared:  # The keys' gradient within the block goes into the queries'.
+    (dq_ref, dv_ref), halo = outs[:2], outs[2:]
+    dk_ref = dq_ref
+  else:
+    (dq_ref, dk_ref, dv_ref), halo = outs[:3], outs[3:]
+  # halo: dk, dv before the block; dk, dv after it
   dk_before, dv_before = (halo[0], halo[1]) if config.before else (None, None)
   dk_after, dv_after = halo[-2:] if config.after else (None, None)
   written = set()
@@ -442,7 +450,7 @@ def _bwd_kernel(config, g, has_scale, *refs):
     dq = None
     for j, o in enumerate(_offsets(config)):
       raw, v = k_w.chunk(c + o, g), v_w.chunk(c + o, g)
-      k = _keys(raw, config)
+      k = _keys(raw, config, shared)
       s = _masked_logits(q, k, q_info, _key_infos(kvi_w, c + o, g), config)
       p = jnp.exp(s - lse)  # [C keys, C queries]
       dp = _dot(v, d_out, _NT, config)
@@ -451,11 +459,12 @@ def _bwd_kernel(config, g, has_scale, *refs):
         p_kept = p * scale_ref[j]
         dp = dp * scale_ref[j]
       ds = p * (dp + d_term)
-      to_key_chunk(c + o, _keys_vjp(raw, _dot(ds, q, _NN, config), config),
+      to_key_chunk(c + o,
+                   _keys_vjp(raw, _dot(ds, q, _NN, config), config, shared),
                    _dot(p_kept, d_out, _NN, config))
       part = _dot(ds, k, _TN, config)  # [C queries, D]
       dq = part if dq is None else dq + part
-    dq_ref[c] = dq
+    add(dq_ref, c, dq)
 
 
 def _compiler_params(config):
@@ -466,6 +475,7 @@ def _compiler_params(config):
 
 def _forward(config, q, k, v, q_info, kv_info, scale):
   n, c, d = q.shape
+  shared, k = k is None, q if k is None else k
   blocks = _Blocks(n, block_chunks(n, c, d, v.shape[-1], config.rows_per_step))
   g = blocks.g
   in_specs = ([blocks.spec((c, d)), blocks.spec((1, c))] +
@@ -478,7 +488,7 @@ def _forward(config, q, k, v, q_info, kv_info, scale):
     in_specs.append(pl.BlockSpec(scale.shape, lambda b: (0, 0, 0)))
     args.append(scale)
   return pl.pallas_call(
-      functools.partial(_fwd_kernel, config, g, scale is not None),
+      functools.partial(_fwd_kernel, config, g, scale is not None, shared),
       grid=(blocks.steps,),
       in_specs=in_specs,
       out_specs=[blocks.spec((c, v.shape[-1])), blocks.spec((1, c)),
@@ -493,7 +503,9 @@ def _forward(config, q, k, v, q_info, kv_info, scale):
 
 
 def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
+  """`(dq, dk, dv)`; with shared keys (`k` None) `dq` holds both roles', `dk` is None."""
   n, c, d = q.shape
+  shared, k = k is None, q if k is None else k
   d_v = v.shape[-1]
   blocks = _Blocks(n, block_chunks(n, c, d, d_v, config.rows_per_step))
   g = blocks.g
@@ -508,10 +520,9 @@ def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
     in_specs.append(pl.BlockSpec(scale.shape, lambda b: (0, 0, 0)))
     args.append(scale)
   f32 = jnp.float32
-  out_specs = [blocks.spec((c, d)), blocks.spec((c, d)), blocks.spec((c, d_v))]
-  out_shape = [jax.ShapeDtypeStruct((n, c, d), f32),
-               jax.ShapeDtypeStruct((n, c, d), f32),
-               jax.ShapeDtypeStruct((n, c, d_v), f32)]
+  depths = (d, d_v) if shared else (d, d, d_v)  # dq (and dk), dv
+  out_specs = [blocks.spec((c, depth)) for depth in depths]
+  out_shape = [jax.ShapeDtypeStruct((n, c, depth), f32) for depth in depths]
   for count in (config.before, config.after):
     if count:
       for depth in (d, d_v):
@@ -520,7 +531,7 @@ def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
         out_shape.append(jax.ShapeDtypeStruct((blocks.steps, count, c, depth),
                                               f32))
   grads = pl.pallas_call(
-      functools.partial(_bwd_kernel, config, g, scale is not None),
+      functools.partial(_bwd_kernel, config, g, scale is not None, shared),
       grid=(blocks.steps,),
       in_specs=in_specs,
       out_specs=out_specs,
@@ -529,15 +540,18 @@ def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
       interpret=config.interpret,
       name='chunked_attention_bwd',
   )(*args)
-  dq, dk, dv = grads[:3]
-  halo = list(grads[3:])
+  if shared:
+    (dq, dv), halo = grads[:2], list(grads[2:])
+    dk = dq
+  else:
+    (dq, dk, dv), halo = grads[:3], list(grads[3:])
   if config.before:
     dk = _add_before(dk, halo.pop(0), g)
     dv = _add_before(dv, halo.pop(0), g)
   if config.after:
     dk = _add_after(dk, halo.pop(0), g)
     dv = _add_after(dv, halo.pop(0), g)
-  return dq, dk, dv
+  return (dk, None, dv) if shared else (dq, dk, dv)
 
 
 def _add_before(x, halo, g):

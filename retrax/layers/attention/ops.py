@@ -348,6 +348,7 @@ def _kernel_config(implementation, q, k, v, window, mask_fn):
       exclude_self=exclude_self, masked=masked, mask_penalty=MASK_PENALTY,
       self_penalty=SELF_PENALTY,
       matmul_dtype=chunked_kernel.matmul_precision(on_tpu),
+      key_norm_epsilon=LENGTH_NORM_EPSILON,
       interpret=not on_tpu,
       rows_per_step=(chunked_kernel.ROWS_PER_STEP if on_tpu else
                      chunked_kernel.INTERPRET_ROWS_PER_STEP))
@@ -357,9 +358,8 @@ def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
                         keep_prob):
   """`_softmax_attend` of chunked `q [N, C, D]` by the Pallas kernel.
 
-  Shared keys go in as the queries themselves: the kernel normalises and
-  scales each chunk as it loads it (no normalised copy, nor its gradient,
-  as XLA passes). Returns `(out [N, C, V], logsumexp [N, 1, C])`.
+  Shared keys go in as the queries themselves (`k=None`): the kernel
+  normalises and scales each chunk as it loads it. Returns `(out [N, C, V], logsumexp [N, 1, C])`.
   """
   chunk_len = q.shape[1]
   scale = None
@@ -367,10 +367,7 @@ def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
     factors = keep.astype(jnp.float32) / keep_prob
     scale = jnp.transpose(jnp.reshape(factors, (chunk_len, -1, chunk_len)),
                           (1, 2, 0))
-  if share_qk:
-    config = config._replace(key_norm_epsilon=LENGTH_NORM_EPSILON)
-  else:
-    k = _scaled_keys(k, share_qk)
+  k = None if share_qk else _scaled_keys(k, share_qk)
   return chunked_kernel.attention(config, q, k, v,
                                   q_info[:, None, :], kv_info[:, None, :],
                                   scale)

@@ -121,6 +121,8 @@ def _padding_that_leaves_a_key_to_each_query(rs, q_info, kw):
 
 
 def _kernel(arrays, kw, rows_per_step, key_norm_epsilon=None):
+  """`f(q, k, v) -> (out, lse [N, C])` by the interpreted kernel (`k` None:
+  shared keys, normalised with `key_norm_epsilon`)."""
   q, k, v, q_info, kv_info, keep = arrays
   n, c = q.shape[:2]
   width = 1 + kw['before'] + kw['after']
@@ -177,9 +179,9 @@ def test_kernel_matches_numpy(name, rows_per_step):
 
 
 def test_kernel_normalises_shared_keys_itself():
-  """Keys given as the raw queries (`key_norm_epsilon`): the kernel's outputs,
-  log-normalisers and the queries' whole gradient (through their query and
-  key roles) against float64 numpy on normalised, scaled keys."""
+  """Shared keys (`k=None`): the kernel's outputs, log-normalisers and the
+  queries' gradient (their query and key roles, in one array) against
+  float64 numpy on the normalised, scaled queries as keys."""
   arrays, kw = _case('lsh')
   q, _, v, q_info, kv_info, keep = arrays
   d = q.shape[-1]
@@ -192,7 +194,7 @@ def test_kernel_normalises_shared_keys_itself():
   rs = np.random.RandomState(11)
   want_out, want_lse = ref(q, v)
   ct_out, ct_lse = rs.randn(*want_out.shape), rs.randn(*want_lse.shape)
-  (out, lse), vjp = jax.vjp(jax.jit(lambda q, v: f(q, q, v)),
+  (out, lse), vjp = jax.vjp(jax.jit(lambda q, v: f(q, None, v)),
                             jnp.asarray(q, jnp.float32),
                             jnp.asarray(v, jnp.float32))
   dq, dv = vjp((jnp.asarray(ct_out, jnp.float32),
@@ -213,6 +215,17 @@ def test_kernel_normalises_shared_keys_itself():
     got = sum(np.sum(np.asarray(g, np.float64) * b) for g, b in zip((dq, dv), u))
     np.testing.assert_allclose(got, want,
                                **float32_tolerance(rtol=1e-4, atol=1e-4))
+
+
+def test_shared_keys_need_the_normalisation_epsilon():
+  arrays, kw = _case('lsh')
+  q, _, v, q_info, _, _ = arrays
+  config = chunked_kernel.Config(**kw, mask_penalty=1e9, self_penalty=1e5,
+                                 matmul_dtype=None, interpret=True)
+  info = jnp.asarray(q_info[:, None, :], jnp.int32)
+  with pytest.raises(ArgumentValueError, match='key_norm_epsilon'):
+    chunked_kernel.attention(config, jnp.asarray(q), None, jnp.asarray(v),
+                             info, info)
 
 
 def test_block_chunks_divide_the_chunks_within_the_step():
@@ -357,8 +370,8 @@ def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype,
 
   def grads(q, k, v, q_info, kv_info, scale):
     def loss(q, k, v, q_info, kv_info):
-      out, lse = chunked_kernel.attention(config, q, k, v, q_info, kv_info,
-                                          scale)
+      out, lse = chunked_kernel.attention(config, q, None if shared else k,
+                                          v, q_info, kv_info, scale)
       return jnp.sum(out) + jnp.sum(lse)
     return jax.vmap(jax.grad(loss, (0, 1, 2)))(q, k, v, q_info, kv_info)
   exported = export.export(jax.jit(grads), platforms=['tpu'])(
