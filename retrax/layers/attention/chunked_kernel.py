@@ -126,6 +126,10 @@ class Config(NamedTuple):
   rows_per_step: int = ROWS_PER_STEP
   # Shared keys' length normalisation (`attention` with `k=None`).
   key_norm_epsilon: Optional[float] = None
+  # Whether `attention` returns the outputs and log-normalisers side by
+  # side, one float32 `[N, C, V + 1]` array written by the kernel (LSH
+  # unsorts them as one gather), instead of two arrays.
+  joint_output: bool = False
 
   @property
   def width(self):
@@ -185,6 +189,11 @@ def block_chunks(n_chunks, chunk_len, d_qk=64, d_v=64,
 def attention(config, q, k, v, q_info, kv_info, scale=None):
   """Chunked attention: `(out [N, C, V], logsumexp [N, 1, C])`, differentiable.
 
+  With `config.joint_output`, one float32 `[N, C, V + 1]` array instead:
+  each query's output, then its log-normaliser, in one row (on a TPU,
+  joining them after the kernel took a copy of the normalisers into an
+  `[N, 1]` column, 128 lanes per 8 values, and a concatenation).
+
   Args:
     config: a `Config`.
     q: `[N, C, D]` queries.
@@ -206,8 +215,9 @@ def attention(config, q, k, v, q_info, kv_info, scale=None):
     raise validation.ArgumentValueError(
         'chunked_kernel.attention: shared keys (k=None) need '
         'config.key_norm_epsilon, the epsilon of their length normalisation.')
-  return _attention(config, q, k, v, q_info.astype(jnp.float32),
-                    kv_info.astype(jnp.float32), scale)
+  out, lse = _attention(config, q, k, v, q_info.astype(jnp.float32),
+                        kv_info.astype(jnp.float32), scale)
+  return out if config.joint_output else (out, lse)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -225,6 +235,12 @@ def _attention_fwd(config, q, k, v, q_info, kv_info, scale):
 def _attention_bwd(config, residuals, cts):
   q, k, v, q_info, kv_info, scale, out, lse, softmax_factor = residuals
   d_out, d_lse = cts
+  d_joint = None
+  if config.joint_output:  # (`lse` itself is not an output then: d_lse is 0)
+    # The kernel reads the outputs' cotangent from the joint one's rows.
+    n_values = v.shape[-1]
+    d_lse = d_lse + d_out[..., n_values][:, None, :]
+    d_joint, d_out, out = d_out, d_out[..., :n_values], out[..., :n_values]
   # With p = exp(s - lse): ds = p * dp + softmax * (d_lse - sum(p * dp)),
   # where sum(p * dp) = d_out . out (dropout included), once per query, and
   # softmax = exp(s - max) / sum = p * softmax_factor, the factor 1 up to
@@ -234,7 +250,7 @@ def _attention_bwd(config, residuals, cts):
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
   d_term = softmax_factor * (d_lse.astype(jnp.float32) - delta[:, None, :])
   dq, dk, dv = _backward(config, q, k, v, q_info, kv_info, scale, lse,
-                         d_out, d_term)
+                         d_out if d_joint is None else d_joint, d_term)
   return (dq.astype(q.dtype), None if k is None else dk.astype(k.dtype),
           dv.astype(v.dtype), None, None, None)
 
@@ -402,9 +418,21 @@ def _fwd_kernel(config, g, has_scale, shared, *refs):
       if scale_ref is not None:
         p = p * scale_ref[j]
       parts.append(_dot(p, v_w.chunk(c + o, g), _TN, config))  # [C, V]
-    out_ref[c] = functools.reduce(jnp.add, parts).astype(out_ref.dtype)
+    out = functools.reduce(jnp.add, parts)
+    if config.joint_output:
+      n_values = out.shape[-1]
+      out_ref[c, :, :n_values] = out
+      out_ref[c, :, n_values:] = _column(lse)
+    else:
+      out_ref[c] = out.astype(out_ref.dtype)
     lse_ref[c] = lse
     factor_ref[c] = jnp.exp(lse - top) / total
+
+
+def _column(row):
+  """A `[1, C]` row as a `[C, 1]` column (a square transpose: Mosaic's)."""
+  square = jnp.broadcast_to(row, (row.shape[-1], row.shape[-1]))
+  return jnp.transpose(square)[:, :1]
 
 
 def _bwd_kernel(config, g, has_scale, shared, *refs):
@@ -446,7 +474,9 @@ def _bwd_kernel(config, g, has_scale, shared, *refs):
 
   for c in range(g):
     q, q_info, lse = q_ref[c], qi_ref[c], lse_ref[c]
-    d_out, d_term = do_ref[c], dt_ref[c]
+    # (`do_ref` may be the joint outputs|normalisers' cotangent: its first
+    # V columns, V the values' depth.)
+    d_out, d_term = do_ref[c, :, :v_w.refs[0].shape[-1]], dt_ref[c]
     dq = None
     for j, o in enumerate(_offsets(config)):
       raw, v = k_w.chunk(c + o, g), v_w.chunk(c + o, g)
@@ -487,13 +517,16 @@ def _forward(config, q, k, v, q_info, kv_info, scale):
   if scale is not None:
     in_specs.append(pl.BlockSpec(scale.shape, lambda b: (0, 0, 0)))
     args.append(scale)
+  out = (jax.ShapeDtypeStruct((n, c, v.shape[-1] + 1), jnp.float32)
+         if config.joint_output else
+         jax.ShapeDtypeStruct((n, c, v.shape[-1]), v.dtype))
   return pl.pallas_call(
       functools.partial(_fwd_kernel, config, g, scale is not None, shared),
       grid=(blocks.steps,),
       in_specs=in_specs,
-      out_specs=[blocks.spec((c, v.shape[-1])), blocks.spec((1, c)),
+      out_specs=[blocks.spec(out.shape[1:]), blocks.spec((1, c)),
                  blocks.spec((1, c))],
-      out_shape=[jax.ShapeDtypeStruct((n, c, v.shape[-1]), v.dtype),
+      out_shape=[out,
                  jax.ShapeDtypeStruct((n, 1, c), jnp.float32),
                  jax.ShapeDtypeStruct((n, 1, c), jnp.float32)],
       compiler_params=_compiler_params(config),
@@ -503,7 +536,11 @@ def _forward(config, q, k, v, q_info, kv_info, scale):
 
 
 def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
-  """`(dq, dk, dv)`; with shared keys (`k` None) `dq` holds both roles', `dk` is None."""
+  """`(dq, dk, dv)`; with shared keys (`k` None) `dq` holds both roles', `dk` is None.
+
+  `d_out` `[N, C, V]`, or the joint `[N, C, V + 1]` (its first `V` columns
+  read).
+  """
   n, c, d = q.shape
   shared, k = k is None, q if k is None else k
   d_v = v.shape[-1]
@@ -513,7 +550,8 @@ def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
               blocks.windowed((c, d), config) +
               blocks.windowed((c, d_v), config) +
               blocks.windowed((1, c), config) +
-              [blocks.spec((1, c)), blocks.spec((c, d_v)), blocks.spec((1, c))])
+              [blocks.spec((1, c)), blocks.spec(d_out.shape[1:]),
+               blocks.spec((1, c))])
   args = ([q, q_info] + [k] * config.width + [v] * config.width +
           [kv_info] * config.width + [lse, d_out, d_term])
   if scale is not None:

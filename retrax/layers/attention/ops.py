@@ -238,7 +238,8 @@ def _chunk(x, chunk_len, what):
 
 def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
            n_chunks_before=0, n_chunks_after=0, mask_fn=None, q_info=None,
-           kv_info=None, dropout=0.0, rng=None, implementation='xla'):
+           kv_info=None, dropout=0.0, rng=None, implementation='xla',
+           joint_output=False):
   """Dot-product attention, optionally chunked and masked (Trax's `attend`).
 
   With `k=None` keys are shared with queries (normalised with
@@ -266,6 +267,8 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
       (the kernel on a TPU only). Where the kernel cannot run (unchunked, a
       custom `mask_fn`, see `chunked_kernel.unsupported`) the XLA path runs,
       with a warning for 'pallas'.
+    joint_output: return the two results side by side, one `[Lq, V + 1]`
+      array (float32 or wider), as LSH unsorts them (the kernel writes it so).
 
   Returns:
     `(out, logsumexp)`: `[Lq, V]` attention output and `[Lq]` log-normaliser of
@@ -283,6 +286,10 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
   keep, keep_prob = _dropout_keep(dropout, rng, q.shape[-2:-1] + (width,))
   config = _kernel_config(implementation, q, k, v, window, mask_fn)
   if config is not None:
+    if joint_output:
+      joint = _attend_with_kernel(config._replace(joint_output=True), q, k, v,
+                                  q_info, kv_info, share_qk, keep, keep_prob)
+      return jnp.reshape(joint, (-1, joint.shape[-1]))
     out, dots_logsumexp = _attend_with_kernel(config, q, k, v, q_info, kv_info,
                                               share_qk, keep, keep_prob)
   elif _in_blocks(q, width):
@@ -297,8 +304,17 @@ def attend(q, k=None, v=None, q_chunk_len=None, kv_chunk_len=None,
     kv_info = look_adjacent(kv_info, *window)
     out, dots_logsumexp = _softmax_attend(q, k, v, q_info, kv_info, mask_fn,
                                           keep, keep_prob)
-  return (jnp.reshape(out, (-1, out.shape[-1])),
-          jnp.reshape(dots_logsumexp, (-1,)))
+  return _results(out, dots_logsumexp, joint_output)
+
+
+def _results(out, dots_logsumexp, joint_output):
+  """Chunked `(out, logsumexp)` as `attend` returns them: `([L, V], [L])`,
+  or side by side, `[L, V + 1]` (the wider dtype: logits stay float32)."""
+  out = jnp.reshape(out, (-1, out.shape[-1]))
+  dots_logsumexp = jnp.reshape(dots_logsumexp, (-1,))
+  if joint_output:
+    return jnp.concatenate([out, dots_logsumexp[:, None]], axis=-1)
+  return out, dots_logsumexp
 
 
 def _mask_flags(mask_fn):
@@ -359,7 +375,9 @@ def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
   """`_softmax_attend` of chunked `q [N, C, D]` by the Pallas kernel.
 
   Shared keys go in as the queries themselves (`k=None`): the kernel
-  normalises and scales each chunk as it loads it. Returns `(out [N, C, V], logsumexp [N, 1, C])`.
+  normalises and scales each chunk as it loads it. Returns
+  `(out [N, C, V], logsumexp [N, 1, C])`, or with `config.joint_output`
+  both in one `[N, C, V + 1]` array.
   """
   chunk_len = q.shape[1]
   scale = None
@@ -572,20 +590,16 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
       memory_decides(n_chunks, chunk_len, width) or
       (rows is None and on_tpu_unless_set(JOINT_SPEED_BLOCKS)))
 
-  def joined(out, lse):  # (the wider dtype: logits stay float32)
-    return jnp.concatenate([out, lse[:, None]], axis=-1) if joint_output else (
-        out, lse)
-
   if not joint:
     if rows is not None:
       qv = take_rows(qv, rows)
     if compute_dtype is not None:
       qv = qv.astype(compute_dtype)
-    return joined(*attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
-                          n_chunks_before=n_chunks_before,
-                          n_chunks_after=n_chunks_after, mask_fn=mask_fn,
-                          q_info=q_info, kv_info=kv_info, dropout=dropout,
-                          rng=rng, implementation=implementation))
+    return attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
+                  n_chunks_before=n_chunks_before,
+                  n_chunks_after=n_chunks_after, mask_fn=mask_fn,
+                  q_info=q_info, kv_info=kv_info, dropout=dropout, rng=rng,
+                  implementation=implementation, joint_output=joint_output)
   # The sorted rows (or their indices) and infos in chunks, as `attend`'s.
   in_order = qv if rows is None else rows[:, None]
   in_order, _, _, q_info, kv_info = _chunked(in_order, None, in_order, q_info,
@@ -604,8 +618,7 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
   if side_by_side:
     return jnp.reshape(results, (-1, results.shape[-1]))
   out, dots_logsumexp = results
-  return joined(jnp.reshape(out, (-1, out.shape[-1])),
-                jnp.reshape(dots_logsumexp, (-1,)))
+  return _results(out, dots_logsumexp, joint_output)
 
 
 def attend_queries_scaled(q, k, v, mask_fn=None, q_info=None, kv_info=None):

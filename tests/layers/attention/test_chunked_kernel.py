@@ -217,6 +217,38 @@ def test_kernel_normalises_shared_keys_itself():
                                **float32_tolerance(rtol=1e-4, atol=1e-4))
 
 
+@pytest.mark.parametrize('name', ['lsh', 'dropout'])
+def test_joint_output_is_the_outputs_and_normalisers_side_by_side(name):
+  """`joint_output`: one `[N, C, V + 1]` array, the two results' values, and
+  the same gradients for a cotangent of it as for its two parts'."""
+  arrays, kw = _case(name)
+  q, k, v, q_info, kv_info, keep = arrays
+  n, c = q.shape[:2]
+  width = 1 + kw['before'] + kw['after']
+  scale = None if keep is None else jnp.asarray(
+      keep.reshape(c, width, c).transpose(1, 2, 0), jnp.float32)
+  rows = lambda a: jnp.asarray(a.reshape(n, 1, c), jnp.int32)
+  config = chunked_kernel.Config(**kw, mask_penalty=1e9, self_penalty=1e5,
+                                 matmul_dtype=None, interpret=True,
+                                 key_norm_epsilon=1e-6)
+  shared = name == 'lsh'
+
+  def run(joint, q, k, v):
+    return chunked_kernel.attention(config._replace(joint_output=joint), q,
+                                    None if shared else k, v, rows(q_info),
+                                    rows(kv_info), scale)
+  inputs = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
+  joint, joint_vjp = jax.vjp(jax.jit(functools.partial(run, True)), *inputs)
+  (out, lse), vjp = jax.vjp(jax.jit(functools.partial(run, False)), *inputs)
+  assert joint.shape == (n, c, v.shape[-1] + 1) and joint.dtype == jnp.float32
+  np.testing.assert_allclose(joint[..., :-1], out, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(joint[..., -1], lse[:, 0], rtol=1e-6, atol=1e-6)
+  ct = jnp.asarray(np.random.RandomState(2).randn(*joint.shape), jnp.float32)
+  for got, want in zip(joint_vjp(ct),
+                       vjp((ct[..., :-1], ct[..., -1][:, None, :]))):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_shared_keys_need_the_normalisation_epsilon():
   arrays, kw = _case('lsh')
   q, _, v, q_info, _, _ = arrays
@@ -362,7 +394,8 @@ def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype,
   width = 1 + before + after
   config = chunked_kernel.Config(before, after, True, True, True, 1e9, 1e5,
                                  matmul_dtype, interpret=False,
-                                 key_norm_epsilon=1e-6 if shared else None)
+                                 key_norm_epsilon=1e-6 if shared else None,
+                                 joint_output=shared)
   q = jax.ShapeDtypeStruct((2, n, chunk_len, depth), jnp.float32)
   info = jax.ShapeDtypeStruct((2, n, 1, chunk_len), jnp.int32)
   scale = (jax.ShapeDtypeStruct((width, chunk_len, chunk_len), jnp.float32)
@@ -370,9 +403,9 @@ def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype,
 
   def grads(q, k, v, q_info, kv_info, scale):
     def loss(q, k, v, q_info, kv_info):
-      out, lse = chunked_kernel.attention(config, q, None if shared else k,
-                                          v, q_info, kv_info, scale)
-      return jnp.sum(out) + jnp.sum(lse)
+      results = chunked_kernel.attention(config, q, None if shared else k,
+                                         v, q_info, kv_info, scale)
+      return sum(jnp.sum(r) for r in jax.tree.leaves(results))
     return jax.vmap(jax.grad(loss, (0, 1, 2)))(q, k, v, q_info, kv_info)
   exported = export.export(jax.jit(grads), platforms=['tpu'])(
       q, q, q, info, info, scale)
