@@ -26,6 +26,13 @@ kernel accumulates `dk`, `dv` of the block's own chunks in its output
 blocks and writes the neighbours' share separately (`[n_blocks,
 n_chunks_before, C, d]` and after), added by XLA to the chunks they belong
 to: no two grid steps write the same block, so the grid is parallel.
+Shared keys (LSH's) come in as the queries themselves: the kernels
+length-normalise and scale each key chunk as they load it, and the
+backward kernel adds the key role's gradient (through that normalisation)
+into the queries'. Where LSH unsorts outputs and log-normalisers as one
+gather, the forward kernel writes them side by side, `[N, C, V + 1]`
+(`Config.joint_output`), the log-normaliser turned into a column by a
+square transpose.
 
 Numerics: the same masks (additive penalties subtracted from float32
 logits, position infos compared as float32), the same broadcast dropout

@@ -385,7 +385,7 @@ def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
     factors = keep.astype(jnp.float32) / keep_prob
     scale = jnp.transpose(jnp.reshape(factors, (chunk_len, -1, chunk_len)),
                           (1, 2, 0))
-  k = None if share_qk else _scaled_keys(k, share_qk)
+  k = None if share_qk else _scaled_keys(k, False)
   return chunked_kernel.attention(config, q, k, v,
                                   q_info[:, None, :], kv_info[:, None, :],
                                   scale)
