@@ -32,7 +32,9 @@ backward kernel adds the key role's gradient (through that normalisation)
 into the queries'. Where LSH unsorts outputs and log-normalisers as one
 gather, the forward kernel writes them side by side, `[N, C, V + 1]`
 (`Config.joint_output`), the log-normaliser turned into a column by a
-square transpose.
+square transpose; and it reads queries and values from the sorted rows that
+hold them side by side (`Config.qv_depth`), whose gradient the backward
+kernel writes side by side too.
 
 Numerics: the same masks (additive penalties subtracted from float32
 logits, position infos compared as float32), the same broadcast dropout
@@ -137,6 +139,10 @@ class Config(NamedTuple):
   # side, one float32 `[N, C, V + 1]` array written by the kernel (LSH
   # unsorts them as one gather), instead of two arrays.
   joint_output: bool = False
+  # Set: `attention`'s `q` holds queries (this depth) and values side by
+  # side in each row, `[N, C, qv_depth + V]` (LSH's sorted rows; shared
+  # keys, `k` and `v` None), and their gradient comes back so.
+  qv_depth: Optional[int] = None
 
   @property
   def width(self):
@@ -222,6 +228,12 @@ def attention(config, q, k, v, q_info, kv_info, scale=None):
     raise validation.ArgumentValueError(
         'chunked_kernel.attention: shared keys (k=None) need '
         'config.key_norm_epsilon, the epsilon of their length normalisation.')
+  if config.qv_depth is not None and (
+      k is not None or v is not None or not config.joint_output):
+    raise validation.ArgumentValueError(
+        'chunked_kernel.attention: with config.qv_depth the queries and values '
+        'come side by side in q (k and v None) and the results as one array '
+        '(config.joint_output).')
   out, lse = _attention(config, q, k, v, q_info.astype(jnp.float32),
                         kv_info.astype(jnp.float32), scale)
   return out if config.joint_output else (out, lse)
@@ -245,7 +257,7 @@ def _attention_bwd(config, residuals, cts):
   d_joint = None
   if config.joint_output:  # (`lse` itself is not an output then: d_lse is 0)
     # The kernel reads the outputs' cotangent from the joint one's rows.
-    n_values = v.shape[-1]
+    n_values = _Layout.of(config, q, k, v).n_values
     d_lse = d_lse + d_out[..., n_values][:, None, :]
     d_joint, d_out, out = d_out, d_out[..., :n_values], out[..., :n_values]
   # With p = exp(s - lse): ds = p * dp + softmax * (d_lse - sum(p * dp)),
@@ -259,7 +271,7 @@ def _attention_bwd(config, residuals, cts):
   dq, dk, dv = _backward(config, q, k, v, q_info, kv_info, scale, lse,
                          d_out if d_joint is None else d_joint, d_term)
   return (dq.astype(q.dtype), None if k is None else dk.astype(k.dtype),
-          dv.astype(v.dtype), None, None, None)
+          None if v is None else dv.astype(v.dtype), None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -313,6 +325,33 @@ class _Window(NamedTuple):
     else:
       ref = self.refs[1 + self.before + t - g]
     return ref[index] if index else ref[...]
+
+
+class _Layout(NamedTuple):
+  """Where the kernels find queries, keys and values (static)."""
+  shared: bool  # the keys are the queries, normalised in the kernel
+  qv_depth: Optional[int]  # queries|values side by side in one array
+  depth: int
+  n_values: int
+
+  @classmethod
+  def of(cls, config, q, k, v):
+    if config.qv_depth is not None:
+      return cls(True, config.qv_depth, config.qv_depth,
+                 q.shape[-1] - config.qv_depth)
+    return cls(k is None, None, q.shape[-1], v.shape[-1])
+
+  def queries(self, rows):
+    """The queries' (or keys') columns of a chunk's rows."""
+    return rows if self.qv_depth is None else rows[:, :self.qv_depth]
+
+  def values(self, rows):
+    return rows if self.qv_depth is None else rows[:, self.qv_depth:]
+
+  def input_kinds(self):
+    """`_split_refs` kinds of the q, infos, keys[, values], key infos refs."""
+    values = () if self.qv_depth is not None else ('window',)
+    return ('own', 'own', 'window') + values + ('window',)
 
 
 def _split_refs(refs, config, kinds):
@@ -403,14 +442,17 @@ def _offsets(config):
   return range(-config.before, config.after + 1)
 
 
-def _fwd_kernel(config, g, has_scale, shared, *refs):
-  (q_ref, qi_ref, k_w, v_w, kvi_w), rest = _split_refs(
-      refs, config, ('own', 'own', 'window', 'window', 'window'))
+def _fwd_kernel(config, g, has_scale, layout, *refs):
+  ins, rest = _split_refs(refs, config, layout.input_kinds())
+  q_ref, qi_ref, k_w, kvi_w = ins[0], ins[1], ins[2], ins[-1]
+  v_w = ins[3] if len(ins) == 5 else k_w  # (values beside the keys)
+  shared = layout.shared
   scale_ref = rest[0] if has_scale else None
   out_ref, lse_ref, factor_ref = rest[-3:]
   for c in range(g):
-    q, q_info = q_ref[c], qi_ref[c]
-    logits = [_masked_logits(q, _keys(k_w.chunk(c + o, g), config, shared),
+    q, q_info = layout.queries(q_ref[c]), qi_ref[c]
+    logits = [_masked_logits(q, _keys(layout.queries(k_w.chunk(c + o, g)),
+                                      config, shared),
                              q_info,
                              _key_infos(kvi_w, c + o, g), config)
               for o in _offsets(config)]
@@ -424,7 +466,8 @@ def _fwd_kernel(config, g, has_scale, shared, *refs):
       p = jnp.exp(s - lse)
       if scale_ref is not None:
         p = p * scale_ref[j]
-      parts.append(_dot(p, v_w.chunk(c + o, g), _TN, config))  # [C, V]
+      parts.append(_dot(p, layout.values(v_w.chunk(c + o, g)), _TN,
+                        config))  # [C, V]
     out = functools.reduce(jnp.add, parts)
     if config.joint_output:
       n_values = out.shape[-1]
@@ -442,51 +485,67 @@ def _column(row):
   return jnp.transpose(square)[:, :1]
 
 
-def _bwd_kernel(config, g, has_scale, shared, *refs):
-  (q_ref, qi_ref, k_w, v_w, kvi_w, lse_ref, do_ref, dt_ref), rest = (
-      _split_refs(refs, config, ('own', 'own', 'window', 'window', 'window',
-                                 'own', 'own', 'own')))
+def _bwd_kernel(config, g, has_scale, layout, *refs):
+  ins, rest = _split_refs(refs, config, layout.input_kinds() +
+                          ('own', 'own', 'own'))
+  q_ref, qi_ref, k_w = ins[:3]
+  v_w = k_w if layout.qv_depth is not None else ins[3]
+  kvi_w, lse_ref, do_ref, dt_ref = ins[-4:]
+  shared = layout.shared
   scale_ref = rest[0] if has_scale else None
   outs = rest[1:] if has_scale else rest
-  if shared:  # The keys' gradient within the block goes into the queries'.
-    (dq_ref, dv_ref), halo = outs[:2], outs[2:]
-    dk_ref = dq_ref
+  # Where each role's gradient goes: (own chunks' ref, the halo before the
+  # block, the halo after it, first column or None for whole rows).
+  if layout.qv_depth is not None:  # queries|values' gradient side by side
+    before, after = (outs[1] if config.before else None,
+                     outs[-1] if config.after else None)
+    to = dict(k=(outs[0], before, after, 0),
+              v=(outs[0], before, after, layout.qv_depth))
   else:
-    (dq_ref, dk_ref, dv_ref), halo = outs[:3], outs[3:]
-  # halo: dk, dv before the block; dk, dv after it
-  dk_before, dv_before = (halo[0], halo[1]) if config.before else (None, None)
-  dk_after, dv_after = halo[-2:] if config.after else (None, None)
+    if shared:  # The keys' gradient within the block goes into the queries'.
+      (dq_ref, dv_ref), halo = outs[:2], outs[2:]
+      dk_ref = dq_ref
+    else:
+      (dq_ref, dk_ref, dv_ref), halo = outs[:3], outs[3:]
+    # halo: dk, dv before the block; dk, dv after it
+    before, after = (halo[:2] if config.before else (None, None),
+                     halo[-2:] if config.after else (None, None))
+    to = dict(k=(dk_ref, before[0], after[0], None),
+              v=(dv_ref, before[1], after[1], None))
+  # The queries' own gradient: with the keys' where they are shared.
+  q_out, q_column = (to['k'][0], to['k'][3]) if shared else (dq_ref, None)
   written = set()
 
-  def add(ref, index, value):
-    """`ref[index] += value`, the first time `=`."""
-    key = (id(ref), index)
+  def add(ref, t, value, column=None):
+    """`ref[t] += value` (from `column` on), the first time `=`."""
+    key = (id(ref), t, column)
+    index = (t,) if column is None else (
+        t, slice(None), slice(column, column + value.shape[-1]))
     if key in written:
       ref[index] = ref[index] + value
     else:
       ref[index] = value
       written.add(key)
 
-  def to_key_chunk(t, dk, dv):
-    """Adds a neighbouring chunk's `dk`, `dv` where chunk `t` of the step goes."""
+  def to_key_chunk(t, role, value):
+    """Adds a neighbouring chunk's gradient where chunk `t` of the step goes."""
+    own, before_ref, after_ref, column = to[role]
     if t < 0:
-      add(dk_before, -t - 1, dk)
-      add(dv_before, -t - 1, dv)
+      add(before_ref, -t - 1, value, column)
     elif t < g:
-      add(dk_ref, t, dk)
-      add(dv_ref, t, dv)
+      add(own, t, value, column)
     else:
-      add(dk_after, t - g, dk)
-      add(dv_after, t - g, dv)
+      add(after_ref, t - g, value, column)
 
   for c in range(g):
-    q, q_info, lse = q_ref[c], qi_ref[c], lse_ref[c]
+    q, q_info, lse = layout.queries(q_ref[c]), qi_ref[c], lse_ref[c]
     # (`do_ref` may be the joint outputs|normalisers' cotangent: its first
-    # V columns, V the values' depth.)
-    d_out, d_term = do_ref[c, :, :v_w.refs[0].shape[-1]], dt_ref[c]
+    # V columns.)
+    d_out, d_term = do_ref[c, :, :layout.n_values], dt_ref[c]
     dq = None
     for j, o in enumerate(_offsets(config)):
-      raw, v = k_w.chunk(c + o, g), v_w.chunk(c + o, g)
+      raw = layout.queries(k_w.chunk(c + o, g))
+      v = layout.values(v_w.chunk(c + o, g))
       k = _keys(raw, config, shared)
       s = _masked_logits(q, k, q_info, _key_infos(kvi_w, c + o, g), config)
       p = jnp.exp(s - lse)  # [C keys, C queries]
@@ -496,12 +555,12 @@ def _bwd_kernel(config, g, has_scale, shared, *refs):
         p_kept = p * scale_ref[j]
         dp = dp * scale_ref[j]
       ds = p * (dp + d_term)
-      to_key_chunk(c + o,
-                   _keys_vjp(raw, _dot(ds, q, _NN, config), config, shared),
-                   _dot(p_kept, d_out, _NN, config))
+      to_key_chunk(c + o, 'k',
+                   _keys_vjp(raw, _dot(ds, q, _NN, config), config, shared))
+      to_key_chunk(c + o, 'v', _dot(p_kept, d_out, _NN, config))
       part = _dot(ds, k, _TN, config)  # [C queries, D]
       dq = part if dq is None else dq + part
-    add(dq_ref, c, dq)
+    add(q_out, c, dq, q_column)
 
 
 def _compiler_params(config):
@@ -510,25 +569,35 @@ def _compiler_params(config):
   return pltpu.CompilerParams(dimension_semantics=('parallel',))
 
 
+def _inputs(config, blocks, layout, q, k, v, q_info, kv_info):
+  """`(in_specs, args)` of the queries, their infos, the keys' (and values')
+  windows and the key infos' windows."""
+  c, width = q.shape[1], config.width
+  k = q if k is None else k
+  specs = ([blocks.spec(q.shape[1:]), blocks.spec((1, c))] +
+           blocks.windowed(k.shape[1:], config))
+  args = [q, q_info] + [k] * width
+  if layout.qv_depth is None:
+    specs += blocks.windowed(v.shape[1:], config)
+    args += [v] * width
+  return specs + blocks.windowed((1, c), config), args + [kv_info] * width
+
+
 def _forward(config, q, k, v, q_info, kv_info, scale):
-  n, c, d = q.shape
-  shared, k = k is None, q if k is None else k
-  blocks = _Blocks(n, block_chunks(n, c, d, v.shape[-1], config.rows_per_step))
+  n, c = q.shape[:2]
+  layout = _Layout.of(config, q, k, v)
+  blocks = _Blocks(n, block_chunks(n, c, layout.depth, layout.n_values,
+                                   config.rows_per_step))
   g = blocks.g
-  in_specs = ([blocks.spec((c, d)), blocks.spec((1, c))] +
-              blocks.windowed((c, d), config) +
-              blocks.windowed((c, v.shape[-1]), config) +
-              blocks.windowed((1, c), config))
-  args = [q, q_info] + [k] * config.width + [v] * config.width + (
-      [kv_info] * config.width)
+  in_specs, args = _inputs(config, blocks, layout, q, k, v, q_info, kv_info)
   if scale is not None:
     in_specs.append(pl.BlockSpec(scale.shape, lambda b: (0, 0, 0)))
     args.append(scale)
-  out = (jax.ShapeDtypeStruct((n, c, v.shape[-1] + 1), jnp.float32)
+  out = (jax.ShapeDtypeStruct((n, c, layout.n_values + 1), jnp.float32)
          if config.joint_output else
-         jax.ShapeDtypeStruct((n, c, v.shape[-1]), v.dtype))
+         jax.ShapeDtypeStruct((n, c, layout.n_values), v.dtype))
   return pl.pallas_call(
-      functools.partial(_fwd_kernel, config, g, scale is not None, shared),
+      functools.partial(_fwd_kernel, config, g, scale is not None, layout),
       grid=(blocks.steps,),
       in_specs=in_specs,
       out_specs=[blocks.spec(out.shape[1:]), blocks.spec((1, c)),
@@ -545,38 +614,41 @@ def _forward(config, q, k, v, q_info, kv_info, scale):
 def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
   """`(dq, dk, dv)`; with shared keys (`k` None) `dq` holds both roles', `dk` is None.
 
-  `d_out` `[N, C, V]`, or the joint `[N, C, V + 1]` (its first `V` columns
-  read).
+  With `config.qv_depth`, `(d_qv, None, None)`: the queries|values' gradient
+  side by side. `d_out` `[N, C, V]`, or the joint `[N, C, V + 1]` (its
+  first `V` columns read).
   """
-  n, c, d = q.shape
-  shared, k = k is None, q if k is None else k
-  d_v = v.shape[-1]
+  n, c = q.shape[:2]
+  layout = _Layout.of(config, q, k, v)
+  d, d_v = layout.depth, layout.n_values
   blocks = _Blocks(n, block_chunks(n, c, d, d_v, config.rows_per_step))
   g = blocks.g
-  in_specs = ([blocks.spec((c, d)), blocks.spec((1, c))] +
-              blocks.windowed((c, d), config) +
-              blocks.windowed((c, d_v), config) +
-              blocks.windowed((1, c), config) +
-              [blocks.spec((1, c)), blocks.spec(d_out.shape[1:]),
-               blocks.spec((1, c))])
-  args = ([q, q_info] + [k] * config.width + [v] * config.width +
-          [kv_info] * config.width + [lse, d_out, d_term])
+  in_specs, args = _inputs(config, blocks, layout, q, k, v, q_info, kv_info)
+  in_specs += [blocks.spec((1, c)), blocks.spec(d_out.shape[1:]),
+               blocks.spec((1, c))]
+  args += [lse, d_out, d_term]
   if scale is not None:
     in_specs.append(pl.BlockSpec(scale.shape, lambda b: (0, 0, 0)))
     args.append(scale)
   f32 = jnp.float32
-  depths = (d, d_v) if shared else (d, d, d_v)  # dq (and dk), dv
+  depths: tuple[int, ...]  # dq (and dk), dv; halos of dk, dv
+  halo_depths: tuple[int, ...]
+  if layout.qv_depth is not None:  # one array (and halo) of both
+    depths, halo_depths = (d + d_v,), (d + d_v,)
+  else:
+    depths = (d, d_v) if layout.shared else (d, d, d_v)
+    halo_depths = (d, d_v)
   out_specs = [blocks.spec((c, depth)) for depth in depths]
   out_shape = [jax.ShapeDtypeStruct((n, c, depth), f32) for depth in depths]
   for count in (config.before, config.after):
     if count:
-      for depth in (d, d_v):
+      for depth in halo_depths:
         out_specs.append(pl.BlockSpec((None, count, c, depth),
                                       lambda b: (b, 0, 0, 0)))
         out_shape.append(jax.ShapeDtypeStruct((blocks.steps, count, c, depth),
                                               f32))
   grads = pl.pallas_call(
-      functools.partial(_bwd_kernel, config, g, scale is not None, shared),
+      functools.partial(_bwd_kernel, config, g, scale is not None, layout),
       grid=(blocks.steps,),
       in_specs=in_specs,
       out_specs=out_specs,
@@ -585,7 +657,14 @@ def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
       interpret=config.interpret,
       name='chunked_attention_bwd',
   )(*args)
-  if shared:
+  if layout.qv_depth is not None:
+    d_qv, halo = grads[0], list(grads[1:])
+    if config.before:
+      d_qv = _add_before(d_qv, halo.pop(0), g)
+    if config.after:
+      d_qv = _add_after(d_qv, halo.pop(0), g)
+    return d_qv, None, None
+  if layout.shared:
     (dq, dv), halo = grads[:2], list(grads[2:])
     dk = dq
   else:
@@ -596,7 +675,7 @@ def _backward(config, q, k, v, q_info, kv_info, scale, lse, d_out, d_term):
   if config.after:
     dk = _add_after(dk, halo.pop(0), g)
     dv = _add_after(dv, halo.pop(0), g)
-  return (dk, None, dv) if shared else (dq, dk, dv)
+  return (dk, None, dv) if layout.shared else (dq, dk, dv)
 
 
 def _add_before(x, halo, g):

@@ -341,8 +341,9 @@ def runs_kernel(implementation):
       implementation == 'auto' and jax.default_backend() == 'tpu')
 
 
-def _kernel_config(implementation, q, k, v, window, mask_fn):
-  """The `chunked_kernel.Config` to run `attend` with, or None for the XLA path."""
+def _kernel_config(implementation, q, k, v, window, mask_fn, warn=True):
+  """The `chunked_kernel.Config` to run `attend` with, or None for the XLA path
+  (with a warning for 'pallas', unless `warn` is False)."""
   validation.check_choice('attend', 'implementation', implementation,
                           chunked_kernel.IMPLEMENTATIONS)
   on_tpu = jax.default_backend() == 'tpu'
@@ -354,7 +355,7 @@ def _kernel_config(implementation, q, k, v, window, mask_fn):
   else:
     reason = chunked_kernel.unsupported(q, k, v)
   if flags is None or reason is not None:
-    if implementation == 'pallas':
+    if implementation == 'pallas' and warn:
       warnings.warn(f'attend: implementation="pallas" runs the XLA path: '
                     f'{reason}.', stacklevel=3)
     return None
@@ -379,16 +380,48 @@ def _attend_with_kernel(config, q, k, v, q_info, kv_info, share_qk, keep,
   `(out [N, C, V], logsumexp [N, 1, C])`, or with `config.joint_output`
   both in one `[N, C, V + 1]` array.
   """
-  chunk_len = q.shape[1]
-  scale = None
-  if keep is not None:  # [C, W] query-major -> [width, C keys, C queries]
-    factors = keep.astype(jnp.float32) / keep_prob
-    scale = jnp.transpose(jnp.reshape(factors, (chunk_len, -1, chunk_len)),
-                          (1, 2, 0))
   k = None if share_qk else _scaled_keys(k, False)
   return chunked_kernel.attention(config, q, k, v,
                                   q_info[:, None, :], kv_info[:, None, :],
-                                  scale)
+                                  _kernel_scale(keep, keep_prob, q.shape[1]))
+
+
+def _kernel_scale(keep, keep_prob, chunk_len):
+  """The kernel's dropout factors `[width, C keys, C queries]` from `attend`'s
+  keep mask `[C, W]` (query-major), or None."""
+  if keep is None:
+    return None
+  factors = keep.astype(jnp.float32) / keep_prob
+  return jnp.transpose(jnp.reshape(factors, (chunk_len, -1, chunk_len)),
+                       (1, 2, 0))
+
+
+def _attend_rows_with_kernel(qv, depth, chunk_len, window, mask_fn, q_info,
+                             kv_info, dropout, rng, implementation):
+  """Shared-QK `attend` of queries|values rows `qv [L, depth + V]` by the
+  kernel, which reads both from the same rows and returns outputs and
+  log-normalisers side by side, `[L, V + 1]`; None where the kernel does not
+  run (`attend` then takes the XLA path).
+
+  The kernel's gradient is the rows' too: XLA slices no queries and values
+  apart, nor pads and adds their gradients back together (on a TPU, for
+  each head and pass, four copies of the sorted rows and three sums).
+  """
+  qv, _, _, q_info, kv_info = _chunked(qv, None, qv, q_info, kv_info,
+                                       chunk_len, None)
+  part = lambda cols: jax.ShapeDtypeStruct(qv.shape[:-1] + (cols,), qv.dtype)
+  n_values = qv.shape[-1] - depth
+  config = _kernel_config(implementation, part(depth), part(depth),
+                          part(n_values), window, mask_fn, warn=False)
+  if config is None:
+    return None
+  keep, keep_prob = _dropout_keep(dropout, rng, (
+      chunk_len, chunk_len * (1 + sum(window))))
+  joint = chunked_kernel.attention(
+      config._replace(qv_depth=depth, joint_output=True), qv, None, None,
+      q_info[:, None, :], kv_info[:, None, :],
+      _kernel_scale(keep, keep_prob, chunk_len))
+  return jnp.reshape(joint, (-1, n_values + 1))
 
 
 def _scaled_keys(k, share_qk):
@@ -595,6 +628,12 @@ def attend_shared_qk(qv, depth, chunk_len, n_chunks_before=0,
       qv = take_rows(qv, rows)
     if compute_dtype is not None:
       qv = qv.astype(compute_dtype)
+    if joint_output and runs_kernel(implementation):
+      results = _attend_rows_with_kernel(
+          qv, depth, chunk_len, (n_chunks_before, n_chunks_after), mask_fn,
+          q_info, kv_info, dropout, rng, implementation)
+      if results is not None:
+        return results
     return attend(qv[:, :depth], None, qv[:, depth:], chunk_len,
                   n_chunks_before=n_chunks_before,
                   n_chunks_after=n_chunks_after, mask_fn=mask_fn,

@@ -249,6 +249,35 @@ def test_joint_output_is_the_outputs_and_normalisers_side_by_side(name):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('name', ['lsh', 'dropout'])
+def test_queries_and_values_in_one_array(name):
+  """`qv_depth`: queries|values side by side in `q` give the shared-keys
+  results, and their gradient comes back side by side."""
+  arrays, kw = _case(name)
+  q, _, v, q_info, kv_info, keep = arrays
+  n, c, d = q.shape
+  width = 1 + kw['before'] + kw['after']
+  scale = None if keep is None else jnp.asarray(
+      keep.reshape(c, width, c).transpose(1, 2, 0), jnp.float32)
+  rows = lambda a: jnp.asarray(a.reshape(n, 1, c), jnp.int32)
+  config = chunked_kernel.Config(**kw, mask_penalty=1e9, self_penalty=1e5,
+                                 matmul_dtype=None, interpret=True,
+                                 key_norm_epsilon=1e-6, joint_output=True)
+  run = lambda config, *args: chunked_kernel.attention(
+      config, *args, rows(q_info), rows(kv_info), scale)
+  q, v = jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32)
+  got, vjp_qv = jax.vjp(
+      jax.jit(lambda qv: run(config._replace(qv_depth=d), qv, None, None)),
+      jnp.concatenate([q, v], -1))
+  want, vjp = jax.vjp(jax.jit(lambda q, v: run(config, q, None, v)), q, v)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  ct = jnp.asarray(np.random.RandomState(4).randn(*got.shape), jnp.float32)
+  np.testing.assert_allclose(vjp_qv(ct)[0], jnp.concatenate(vjp(ct), -1),
+                             rtol=1e-5, atol=1e-6)
+  with pytest.raises(ArgumentValueError, match='side by side'):
+    run(config._replace(qv_depth=d), q, None, v)
+
+
 def test_shared_keys_need_the_normalisation_epsilon():
   arrays, kw = _case('lsh')
   q, _, v, q_info, _, _ = arrays
@@ -378,11 +407,10 @@ def test_layers_with_dropout_and_bfloat16_matmuls_equal_the_xla_layers():
       np.testing.assert_allclose(g, w, atol=2e-2 * scale)
 
 
-@pytest.mark.parametrize('chunk_len, depth, dropout, matmul_dtype, shared', [
-    (128, 64, False, None, True), (64, 128, True, 'bfloat16', False),
-    (256, 64, False, 'float32', False)])
-def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype,
-                               shared):
+@pytest.mark.parametrize('chunk_len, depth, dropout, matmul_dtype, keys', [
+    (128, 64, False, None, 'rows'), (64, 128, True, 'bfloat16', 'given'),
+    (256, 64, False, 'float32', 'shared')])
+def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype, keys):
   """Forward and backward, vmapped over units, lower to Mosaic TPU kernels.
 
   `jax.export` for the TPU platform runs Pallas' TPU lowering on a CPU
@@ -394,8 +422,9 @@ def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype,
   width = 1 + before + after
   config = chunked_kernel.Config(before, after, True, True, True, 1e9, 1e5,
                                  matmul_dtype, interpret=False,
-                                 key_norm_epsilon=1e-6 if shared else None,
-                                 joint_output=shared)
+                                 key_norm_epsilon=1e-6,
+                                 joint_output=keys != 'given',
+                                 qv_depth=depth if keys == 'rows' else None)
   q = jax.ShapeDtypeStruct((2, n, chunk_len, depth), jnp.float32)
   info = jax.ShapeDtypeStruct((2, n, 1, chunk_len), jnp.int32)
   scale = (jax.ShapeDtypeStruct((width, chunk_len, chunk_len), jnp.float32)
@@ -403,8 +432,10 @@ def test_kernel_lowers_for_tpu(chunk_len, depth, dropout, matmul_dtype,
 
   def grads(q, k, v, q_info, kv_info, scale):
     def loss(q, k, v, q_info, kv_info):
-      results = chunked_kernel.attention(config, q, None if shared else k,
-                                         v, q_info, kv_info, scale)
+      if keys == 'rows':  # queries|values side by side
+        q, k, v = jnp.concatenate([q, v], -1), None, None
+      results = chunked_kernel.attention(config, q, None if keys == 'shared'
+                                         else k, v, q_info, kv_info, scale)
       return sum(jnp.sum(r) for r in jax.tree.leaves(results))
     return jax.vmap(jax.grad(loss, (0, 1, 2)))(q, k, v, q_info, kv_info)
   exported = export.export(jax.jit(grads), platforms=['tpu'])(
