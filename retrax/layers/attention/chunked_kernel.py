@@ -485,6 +485,31 @@ def _column(row):
   return jnp.transpose(square)[:, :1]
 
 
+def _gradient_refs(outs, config, layout):
+  """Where the backward kernel's gradients go, from its output refs.
+
+  Returns `({'k': dest, 'v': dest}, (ref, column))`: for the keys' and the
+  values' gradients, `dest = (the block's own chunks' ref, the halo before
+  the block, the halo after it, first column or None for whole rows)`; and
+  the ref and column of the queries' own gradient.
+  """
+  if layout.qv_depth is not None:  # queries|values' gradient side by side
+    before, after = (outs[1] if config.before else None,
+                     outs[-1] if config.after else None)
+    return (dict(k=(outs[0], before, after, 0),
+                 v=(outs[0], before, after, layout.qv_depth)), (outs[0], 0))
+  if layout.shared:  # The keys' gradient within the block goes into the queries'.
+    (dq_ref, dv_ref), halo = outs[:2], outs[2:]
+    dk_ref = dq_ref
+  else:
+    (dq_ref, dk_ref, dv_ref), halo = outs[:3], outs[3:]
+  # halo: dk, dv before the block; dk, dv after it
+  before, after = (halo[:2] if config.before else (None, None),
+                   halo[-2:] if config.after else (None, None))
+  return (dict(k=(dk_ref, before[0], after[0], None),
+               v=(dv_ref, before[1], after[1], None)), (dq_ref, None))
+
+
 def _bwd_kernel(config, g, has_scale, layout, *refs):
   ins, rest = _split_refs(refs, config, layout.input_kinds() +
                           ('own', 'own', 'own'))
@@ -493,27 +518,8 @@ def _bwd_kernel(config, g, has_scale, layout, *refs):
   kvi_w, lse_ref, do_ref, dt_ref = ins[-4:]
   shared = layout.shared
   scale_ref = rest[0] if has_scale else None
-  outs = rest[1:] if has_scale else rest
-  # Where each role's gradient goes: (own chunks' ref, the halo before the
-  # block, the halo after it, first column or None for whole rows).
-  if layout.qv_depth is not None:  # queries|values' gradient side by side
-    before, after = (outs[1] if config.before else None,
-                     outs[-1] if config.after else None)
-    to = dict(k=(outs[0], before, after, 0),
-              v=(outs[0], before, after, layout.qv_depth))
-  else:
-    if shared:  # The keys' gradient within the block goes into the queries'.
-      (dq_ref, dv_ref), halo = outs[:2], outs[2:]
-      dk_ref = dq_ref
-    else:
-      (dq_ref, dk_ref, dv_ref), halo = outs[:3], outs[3:]
-    # halo: dk, dv before the block; dk, dv after it
-    before, after = (halo[:2] if config.before else (None, None),
-                     halo[-2:] if config.after else (None, None))
-    to = dict(k=(dk_ref, before[0], after[0], None),
-              v=(dv_ref, before[1], after[1], None))
-  # The queries' own gradient: with the keys' where they are shared.
-  q_out, q_column = (to['k'][0], to['k'][3]) if shared else (dq_ref, None)
+  to, (q_out, q_column) = _gradient_refs(rest[1:] if has_scale else rest,
+                                         config, layout)
   written = set()
 
   def add(ref, t, value, column=None):
