@@ -120,25 +120,33 @@ def _padding_that_leaves_a_key_to_each_query(rs, q_info, kw):
   raise AssertionError('no padding leaves a key to every query')
 
 
-def _kernel(arrays, kw, rows_per_step, key_norm_epsilon=None):
-  """`f(q, k, v) -> (out, lse [N, C])` by the interpreted kernel (`k` None:
-  shared keys, normalised with `key_norm_epsilon`)."""
-  q, k, v, q_info, kv_info, keep = arrays
+def _kernel_call(arrays, kw, **config_kw):
+  """`(config, attend)`: `attend(config, q, k, v)` runs the interpreted kernel
+  on a case's infos and dropout factors; `config` has the case's masks (and
+  `config_kw`), shared keys normalised with epsilon 1e-6."""
+  q, _, _, q_info, kv_info, keep = arrays
   n, c = q.shape[:2]
   width = 1 + kw['before'] + kw['after']
-  config = chunked_kernel.Config(
-      **kw, mask_penalty=1e9, self_penalty=1e5, matmul_dtype=None,
-      interpret=True, rows_per_step=rows_per_step,
-      key_norm_epsilon=key_norm_epsilon)
-  scale = None
-  if keep is not None:
-    scale = jnp.asarray(keep.reshape(c, width, c).transpose(1, 2, 0),
-                        jnp.float32)
+  config = chunked_kernel.Config(**kw, mask_penalty=1e9, self_penalty=1e5,
+                                 matmul_dtype=None, interpret=True,
+                                 key_norm_epsilon=1e-6, **config_kw)
+  scale = None if keep is None else jnp.asarray(
+      keep.reshape(c, width, c).transpose(1, 2, 0), jnp.float32)
   rows = lambda a: jnp.asarray(a.reshape(n, 1, c), jnp.int32)
 
+  def attend(config, q, k, v):
+    return chunked_kernel.attention(config, q, k, v, rows(q_info),
+                                    rows(kv_info), scale)
+  return config, attend
+
+
+def _kernel(arrays, kw, rows_per_step):
+  """`f(q, k, v) -> (out, lse [N, C])` by the interpreted kernel (`k` None:
+  shared keys)."""
+  config, attend = _kernel_call(arrays, kw, rows_per_step=rows_per_step)
+
   def f(q, k, v):
-    out, lse = chunked_kernel.attention(config, q, k, v, rows(q_info),
-                                        rows(kv_info), scale)
+    out, lse = attend(config, q, k, v)
     return out, lse[:, 0]
   return f
 
@@ -190,7 +198,7 @@ def test_kernel_normalises_shared_keys_itself():
     keys = q / np.sqrt(np.mean(q**2, -1, keepdims=True) + 1e-6) / math.sqrt(d)
     return numpy_chunked_attention(q, keys, v, q_info, kv_info, keep=keep,
                                    **kw)
-  f = _kernel(arrays, kw, 1024, key_norm_epsilon=1e-6)
+  f = _kernel(arrays, kw, 1024)
   rs = np.random.RandomState(11)
   want_out, want_lse = ref(q, v)
   ct_out, ct_lse = rs.randn(*want_out.shape), rs.randn(*want_lse.shape)
@@ -222,21 +230,14 @@ def test_joint_output_is_the_outputs_and_normalisers_side_by_side(name):
   """`joint_output`: one `[N, C, V + 1]` array, the two results' values, and
   the same gradients for a cotangent of it as for its two parts'."""
   arrays, kw = _case(name)
-  q, k, v, q_info, kv_info, keep = arrays
+  q, k, v = arrays[:3]
   n, c = q.shape[:2]
-  width = 1 + kw['before'] + kw['after']
-  scale = None if keep is None else jnp.asarray(
-      keep.reshape(c, width, c).transpose(1, 2, 0), jnp.float32)
-  rows = lambda a: jnp.asarray(a.reshape(n, 1, c), jnp.int32)
-  config = chunked_kernel.Config(**kw, mask_penalty=1e9, self_penalty=1e5,
-                                 matmul_dtype=None, interpret=True,
-                                 key_norm_epsilon=1e-6)
+  config, attend = _kernel_call(arrays, kw)
   shared = name == 'lsh'
 
   def run(joint, q, k, v):
-    return chunked_kernel.attention(config._replace(joint_output=joint), q,
-                                    None if shared else k, v, rows(q_info),
-                                    rows(kv_info), scale)
+    return attend(config._replace(joint_output=joint), q,
+                  None if shared else k, v)
   inputs = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
   joint, joint_vjp = jax.vjp(jax.jit(functools.partial(run, True)), *inputs)
   (out, lse), vjp = jax.vjp(jax.jit(functools.partial(run, False)), *inputs)
@@ -254,17 +255,9 @@ def test_queries_and_values_in_one_array(name):
   """`qv_depth`: queries|values side by side in `q` give the shared-keys
   results, and their gradient comes back side by side."""
   arrays, kw = _case(name)
-  q, _, v, q_info, kv_info, keep = arrays
-  n, c, d = q.shape
-  width = 1 + kw['before'] + kw['after']
-  scale = None if keep is None else jnp.asarray(
-      keep.reshape(c, width, c).transpose(1, 2, 0), jnp.float32)
-  rows = lambda a: jnp.asarray(a.reshape(n, 1, c), jnp.int32)
-  config = chunked_kernel.Config(**kw, mask_penalty=1e9, self_penalty=1e5,
-                                 matmul_dtype=None, interpret=True,
-                                 key_norm_epsilon=1e-6, joint_output=True)
-  run = lambda config, *args: chunked_kernel.attention(
-      config, *args, rows(q_info), rows(kv_info), scale)
+  q, _, v = arrays[:3]
+  d = q.shape[-1]
+  config, run = _kernel_call(arrays, kw, joint_output=True)
   q, v = jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32)
   got, vjp_qv = jax.vjp(
       jax.jit(lambda qv: run(config._replace(qv_depth=d), qv, None, None)),
@@ -280,13 +273,10 @@ def test_queries_and_values_in_one_array(name):
 
 def test_shared_keys_need_the_normalisation_epsilon():
   arrays, kw = _case('lsh')
-  q, _, v, q_info, _, _ = arrays
-  config = chunked_kernel.Config(**kw, mask_penalty=1e9, self_penalty=1e5,
-                                 matmul_dtype=None, interpret=True)
-  info = jnp.asarray(q_info[:, None, :], jnp.int32)
+  config, attend = _kernel_call(arrays, kw)
   with pytest.raises(ArgumentValueError, match='key_norm_epsilon'):
-    chunked_kernel.attention(config, jnp.asarray(q), None, jnp.asarray(v),
-                             info, info)
+    attend(config._replace(key_norm_epsilon=None), jnp.asarray(arrays[0]),
+           None, jnp.asarray(arrays[2]))
 
 
 def test_block_chunks_divide_the_chunks_within_the_step():
