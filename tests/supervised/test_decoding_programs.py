@@ -221,6 +221,35 @@ def test_varied_max_lengths_share_one_program_per_power_of_two():
   assert 8 in {k[-1] for k in keys}
 
 
+def _small_reformer(attention_type, mode, length):
+  """A 4-layer d_model-64 ReformerLM, initialised for `(1, length)` tokens."""
+  model = models.ReformerLM(64, d_model=64, d_ff=256, d_attention_key=16,
+                            d_attention_value=16, n_layers=4, n_heads=4,
+                            max_len=64, attention_type=attention_type,
+                            mode=mode)
+  model.init(ShapeDtype((1, length), np.int32))
+  return model
+
+
+def _record_compiled_programs(monkeypatch):
+  """A list that gets each decoding program as `Decoder.call` compiles it."""
+  from retrax.supervised.decoding import decoder as decoder_lib
+  compiled = []
+  call = decoder_lib.Decoder.call
+
+  def compiling_call(program, accelerate, *args):
+    compiled.append(program[0].lower(*args).compile())
+    return call(program, accelerate, *args)
+  monkeypatch.setattr(decoder_lib.Decoder, 'call', staticmethod(compiling_call))
+  return compiled
+
+
+def _temps_and_weights(program, model):
+  """`(the program's temporary bytes, the model's weight bytes)`."""
+  weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.weights))
+  return program.memory_analysis().temp_size_in_bytes, weight_bytes
+
+
 def test_a_reversible_stacks_program_copies_no_weights_per_position(monkeypatch):
   """A predict-mode stack holds each layer's own weights, which the programs
   take: given the stack, the loop over positions sliced each block's rows
@@ -230,23 +259,11 @@ def test_a_reversible_stacks_program_copies_no_weights_per_position(monkeypatch)
   if jax.default_backend() != 'cpu':
     pytest.skip("a claim about XLA:CPU's plan")
   from retrax import layers as tl
-  from retrax.supervised.decoding import decoder as decoder_lib
-  model = models.ReformerLM(64, d_model=64, d_ff=256, d_attention_key=16,
-                            d_attention_value=16, n_layers=4, n_heads=4,
-                            max_len=64, attention_type=tl.CausalAttention,
-                            mode='predict')
-  model.init(ShapeDtype((1, 1), np.int32))
-  compiled = []
-  call = decoder_lib.Decoder.call
-
-  def compiling_call(program, accelerate, *args):
-    compiled.append(program[0].lower(*args).compile())
-    return call(program, accelerate, *args)
-  monkeypatch.setattr(decoder_lib.Decoder, 'call', staticmethod(compiling_call))
+  model = _small_reformer(tl.CausalAttention, 'predict', 1)
+  compiled = _record_compiled_programs(monkeypatch)
   decoding.autoregressive_sample(model, batch_size=1, max_length=16,
                                  eos_id=None, temperature=1.0, rng=0)
-  weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.weights))
-  temp_bytes = compiled[-1].memory_analysis().temp_size_in_bytes
+  temp_bytes, weight_bytes = _temps_and_weights(compiled[-1], model)
   assert temp_bytes < 0.25 * weight_bytes, (temp_bytes, weight_bytes)
 
 
@@ -258,23 +275,11 @@ def test_eval_mode_decoding_takes_a_reversible_stack_as_held(monkeypatch):
   if jax.default_backend() != 'cpu':
     pytest.skip("a claim about XLA:CPU's plan")
   from retrax import layers as tl
-  from retrax.supervised.decoding import decoder as decoder_lib
-  model = models.ReformerLM(64, d_model=64, d_ff=256, d_attention_key=16,
-                            d_attention_value=16, n_layers=4, n_heads=4,
-                            max_len=64, attention_type=tl.SelfAttention,
-                            mode='eval')
-  model.init(ShapeDtype((1, 16), np.int32))
-  compiled = []
-  call = decoder_lib.Decoder.call
-
-  def compiling_call(program, accelerate, *args):
-    compiled.append(program[0].lower(*args).compile())
-    return call(program, accelerate, *args)
-  monkeypatch.setattr(decoder_lib.Decoder, 'call', staticmethod(compiling_call))
+  model = _small_reformer(tl.SelfAttention, 'eval', 16)
+  compiled = _record_compiled_programs(monkeypatch)
   stream = decoding.autoregressive_sample_stream(
       model, batch_size=1, temperature=1.0, eval_mode=True,
       eval_min_length=16, rng=0)
   next(stream)
-  weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.weights))
-  temp_bytes = compiled[-1].memory_analysis().temp_size_in_bytes
+  temp_bytes, weight_bytes = _temps_and_weights(compiled[-1], model)
   assert temp_bytes < 0.5 * weight_bytes, (temp_bytes, weight_bytes)
